@@ -1,0 +1,40 @@
+# flowkit: the two commands a newcomer needs are `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-test
+
+.PHONY: demo test lint bench bench-smoke clean venv
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed-base: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[test,dev,postgres,crypto]"
+	touch $@ $(VENV)/.installed-base
+
+venv: $(STAMP)
+
+demo: $(VENV)/.installed-base
+	$(BIN)/python samples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check flowkit flowkit_testing tests samples bench
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+bench-smoke: $(STAMP)
+	$(BIN)/python bench/run.py --smoke
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

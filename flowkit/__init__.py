@@ -1,0 +1,65 @@
+"""flowkit: durable workflows as plain async Python, with singleton lanes."""
+
+from ._clock import Clock, SystemClock
+from ._context import WorkflowCtx
+from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
+from ._engine import Engine
+from ._history import Event, History
+from ._replayer import replay, replay_async
+from ._run import ADMITTED_TAG, Run, RunStatus
+from .errors import (
+    FlowkitError,
+    HistoryError,
+    InvalidInputError,
+    NonDeterminismError,
+    RunCancelledError,
+    RunNotFoundError,
+    RunStateError,
+    SerializationError,
+    SignalTimeout,
+    SingletonQueueFullError,
+    StepFailedError,
+    UnsupportedStoreError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+)
+
+__all__ = [
+    "ADMITTED_TAG",
+    "Clock",
+    "Engine",
+    "Event",
+    "FlowkitError",
+    "History",
+    "HistoryError",
+    "InvalidInputError",
+    "NonDeterminismError",
+    "RetryPolicy",
+    "Run",
+    "RunCancelledError",
+    "RunNotFoundError",
+    "RunStateError",
+    "RunStatus",
+    "SerializationError",
+    "SignalTimeout",
+    "Singleton",
+    "SingletonQueueFullError",
+    "StepFailedError",
+    "SystemClock",
+    "UnsupportedStoreError",
+    "WorkflowCtx",
+    "WorkflowDefinition",
+    "WorkflowFailedError",
+    "WorkflowNotFoundError",
+    "replay",
+    "replay_async",
+    "workflow",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if hasattr(_obj, "__module__") and not isinstance(_obj, str):
+        try:
+            _obj.__module__ = "flowkit"
+        except (AttributeError, TypeError):
+            pass

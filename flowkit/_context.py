@@ -1,0 +1,149 @@
+"""``WorkflowCtx``: the author-facing API. It reaches the engine only through ``Runtime``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar, overload
+
+from ._definition import RetryPolicy
+
+T = TypeVar("T")
+
+
+class Runtime(Protocol):
+    """What a ``WorkflowCtx`` needs from whoever executes the body (the replay activation)."""
+
+    run_id: str
+    workflow: str
+    attempt: int
+
+    @property
+    def is_replaying(self) -> bool: ...
+
+    def step(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str | None,
+        retry: RetryPolicy | None,
+    ) -> Coroutine[Any, Any, Any]: ...
+
+    def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]: ...
+
+    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]: ...
+
+    def wait_for_signal(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]: ...
+
+    async def gather(self, aws: tuple[Awaitable[Any], ...]) -> list[Any]: ...
+
+    def now(self) -> float: ...
+
+    def random(self) -> float: ...
+
+    def randbits(self, k: int) -> int: ...
+
+
+class WorkflowCtx:
+    """The handle a workflow body gets: every durable effect goes through it.
+
+    Each call takes the next position of the body; on replay a call that already has an event
+    returns the recorded outcome instead of running again."""
+
+    __slots__ = ("_rt",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    @overload
+    def step(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, T]: ...
+
+    @overload
+    def step(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, T]: ...
+
+    def step(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, Any]:
+        """Run ``fn(*args, **kwargs)`` (sync or async) once and memoize its outcome.
+
+        The position is taken when ``step`` is called, so ``ctx.gather(ctx.step(a),
+        ctx.step(b))`` replays in argument order. ``retry`` retries with durable backoff; a
+        final failure raises ``StepFailedError``."""
+        return self._rt.step(fn, args, kwargs, name, retry)
+
+    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
+        """A durable timer: the run suspends and a worker resumes it when due."""
+        return self._rt.sleep(seconds)
+
+    def sleep_until(self, when: float | datetime) -> Coroutine[Any, Any, None]:
+        """Sleep until an instant (epoch seconds or an aware ``datetime``)."""
+        if isinstance(when, datetime):
+            if when.tzinfo is None:
+                raise ValueError("sleep_until needs an aware datetime (e.g. tzinfo=UTC)")
+            when = when.timestamp()
+        return self._rt.sleep_until(float(when))
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """Wait for ``engine.signal(run_id, name, payload)`` and return the payload.
+
+        Signals sent before the wait are buffered. With ``timeout`` (seconds) it raises
+        ``SignalTimeout`` when none arrives in time."""
+        return self._rt.wait_for_signal(name, timeout)
+
+    async def gather(self, *aws: Awaitable[Any]) -> list[Any]:
+        """Await several steps/sleeps/branches concurrently with deterministic replay.
+
+        All of them run to the end; the exception of the first failed one (by argument order)
+        is raised, so a replay raises the same one."""
+        return await self._rt.gather(aws)
+
+    def now(self) -> datetime:
+        """Deterministic current time: the same value on every replay."""
+        return datetime.fromtimestamp(self._rt.now(), tz=UTC)
+
+    def random(self) -> float:
+        """A deterministic float in [0, 1)."""
+        return self._rt.random()
+
+    def uuid4(self) -> uuid.UUID:
+        """A deterministic version-4 UUID."""
+        return uuid.UUID(int=self._rt.randbits(128), version=4)
+
+    @property
+    def run_id(self) -> str:
+        return self._rt.run_id
+
+    @property
+    def workflow(self) -> str:
+        return self._rt.workflow
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first execution of the run, +1 after each ``engine.retry``."""
+        return self._rt.attempt
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the body re-executes calls the history already answers."""
+        return self._rt.is_replaying

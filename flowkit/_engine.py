@@ -1,0 +1,363 @@
+"""``Engine``: the public entry point to start, signal, cancel, retry and inspect runs."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import _serde
+from ._bus import Bus
+from ._clock import Clock, SystemClock
+from ._definition import WorkflowDefinition, definition_of
+from ._history import CancelRequested, History, RunCancelled, RunRetried, RunStarted
+from ._run import ADMITTED_TAG, RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._worker import Worker
+from .errors import (
+    InvalidInputError,
+    RunCancelledError,
+    RunNotFoundError,
+    RunStateError,
+    SerializationError,
+    StepFailedError,
+    UnsupportedStoreError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+)
+from .stores.base import ConflictError, Notify, QueueCap, Store, Update
+
+
+class Engine:
+    """Runs workflows on a store. ``async with engine:`` starts this instance's worker loops.
+
+    Several engines (tasks, processes, hosts) may share one store; ``worker=False`` makes a
+    client that only starts/signals/cancels."""
+
+    def __init__(
+        self,
+        store: Store,
+        workflows: Iterable[Any] = (),
+        *,
+        clock: Clock | None = None,
+        instance_id: str | None = None,
+        namespace: str | None = None,
+        worker: bool = True,
+        rng: random.Random | None = None,
+        lease_ttl: float = 30.0,
+        poll_interval: float | None = 1.0,
+        max_concurrency: int = 100,
+        blocked_retry: float = 60.0,
+        bus: Bus | None = None,
+    ) -> None:
+        self.store = store
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.instance_id = instance_id or f"engine-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:12]}"
+        self.namespace = namespace
+        self.is_worker = worker
+        self.lease_ttl = lease_ttl
+        self.poll_interval = poll_interval
+        self.max_concurrency = max_concurrency
+        self.blocked_retry = blocked_retry
+        self.bus = bus or Bus()
+        self.registry: dict[str, tuple[WorkflowDefinition, Any]] = {}
+        for wf in workflows:
+            self.register(wf)
+        self._worker: Worker | None = None
+
+    # -- registration ------------------------------------------------------------------
+    def register(self, wf: Any) -> None:
+        """Register a decorated workflow instance (or class with a no-argument constructor)."""
+        defn = definition_of(wf)
+        if defn is None:
+            raise TypeError(f"{wf!r} is not a @workflow class or instance")
+        if defn.name in self.registry:
+            raise ValueError(f"duplicate workflow name {defn.name!r} on one engine")
+        instance = wf() if isinstance(wf, type) else wf
+        self.registry[defn.name] = (defn, instance)
+
+    def _resolve(self, workflow: Any) -> WorkflowDefinition:
+        if isinstance(workflow, str):
+            entry = self.registry.get(workflow)
+            if entry is None:
+                raise WorkflowNotFoundError(workflow)
+            return entry[0]
+        defn = definition_of(workflow)
+        if defn is None or self.registry.get(defn.name, (None,))[0] is not defn:
+            name = defn.name if defn else getattr(workflow, "__name__", repr(workflow))
+            raise WorkflowNotFoundError(name)
+        return defn
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def __aenter__(self) -> Engine:
+        await self.start_worker()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start_worker(self) -> None:
+        """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
+        if self.is_worker and self._worker is None:
+            self._worker = Worker(self)
+            self._worker.start()
+
+    async def stop(self) -> None:
+        """Stop the worker loops and release this instance's leases."""
+        if self._worker is not None:
+            w, self._worker = self._worker, None
+            await w.stop(graceful=True)
+
+    def _wake(self, run_id: str) -> None:
+        if self._worker is not None:
+            self._worker.dispatch(run_id)
+
+    def _wake_at(self, when: float) -> None:
+        if self._worker is not None:
+            self._worker.poke()
+
+    # -- starting ----------------------------------------------------------------------
+    async def start(
+        self,
+        workflow: Any,
+        input: Any = None,
+        run_id: str | None = None,
+        *,
+        tags: Sequence[str] = (),
+    ) -> Run:
+        """Create a run (idempotent by ``run_id``) and hand it to a worker."""
+        defn = self._resolve(workflow)
+        try:
+            value = defn.input_adapter.validate_python(input)
+        except ValidationError as exc:
+            raise InvalidInputError(defn.name, str(exc)) from None
+        try:
+            input_json = _serde.to_json(value, defn.input_adapter, what="workflow input")
+        except SerializationError as exc:
+            raise InvalidInputError(defn.name, str(exc)) from None
+        if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+            raise TypeError("tags must be a sequence of strings")
+        clean = [
+            t
+            for t in dict.fromkeys(tags)
+            if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
+        ]
+        key: str | None = None
+        cap: QueueCap | None = None
+        sg = defn.singleton
+        if sg is not None:
+            if getattr(self.store, "try_admit_singleton", None) is None:
+                raise UnsupportedStoreError(
+                    f"{type(self.store).__name__} has no try_admit_singleton: it cannot run "
+                    f"singleton workflow {defn.name!r}"
+                )
+            try:
+                key = sg.key(value)
+            except Exception as exc:
+                raise InvalidInputError(defn.name, f"singleton key() raised {exc!r}") from exc
+            if not isinstance(key, str) or not key:
+                raise InvalidInputError(
+                    defn.name, f"singleton key() must return a non-empty str, got {key!r}"
+                )
+            clean.insert(0, SINGLETON_TAG_PREFIX + key)
+            if sg.max_queue_depth is not None:
+                cap = QueueCap(defn.name, clean[0], key, sg.limit, sg.max_queue_depth)
+        if run_id is None:
+            run_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+        elif not isinstance(run_id, str) or not run_id:
+            raise ValueError("run_id must be a non-empty string")
+        now = self.clock.now()
+        run = Run(
+            id=run_id,
+            workflow=defn.name,
+            workflow_version=defn.version,
+            status=RunStatus.PENDING,
+            input=input_json,
+            tags=tuple(clean),
+            created_at=now,
+            updated_at=now,
+            namespace=self.namespace,
+            singleton_key=key,
+        )
+        first = RunStarted(
+            seq=1, at=now, workflow=defn.name, version=defn.version, input=input_json, tags=clean
+        )
+        stored, created = await self.store.create_run(run, [first], queue_cap=cap)
+        if created:
+            self._wake(run_id)
+        return stored
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("signal name must be a non-empty string")
+        data = _serde.to_json(payload, what=f"payload of signal {name!r}")
+        run = await self._get(run_id)
+        if run.status.terminal:
+            raise RunStateError(run_id, run.status, f"signal {name!r} cannot be delivered")
+        now = self.clock.now()
+        run = await self.store.deliver_signal(run_id, name, data, now)
+        if run.wake_at is not None and run.wake_at <= now:
+            self._wake(run_id)
+
+    async def signal_with_start(
+        self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None
+    ) -> Run:
+        """``start`` (idempotent) then ``signal``; it does not bypass the singleton gate."""
+        run = await self.start(workflow, input, run_id)
+        await self.signal(run_id, signal, payload)
+        return run
+
+    async def cancel(self, run_id: str) -> Run:
+        """Request cancellation; a run that never got past its singleton gate (or never
+        started) settles ``cancelled`` at once. Cancelling a settled run is a no-op."""
+        while True:
+            run = await self._get(run_id)
+            if run.status.terminal or run.status is RunStatus.CANCELLING:
+                return run
+            now = self.clock.now()
+            never_ran = run.status is RunStatus.PENDING or (
+                run.singleton_key is not None and not run.admitted
+            )
+            try:
+                if never_ran and not run.leased(now):
+                    notify = None
+                    if run.singleton_tag is not None:
+                        entry = self.registry.get(run.workflow)
+                        sg = entry[0].singleton if entry else None
+                        notify = Notify(run.workflow, run.singleton_tag, sg.limit if sg else 1)
+                    res = await self.store.commit(
+                        run_id,
+                        None,
+                        now,
+                        Update(
+                            events=[CancelRequested(at=now), RunCancelled(at=now)],
+                            status=RunStatus.CANCELLED,
+                            expect_status=frozenset({run.status}),
+                            notify=notify,
+                        ),
+                    )
+                    self.bus.settled(run_id)
+                    for wid in res.woken:
+                        self._wake(wid)
+                    return res.run
+                res = await self.store.commit(
+                    run_id,
+                    None,
+                    now,
+                    Update(
+                        events=[CancelRequested(at=now)],
+                        status=RunStatus.CANCELLING,
+                        wake_at=now,
+                        expect_status=frozenset({run.status}),
+                        ignore_lease=True,
+                    ),
+                )
+            except ConflictError:
+                continue  # the run moved under us: decide again on fresh state
+            if not (self._worker is not None and self._worker.cancel_local(run_id)):
+                self._wake(run_id)
+            return res.run
+
+    async def retry(self, run_id: str) -> Run:
+        """Re-open a ``failed`` run: it replays its completed steps and runs the failed one
+        again. A singleton run must claim a slot again."""
+        run = await self._get(run_id)
+        if run.status is not RunStatus.FAILED:
+            raise RunStateError(run_id, run.status, "only failed runs can be retried")
+        now = self.clock.now()
+        try:
+            res = await self.store.commit(
+                run_id,
+                None,
+                now,
+                Update(
+                    events=[RunRetried(attempt=run.attempt + 1, at=now)],
+                    status=RunStatus.PENDING,
+                    error=None,
+                    wake_at=None,
+                    attempt=run.attempt + 1,
+                    expect_status=frozenset({RunStatus.FAILED}),
+                ),
+            )
+        except ConflictError:
+            fresh = await self._get(run_id)
+            raise RunStateError(run_id, fresh.status, "only failed runs can be retried") from None
+        self._wake(run_id)
+        return res.run
+
+    # -- results and queries -----------------------------------------------------------
+    async def result(self, run_id: str, timeout: float | None = None) -> Any:
+        """Wait for the run to settle; return its output or raise ``WorkflowFailedError`` /
+        ``RunCancelledError``. ``timeout`` (real seconds) raises ``TimeoutError``."""
+        async with asyncio.timeout(timeout):
+            while True:
+                run = await self._get(run_id)
+                if run.status.terminal:
+                    return self._outcome(run)
+                fut = self.bus.waiter(run_id)
+                try:
+                    run = await self._get(run_id)
+                    if run.status.terminal:
+                        return self._outcome(run)
+                    await asyncio.wait({fut}, timeout=0.5)
+                finally:
+                    self.bus.discard(run_id, fut)
+
+    def _outcome(self, run: Run) -> Any:
+        if run.status is RunStatus.COMPLETED:
+            entry = self.registry.get(run.workflow)
+            if entry is None:
+                return run.output
+            return entry[0].output_adapter.validate_python(run.output)
+        if run.status is RunStatus.CANCELLED:
+            raise RunCancelledError(run.id)
+        err = run.error or {"type": "Error", "message": "unknown failure"}
+        cause: BaseException | None = None
+        if err.get("step"):
+            cause = StepFailedError(
+                err["step"],
+                err.get("cause_type") or err.get("type", "Error"),
+                err.get("cause_message") or err.get("message", ""),
+                err.get("attempts") or 1,
+            )
+        raise WorkflowFailedError(run.id, err, cause)
+
+    async def _get(self, run_id: str) -> Run:
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFoundError(run_id)
+        return run
+
+    async def get_run(self, run_id: str) -> Run:
+        """The run's current snapshot; ``RunNotFoundError`` for an unknown id."""
+        return await self._get(run_id)
+
+    async def list_runs(
+        self,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+        tag: str | None = None,
+    ) -> list[Run]:
+        """Run snapshots, oldest first."""
+        st = RunStatus(status) if status is not None else None
+        return await self.store.list_runs(workflow=workflow, status=st, tag=tag)
+
+    async def history(self, run_id: str) -> History:
+        """The run's ``History``."""
+        await self._get(run_id)
+        return History(run_id, await self.store.load_events(run_id))
+
+    @property
+    def admitted_tag(self) -> str:
+        return ADMITTED_TAG

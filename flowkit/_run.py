@@ -1,0 +1,78 @@
+"""The run model: ``RunStatus`` and the ``Run`` snapshot stores hand out."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RunStatus(enum.StrEnum):
+    """Lifecycle of a run. ``completed``, ``failed`` and ``cancelled`` are terminal."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    BLOCKED = "blocked"
+    CANCELLING = "cancelling"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+    @property
+    def active(self) -> bool:
+        return self not in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+ACTIVE_STATUSES = frozenset(RunStatus) - TERMINAL_STATUSES
+
+SINGLETON_TAG_PREFIX = "singleton:"
+ADMITTED_TAG = "flowkit:singleton:admitted"
+RESERVED_TAG_PREFIX = "flowkit:"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A snapshot of one run. Timestamps are float seconds since the Unix epoch.
+
+    Beyond the public fields, stores keep execution bookkeeping here (lease, wake reasons)."""
+
+    id: str
+    workflow: str
+    workflow_version: str
+    status: RunStatus
+    input: Any
+    output: Any = None
+    error: dict[str, Any] | None = None
+    tags: tuple[str, ...] = ()
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    wake_at: float | None = None
+    namespace: str | None = None
+    singleton_key: str | None = None
+    attempt: int = 1
+    lease_owner: str | None = None
+    lease_expires: float | None = None
+    waiting_signals: tuple[str, ...] = field(default=())
+
+    @property
+    def singleton_tag(self) -> str | None:
+        return None if self.singleton_key is None else SINGLETON_TAG_PREFIX + self.singleton_key
+
+    @property
+    def admitted(self) -> bool:
+        """Whether the run holds a singleton slot (carries the admission marker)."""
+        return ADMITTED_TAG in self.tags
+
+    def leased(self, now: float) -> bool:
+        """Whether some instance holds a live execution lease."""
+        return (
+            self.lease_owner is not None
+            and self.lease_expires is not None
+            and self.lease_expires > now
+        )

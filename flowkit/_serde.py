@@ -1,0 +1,97 @@
+"""Payload conversion: Python values <-> JSON-able values (pydantic) <-> bytes (orjson).
+
+Adapters are cached per annotation/function because building a ``TypeAdapter`` is costly and
+happens on the hot path of every step."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from pydantic import TypeAdapter
+
+from .errors import SerializationError
+
+JSON = Any
+ANY_ADAPTER: TypeAdapter[Any] = TypeAdapter(Any)
+
+
+@functools.lru_cache(maxsize=4096)
+def adapter_for(tp: Any) -> TypeAdapter[Any]:
+    """A cached ``TypeAdapter`` for an annotation."""
+    return TypeAdapter(tp)
+
+
+def _unwrap(fn: Callable[..., Any]) -> Any:
+    fn = getattr(fn, "__func__", fn)
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+@functools.lru_cache(maxsize=4096)
+def _return_adapter(fn: Any) -> TypeAdapter[Any]:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    ret = hints.get("return", Any)
+    if ret is None or ret is type(None):
+        return adapter_for(type(None))
+    return adapter_for(ret)
+
+
+def return_adapter(fn: Callable[..., Any]) -> TypeAdapter[Any]:
+    """The adapter for ``fn``'s return annotation (``Any`` when unannotated)."""
+    target = _unwrap(fn)
+    try:
+        return _return_adapter(target)
+    except TypeError:  # unhashable callable
+        return ANY_ADAPTER
+
+
+def step_name(fn: Callable[..., Any]) -> str:
+    """Default step name: the function's ``__qualname__``."""
+    target = _unwrap(fn)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if name is None:
+        name = type(target).__qualname__
+    return str(name)
+
+
+def to_json(value: Any, adapter: TypeAdapter[Any] = ANY_ADAPTER, what: str = "value") -> JSON:
+    """Convert ``value`` to JSON types, or raise ``SerializationError`` naming ``what``."""
+    try:
+        data = adapter.dump_python(value, mode="json")
+        orjson.dumps(data)
+    except Exception as exc:
+        raise SerializationError(
+            f"{what} is not serializable ({type(value).__qualname__}): {exc}. "
+            "Return pydantic models, dataclasses or JSON types."
+        ) from exc
+    return data
+
+
+def from_json(data: JSON, adapter: TypeAdapter[Any] = ANY_ADAPTER) -> Any:
+    """Rebuild a typed value from its JSON form."""
+    return adapter.validate_python(data)
+
+
+def dumps(data: JSON) -> bytes:
+    """Canonical bytes: sorted keys, no whitespace."""
+    return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+
+
+def loads(raw: bytes | str) -> JSON:
+    return orjson.loads(raw)
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    target = _unwrap(fn)
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004
+    )

@@ -1,0 +1,327 @@
+"""The worker side of an engine: dispatch, the timer poller, leases, and driving activations.
+
+One ``Worker`` per engine instance. It claims a run (an atomic lease), passes the singleton
+gate, replays the body and commits the outcome. All time comes from the engine's clock; the
+only randomness (gate jitter) from its RNG."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _singleton as gate
+from ._history import (
+    Event,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    SingletonAdmitted,
+    SingletonGated,
+    SingletonReleased,
+)
+from ._replay import (
+    Activation,
+    Cancelled,
+    Completed,
+    Diverged,
+    Evicted,
+    Failed,
+    Outcome,
+    Suspended,
+)
+from ._run import Run, RunStatus
+from .errors import LeaseLostError
+from .stores.base import ConflictError, InboxSignal, Notify, Update
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+log = logging.getLogger("flowkit")
+
+
+class _Host:
+    """The activation's window on the store: appends fenced by this worker's lease."""
+
+    def __init__(self, worker: Worker, run_id: str) -> None:
+        self._w = worker
+        self._run_id = run_id
+
+    def now(self) -> float:
+        return self._w.engine.clock.now()
+
+    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
+        res = await self._w.store.commit(
+            self._run_id,
+            self._w.owner,
+            self.now(),
+            Update(events=events, consume_signal=consume_signal),
+        )
+        return res.run.status is RunStatus.CANCELLING
+
+    async def peek_signal(self, name: str) -> InboxSignal | None:
+        return await self._w.store.peek_signal(self._run_id, name)
+
+
+class Worker:
+    """Claims and executes runs for one engine instance."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.owner = engine.instance_id
+        self._active: dict[str, Activation | None] = {}
+        self._again: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[Any]] = []
+        self._poke = asyncio.Event()
+        self._sem = asyncio.Semaphore(engine.max_concurrency)
+        self._running = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._running = True
+        self._loops = [
+            asyncio.ensure_future(self._poll_loop()),
+            asyncio.ensure_future(self._renew_loop()),
+        ]
+
+    async def stop(self, *, graceful: bool = True) -> None:
+        self._running = False
+        for act in list(self._active.values()):
+            if act is not None:
+                act.evict()
+        tasks = [*self._loops, *self._tasks]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if graceful:
+            now = self.engine.clock.now()
+            for run_id in list(self._active):
+                try:
+                    await self.store.commit(run_id, self.owner, now, Update(release_lease=True))
+                except Exception:  # best effort: the lease expires anyway
+                    log.debug("could not release lease of %s", run_id, exc_info=True)
+        self._active.clear()
+        self._loops = []
+        self._tasks.clear()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._active)
+
+    def poke(self) -> None:
+        """Re-scan the store now (new due work may exist)."""
+        self._poke.set()
+
+    def dispatch(self, run_id: str) -> None:
+        """Try to activate ``run_id`` on this instance now."""
+        if not self._running:
+            return
+        if run_id in self._active:
+            self._again.add(run_id)
+            return
+        self._active[run_id] = None
+        task = asyncio.ensure_future(self._activate(run_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cancel_local(self, run_id: str) -> bool:
+        act = self._active.get(run_id)
+        if act is not None:
+            act.request_cancel()
+            return True
+        return False
+
+    # -- loops -------------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        eng = self.engine
+        names = tuple(eng.registry)
+        while self._running:
+            self._poke.clear()
+            now = eng.clock.now()
+            for run_id in await self.store.due_runs(now, eng.max_concurrency, names):
+                if run_id not in self._active:
+                    self.dispatch(run_id)
+            nxt = await self.store.next_due_at((self.owner,))
+            deadline = now + eng.poll_interval if eng.poll_interval is not None else None
+            if nxt is not None and nxt > now and (deadline is None or nxt < deadline):
+                deadline = nxt
+            await self._wait(deadline)
+
+    async def _wait(self, deadline: float | None) -> None:
+        poke = asyncio.ensure_future(self._poke.wait())
+        waits: set[asyncio.Future[Any]] = {poke}
+        if deadline is not None:
+            waits.add(asyncio.ensure_future(self.engine.clock.sleep_until(deadline)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _renew_loop(self) -> None:
+        eng = self.engine
+        while self._running:
+            await eng.clock.sleep_until(eng.clock.now() + eng.lease_ttl / 3)
+            now = eng.clock.now()
+            for run_id, act in list(self._active.items()):
+                run = await self.store.renew_lease(run_id, self.owner, now + eng.lease_ttl)
+                if act is None:
+                    continue
+                if run is None:
+                    act.evict()
+                elif run.status is RunStatus.CANCELLING:
+                    act.request_cancel()
+
+    # -- one activation ----------------------------------------------------------------
+    async def _activate(self, run_id: str) -> None:
+        try:
+            async with self._sem:
+                eng = self.engine
+                now = eng.clock.now()
+                run = await self.store.claim(run_id, self.owner, now, now + eng.lease_ttl)
+                if run is not None:
+                    try:
+                        await self._drive(run)
+                    except (LeaseLostError, ConflictError):
+                        log.info("run %s taken over by another instance", run_id)
+        finally:
+            self._active.pop(run_id, None)
+        if run_id in self._again and self._running:
+            self._again.discard(run_id)
+            self.dispatch(run_id)
+
+    async def _commit(self, run: Run, update: Update) -> Run:
+        eng = self.engine
+        res = await self.store.commit(run.id, self.owner, eng.clock.now(), update)
+        for wid in res.woken:
+            eng._wake(wid)
+        new = res.run
+        if new.status.terminal:
+            eng.bus.settled(run.id)
+        elif new.lease_owner is None and (
+            new.status in (RunStatus.CANCELLING, RunStatus.PENDING, RunStatus.RUNNING)
+            or (new.wake_at is not None and new.wake_at <= eng.clock.now())
+        ):
+            self._again.add(run.id)
+        elif new.wake_at is not None:
+            eng._wake_at(new.wake_at)
+        return new
+
+    async def _drive(self, run: Run) -> None:
+        eng = self.engine
+        entry = eng.registry.get(run.workflow)
+        if entry is None:  # a worker without this workflow: leave it for another one
+            await self.store.commit(run.id, self.owner, eng.clock.now(), Update(release_lease=True))
+            return
+        defn, instance = entry
+        events = await self.store.load_events(run.id)
+        cancelling = run.status is RunStatus.CANCELLING
+        admitted = False
+        notify: Notify | None = None
+        key = run.singleton_key
+        if key is not None:
+            tag = run.singleton_tag
+            assert tag is not None
+            limit = defn.singleton.limit if defn.singleton is not None else 1
+            notify = Notify(run.workflow, tag, limit)
+            if not run.admitted:
+                if cancelling:  # a cancelled waiter never runs its body
+                    await self._commit(
+                        run,
+                        Update(
+                            events=[RunCancelled(at=eng.clock.now())],
+                            status=RunStatus.CANCELLED,
+                            notify=notify,
+                        ),
+                    )
+                    return
+                retry_at = gate.retry_wake_at(eng.clock.now(), eng.rng)
+                ok = await self.store.try_admit_singleton(run.id, tag, run.workflow, limit, retry_at)
+                if not ok:
+                    evs: list[Event] = []
+                    if gate.needs_gated_event(events):
+                        evs.append(SingletonGated(key=key, retry_at=retry_at, at=eng.clock.now()))
+                    await self._commit(run, Update(events=evs, release_lease=True))
+                    return
+            admitted = True
+            if gate.needs_admitted_event(events):
+                await self._commit(run, Update(events=[SingletonAdmitted(key=key, at=eng.clock.now())]))
+        act = Activation(
+            defn,
+            instance,
+            run.id,
+            defn.input_adapter.validate_python(run.input),
+            events,
+            _Host(self, run.id),
+            cancel_requested=cancelling,
+            attempt=run.attempt,
+        )
+        self._active[run.id] = act
+        outcome = await act.run()
+        await self._settle(run, outcome, admitted, notify)
+
+    async def _settle(self, run: Run, outcome: Outcome, admitted: bool, notify: Notify | None) -> None:
+        eng = self.engine
+        now = eng.clock.now()
+        release: list[Event] = []
+        if admitted and run.singleton_key is not None:
+            release = [SingletonReleased(key=run.singleton_key, at=now)]
+        match outcome:
+            case Completed(output):
+                await self._commit(
+                    run,
+                    Update(
+                        events=[*release, RunCompleted(output=output, at=now)],
+                        status=RunStatus.COMPLETED,
+                        output=output,
+                        error=None,
+                        notify=notify,
+                    ),
+                )
+            case Failed(error):
+                await self._commit(
+                    run,
+                    Update(
+                        events=[*release, RunFailed(error=error, at=now)],
+                        status=RunStatus.FAILED,
+                        error=error.model_dump(),
+                        notify=notify,
+                    ),
+                )
+            case Cancelled():
+                await self._commit(
+                    run,
+                    Update(
+                        events=[*release, RunCancelled(at=now)],
+                        status=RunStatus.CANCELLED,
+                        notify=notify,
+                    ),
+                )
+            case Suspended(wake_at, signals):
+                await self._commit(
+                    run,
+                    Update(
+                        status=RunStatus.SUSPENDED,
+                        wake_at=wake_at,
+                        waiting_signals=signals,
+                        error=None,
+                        release_lease=True,
+                    ),
+                )
+            case Diverged(err):
+                log.warning("run %s blocked: %s", run.id, err)
+                await self._commit(
+                    run,
+                    Update(
+                        status=RunStatus.BLOCKED,
+                        error={"type": "NonDeterminismError", "message": str(err)},
+                        wake_at=round(now + eng.blocked_retry, 6),
+                        release_lease=True,
+                    ),
+                )
+            case Evicted():
+                pass

@@ -1,0 +1,185 @@
+"""The error tree of flowkit; every error says who raises it.
+
+::
+
+    FlowkitError
+    ├── InvalidInputError          start(): the input does not validate against run()'s annotation
+    ├── SingletonQueueFullError    start(): the singleton key's queue is at limit + max_queue_depth
+    ├── UnsupportedStoreError      start()/Engine(): the store lacks an operation the workflow needs
+    ├── NonDeterminismError        replay: the body issued a different ctx call than the history
+    ├── WorkflowNotFoundError      start()/replay: no workflow registered under that name
+    ├── RunNotFoundError           signal()/cancel()/result()/...: no run with that id
+    ├── RunStateError              retry()/signal(): the run is in a status that forbids the call
+    ├── WorkflowFailedError        result(): the run settled `failed`; `.cause` says why
+    ├── RunCancelledError          result(): the run settled `cancelled`
+    ├── SignalTimeout              ctx.wait_for_signal(): the timeout elapsed (also a TimeoutError)
+    ├── StepFailedError            ctx.step(): the step's final attempt failed
+    ├── SerializationError         ctx.step()/start(): a value cannot be stored as JSON
+    ├── HistoryError               History.from_json(): corrupt or foreign history
+    └── LeaseLostError             stores: the caller no longer owns the run's lease
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FlowkitError(Exception):
+    """Base class of every error flowkit raises on purpose."""
+
+
+class InvalidInputError(FlowkitError, ValueError):
+    """Raised by ``Engine.start`` when the input does not validate; nothing is written."""
+
+    def __init__(self, workflow: str, detail: str) -> None:
+        self.workflow = workflow
+        self.detail = detail
+        super().__init__(f"invalid input for workflow {workflow!r}: {detail}")
+
+
+class SingletonQueueFullError(FlowkitError):
+    """Raised by ``Engine.start`` when a singleton key already has ``limit + max_queue_depth``
+    active runs; no run is created."""
+
+    def __init__(self, workflow: str, key: str, max_queue_depth: int, limit: int = 1) -> None:
+        self.workflow = workflow
+        self.key = key
+        self.max_queue_depth = max_queue_depth
+        self.limit = limit
+        super().__init__(
+            f"singleton queue full for workflow {workflow!r} key {key!r}: "
+            f"{limit} running + {max_queue_depth} waiting already; no run was created. "
+            "Retry the start later, shed the request, or raise max_queue_depth."
+        )
+
+
+class UnsupportedStoreError(FlowkitError):
+    """Raised by ``Engine.start`` when the store lacks an operation (e.g. singleton admission)."""
+
+
+class NonDeterminismError(FlowkitError):
+    """Raised during replay when the body's ctx calls diverge from the recorded history.
+
+    ``position`` is the body's call position, ``recorded`` describes the recorded event (or
+    ``None``), ``call`` describes the call the code made instead (or ``None``)."""
+
+    def __init__(
+        self, position: int, recorded: str | None, call: str | None, detail: str = ""
+    ) -> None:
+        self.position = position
+        self.recorded = recorded
+        self.call = call
+        msg = (
+            f"non-deterministic workflow at position {position}: "
+            f"history recorded {recorded or 'nothing'}, code called {call or 'nothing'}"
+        )
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+class WorkflowNotFoundError(FlowkitError, LookupError):
+    """Raised when a workflow name (or class) is not registered on the engine."""
+
+    def __init__(self, workflow: str) -> None:
+        self.workflow = workflow
+        super().__init__(f"unknown workflow {workflow!r}")
+
+
+class RunNotFoundError(FlowkitError, LookupError):
+    """Raised by engine calls that name a run id the store does not know."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"unknown run {run_id!r}")
+
+
+class RunStateError(FlowkitError):
+    """Raised when a call is not allowed in the run's current status (e.g. retry of a
+    completed run)."""
+
+    def __init__(self, run_id: str, status: str, detail: str) -> None:
+        self.run_id = run_id
+        self.status = status
+        super().__init__(f"run {run_id!r} is {status}: {detail}")
+
+
+class WorkflowFailedError(FlowkitError):
+    """Raised by ``Engine.result`` for a run that settled ``failed``; ``cause`` holds the
+    reconstructed failure (e.g. a ``StepFailedError``)."""
+
+    def __init__(self, run_id: str, error: dict[str, Any], cause: BaseException | None) -> None:
+        self.run_id = run_id
+        self.error = error
+        self.cause = cause
+        super().__init__(
+            f"run {run_id!r} failed: {error.get('type', 'Error')}: {error.get('message', '')}"
+        )
+        self.__cause__ = cause
+
+
+class RunCancelledError(FlowkitError):
+    """Raised by ``Engine.result`` for a run that settled ``cancelled``."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} was cancelled")
+
+
+class SignalTimeout(FlowkitError, TimeoutError):
+    """Raised inside a workflow by ``ctx.wait_for_signal`` when its timeout elapses; it is a
+    ``TimeoutError`` and so an ``asyncio.TimeoutError``."""
+
+    def __init__(self, name: str, timeout: float) -> None:
+        self.name = name
+        self.timeout = timeout
+        super().__init__(f"no signal {name!r} within {timeout} s")
+
+
+class StepFailedError(FlowkitError):
+    """Raised inside a workflow by ``ctx.step`` when the step's final attempt failed (also on
+    replay, from the recorded failure). ``error_type`` is the original exception's class name."""
+
+    def __init__(self, step: str, error_type: str, message: str, attempts: int) -> None:
+        self.step = step
+        self.error_type = error_type
+        self.message = message
+        self.attempts = attempts
+        super().__init__(
+            f"step {step!r} failed after {attempts} attempt(s): {error_type}: {message}"
+        )
+
+
+class SerializationError(FlowkitError, TypeError):
+    """Raised when a value (input, step result, output, signal payload) cannot be stored."""
+
+
+class HistoryError(FlowkitError, ValueError):
+    """Raised by ``History.from_json`` and replay for corrupt or foreign histories."""
+
+
+class LeaseLostError(FlowkitError):
+    """Raised by stores when the caller no longer owns the run's execution lease."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"lease on run {run_id!r} lost")
+
+
+__all__ = [
+    "FlowkitError",
+    "HistoryError",
+    "InvalidInputError",
+    "LeaseLostError",
+    "NonDeterminismError",
+    "RunCancelledError",
+    "RunNotFoundError",
+    "RunStateError",
+    "SerializationError",
+    "SignalTimeout",
+    "SingletonQueueFullError",
+    "StepFailedError",
+    "UnsupportedStoreError",
+    "WorkflowFailedError",
+    "WorkflowNotFoundError",
+]

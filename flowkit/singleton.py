@@ -1,0 +1,125 @@
+"""Public helpers for stores that implement singleton admission (DESIGN §4.10).
+
+A store calls these *inside* its atomic admission transaction, after it has serialized
+competing claims of the key (a lock, ``BEGIN IMMEDIATE``, an advisory lock...) and read the
+workflow's runs carrying the key's tag. The bundled stores use them too, so every store selects
+holders and waiters the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from ._run import ACTIVE_STATUSES, ADMITTED_TAG, RunStatus
+
+
+class RunLike(Protocol):
+    """What the helpers read of a run: a ``Run`` or any object with these attributes."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def workflow(self) -> str: ...
+    @property
+    def status(self) -> Any: ...
+    @property
+    def tags(self) -> Any: ...
+    @property
+    def created_at(self) -> float: ...
+
+
+def _status(run: RunLike) -> RunStatus:
+    return RunStatus(run.status)
+
+
+def _sharing(runs: Iterable[RunLike], tag: str, workflow: str) -> list[RunLike]:
+    return [
+        r
+        for r in runs
+        if r.workflow == workflow and tag in r.tags and _status(r) in ACTIVE_STATUSES
+    ]
+
+
+def _order(run: RunLike) -> tuple[float, str]:
+    return (run.created_at, run.id)
+
+
+def holders(runs: Iterable[RunLike], tag: str, workflow: str) -> list[RunLike]:
+    """Active runs of ``workflow`` with ``tag`` that carry the admission marker."""
+    return [r for r in _sharing(runs, tag, workflow) if ADMITTED_TAG in r.tags]
+
+
+def waiters(runs: Iterable[RunLike], tag: str, workflow: str) -> list[RunLike]:
+    """Active, unmarked, non-cancelling runs sharing the key, oldest ``(created_at, id)`` first."""
+    return sorted(
+        (
+            r
+            for r in _sharing(runs, tag, workflow)
+            if ADMITTED_TAG not in r.tags and _status(r) is not RunStatus.CANCELLING
+        ),
+        key=_order,
+    )
+
+
+def admission_tags(
+    runs: Iterable[RunLike], run_id: str, tag: str, workflow: str, limit: int
+) -> list[str] | None:
+    """The tags ``run_id`` must persist to be admitted, or ``None`` when it must wait.
+
+    Existing holders keep their slots; the ``limit - holders`` free slots go to the oldest
+    waiters by ``(created_at, id)``. A holder is re-admitted as it is (idempotent); a cancelling
+    or terminal run is never admitted."""
+    runs = list(runs)
+    me = next((r for r in runs if r.id == run_id), None)
+    if me is None or me.workflow != workflow or tag not in me.tags:
+        return None
+    if ADMITTED_TAG in me.tags and _status(me) in ACTIVE_STATUSES:
+        return list(me.tags)
+    if _status(me) not in ACTIVE_STATUSES or _status(me) is RunStatus.CANCELLING:
+        return None
+    free = limit - len(holders(runs, tag, workflow))
+    if free <= 0:
+        return None
+    first = [r.id for r in waiters(runs, tag, workflow)[:free]]
+    if run_id not in first:
+        return None
+    return [*me.tags, ADMITTED_TAG]
+
+
+def denial_patch(
+    runs: Iterable[RunLike], run_id: str, tag: str, workflow: str, retry_wake_at: float | None
+) -> dict[str, Any] | None:
+    """The patch that parks a denied waiter, or ``None`` when nothing may change.
+
+    A denied active waiter becomes ``suspended`` with ``wake_at=retry_wake_at``; a terminal or
+    cancelling run is never touched, and without ``retry_wake_at`` nothing is parked."""
+    if retry_wake_at is None:
+        return None
+    me = next((r for r in runs if r.id == run_id), None)
+    if me is None or me.workflow != workflow or tag not in me.tags:
+        return None
+    status = _status(me)
+    if status not in ACTIVE_STATUSES or status is RunStatus.CANCELLING:
+        return None
+    if ADMITTED_TAG in me.tags:
+        return None
+    return {"status": RunStatus.SUSPENDED, "wake_at": retry_wake_at}
+
+
+def waiters_to_wake(runs: Iterable[RunLike], tag: str, workflow: str, limit: int) -> list[str]:
+    """Notify-on-release: the oldest gated waiters that the free slots can take now."""
+    runs = list(runs)
+    free = limit - len(holders(runs, tag, workflow))
+    if free <= 0:
+        return []
+    return [r.id for r in waiters(runs, tag, workflow)[:free]]
+
+
+__all__ = [
+    "RunLike",
+    "admission_tags",
+    "denial_patch",
+    "holders",
+    "waiters",
+    "waiters_to_wake",
+]

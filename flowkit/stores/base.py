@@ -1,0 +1,192 @@
+"""The store protocol: everything the engine persists goes through these async methods.
+
+Each method is one atomic operation; its docstring says what it guarantees. ``MemoryStore`` is
+the reference implementation; the conformance kit (``flowkit_testing.conformance``) checks any
+store against this contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .._history import Event
+from .._run import Run, RunStatus
+from ..errors import FlowkitError
+
+
+class _Unset:
+    _instance: _Unset | None = None
+
+    def __new__(cls) -> _Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+
+
+class ConflictError(FlowkitError):
+    """Raised by ``Store.commit`` when a precondition (expected status, signal still in the
+    inbox, lease) no longer holds; the caller re-reads and decides again."""
+
+
+@dataclass(frozen=True)
+class QueueCap:
+    """``create_run`` precondition: fewer than ``capacity`` active runs of ``workflow`` carry
+    ``tag`` (``capacity = limit + max_queue_depth``)."""
+
+    workflow: str
+    tag: str
+    key: str
+    limit: int
+    max_queue_depth: int
+
+    @property
+    def capacity(self) -> int:
+        return self.limit + self.max_queue_depth
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Notify-on-release, applied in the same transaction as a terminal commit: stamp
+    ``wake_at=now`` on the oldest gated waiters of ``(workflow, tag)`` that free slots can take."""
+
+    workflow: str
+    tag: str
+    limit: int
+
+
+@dataclass(frozen=True)
+class Update:
+    """One atomic change of a run: new events (the store assigns ``seq``) and field updates.
+
+    Fields left ``UNSET`` keep their value. A terminal ``status`` also removes the admission
+    marker, clears the lease, ``wake_at`` and ``waiting_signals``. ``cancelling`` is sticky: a
+    non-terminal status never replaces it (a suspend then becomes due at once)."""
+
+    events: Sequence[Event] = ()
+    status: RunStatus | None = None
+    output: Any = UNSET
+    error: Any = UNSET
+    wake_at: Any = UNSET
+    waiting_signals: tuple[str, ...] | None = None
+    attempt: int | None = None
+    release_lease: bool = False
+    consume_signal: int | None = None
+    expect_status: frozenset[RunStatus] | None = None
+    ignore_lease: bool = False
+    notify: Notify | None = None
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    run: Run
+    seqs: tuple[int, ...] = ()
+    woken: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class InboxSignal:
+    id: int
+    name: str
+    payload: Any
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable state of runs, their histories and their signal inboxes."""
+
+    async def create_run(
+        self, run: Run, events: Sequence[Event], *, queue_cap: QueueCap | None = None
+    ) -> tuple[Run, bool]:
+        """Atomically create ``run`` with ``events`` (seq 1..n), or return ``(existing, False)``
+        when ``run.id`` exists, writing nothing. With ``queue_cap``, the count of active runs
+        sharing the tag and the insert are atomic per key; at capacity it raises
+        ``SingletonQueueFullError`` and writes nothing."""
+        ...
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run's current snapshot, or ``None``."""
+        ...
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        tag: str | None = None,
+        limit: int | None = None,
+    ) -> list[Run]:
+        """Runs visible to this store, oldest ``(created_at, id)`` first."""
+        ...
+
+    async def load_events(self, run_id: str) -> list[Event]:
+        """The run's events in ``seq`` order."""
+        ...
+
+    async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
+        """Atomically take the execution lease when the run is claimable: ``pending``;
+        ``suspended``/``blocked`` with ``wake_at <= now``; ``cancelling`` or ``running`` with no
+        live lease. Sets ``running`` (``cancelling`` stays), clears ``wake_at``. ``None`` when
+        not claimable: two claimers never both win."""
+        ...
+
+    async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
+        """Extend the lease if ``owner`` still holds it; ``None`` when it was lost."""
+        ...
+
+    async def commit(self, run_id: str, owner: str | None, now: float, update: Update) -> CommitResult:
+        """Apply ``update`` and append its events atomically. With ``owner`` the caller must
+        hold the lease (``LeaseLostError``); with ``None`` no live lease may exist unless
+        ``ignore_lease``. A failed precondition raises ``ConflictError`` and writes nothing."""
+        ...
+
+    async def due_runs(
+        self, now: float, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[str]:
+        """Ids of runs (of ``workflows``, if given) a worker could claim now, most overdue
+        first."""
+        ...
+
+    async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
+        """The earliest future instant at which some active run becomes claimable."""
+        ...
+
+    async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
+        """Append to the run's inbox and, when the run is suspended waiting for ``name``,
+        make it due now, atomically. ``RunNotFoundError`` for an unknown run."""
+        ...
+
+    async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
+        """The oldest unconsumed signal ``name`` in the run's inbox."""
+        ...
+
+    async def try_admit_singleton(
+        self,
+        run_id: str,
+        tag: str,
+        workflow: str,
+        limit: int,
+        retry_wake_at: float | None = None,
+    ) -> bool:
+        """Atomically claim a singleton slot (DESIGN §4): serialize competing claims of the key,
+        read only the active runs sharing ``tag``, select with ``admission_tags`` and persist
+        the marker before returning ``True``; on denial park the run with ``denial_patch``."""
+        ...
+
+
+__all__ = [
+    "UNSET",
+    "CommitResult",
+    "ConflictError",
+    "InboxSignal",
+    "Notify",
+    "QueueCap",
+    "Store",
+    "Update",
+]

@@ -1,0 +1,301 @@
+"""``MemoryStore``: the reference store, for tests and demos.
+
+Every method runs without awaiting inside its critical section, so on one event loop each call
+is atomic. ``scoped(namespace)`` returns a view over the same data that sees only one
+namespace (DESIGN §4.9)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import singleton as _sg
+from .._history import Event
+from .._run import ACTIVE_STATUSES, ADMITTED_TAG, Run, RunStatus
+from ..errors import LeaseLostError, RunNotFoundError, SingletonQueueFullError
+from .base import (
+    UNSET,
+    CommitResult,
+    ConflictError,
+    InboxSignal,
+    QueueCap,
+    Update,
+)
+
+
+@dataclass
+class _Data:
+    runs: dict[str, Run] = field(default_factory=dict)
+    events: dict[str, list[Event]] = field(default_factory=dict)
+    inbox: dict[str, list[InboxSignal]] = field(default_factory=dict)
+    # (workflow, tag) -> ids of active runs carrying it: admission reads only its own key
+    by_tag: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    active: set[str] = field(default_factory=set)
+    signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class MemoryStore:
+    """An in-process store (see ``flowkit.stores.base.Store`` for the contract)."""
+
+    def __init__(self, namespace: str | None = None, *, _data: _Data | None = None) -> None:
+        self.namespace = namespace
+        self._d = _data if _data is not None else _Data()
+
+    def scoped(self, namespace: str) -> MemoryStore:
+        """A view over the same data that reads and writes only ``namespace``."""
+        return MemoryStore(namespace, _data=self._d)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _visible(self, run: Run) -> bool:
+        return self.namespace is None or run.namespace == self.namespace
+
+    def _get(self, run_id: str) -> Run:
+        run = self._d.runs.get(run_id)
+        if run is None or not self._visible(run):
+            raise RunNotFoundError(run_id)
+        return run
+
+    def _sharing(self, workflow: str, tag: str) -> list[Run]:
+        ids = self._d.by_tag.get((workflow, tag), ())
+        return [r for r in (self._d.runs[i] for i in ids) if self._visible(r)]
+
+    def _put(self, run: Run) -> None:
+        old = self._d.runs.get(run.id)
+        self._d.runs[run.id] = run
+        keys_old = {(old.workflow, t) for t in old.tags} if old and old.status.active else set()
+        keys_new = {(run.workflow, t) for t in run.tags} if run.status.active else set()
+        for k in keys_old - keys_new:
+            bucket = self._d.by_tag.get(k)
+            if bucket is not None:
+                bucket.discard(run.id)
+                if not bucket:
+                    del self._d.by_tag[k]
+        for k in keys_new - keys_old:
+            self._d.by_tag.setdefault(k, set()).add(run.id)
+        if run.status.active:
+            self._d.active.add(run.id)
+        else:
+            self._d.active.discard(run.id)
+
+    def _append(self, run_id: str, events: Sequence[Event]) -> tuple[int, ...]:
+        log = self._d.events.setdefault(run_id, [])
+        seqs = []
+        for ev in events:
+            seq = len(log) + 1
+            log.append(ev.model_copy(update={"seq": seq}))
+            seqs.append(seq)
+        return tuple(seqs)
+
+    # -- the contract ------------------------------------------------------------------
+    async def create_run(
+        self, run: Run, events: Sequence[Event], *, queue_cap: QueueCap | None = None
+    ) -> tuple[Run, bool]:
+        existing = self._d.runs.get(run.id)
+        if existing is not None:
+            return existing, False
+        if queue_cap is not None:
+            count = len(self._sharing(queue_cap.workflow, queue_cap.tag))
+            if count >= queue_cap.capacity:
+                raise SingletonQueueFullError(
+                    queue_cap.workflow, queue_cap.key, queue_cap.max_queue_depth, queue_cap.limit
+                )
+        if self.namespace is not None and run.namespace is None:
+            run = dataclasses.replace(run, namespace=self.namespace)
+        self._put(run)
+        self._append(run.id, events)
+        return run, True
+
+    async def get_run(self, run_id: str) -> Run | None:
+        run = self._d.runs.get(run_id)
+        return run if run is not None and self._visible(run) else None
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        tag: str | None = None,
+        limit: int | None = None,
+    ) -> list[Run]:
+        out = [
+            r
+            for r in self._d.runs.values()
+            if self._visible(r)
+            and (workflow is None or r.workflow == workflow)
+            and (status is None or r.status == status)
+            and (tag is None or tag in r.tags)
+        ]
+        out.sort(key=lambda r: (r.created_at, r.id))
+        return out if limit is None else out[:limit]
+
+    async def load_events(self, run_id: str) -> list[Event]:
+        self._get(run_id)
+        return list(self._d.events.get(run_id, ()))
+
+    async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
+        run = self._d.runs.get(run_id)
+        if run is None or not self._visible(run) or not _claimable(run, now):
+            return None
+        status = RunStatus.CANCELLING if run.status is RunStatus.CANCELLING else RunStatus.RUNNING
+        new = dataclasses.replace(
+            run,
+            status=status,
+            wake_at=None,
+            lease_owner=owner,
+            lease_expires=lease_expires,
+            updated_at=now,
+        )
+        self._put(new)
+        return new
+
+    async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
+        run = self._d.runs.get(run_id)
+        if run is None or run.lease_owner != owner or not run.status.active:
+            return None
+        new = dataclasses.replace(run, lease_expires=lease_expires)
+        self._put(new)
+        return new
+
+    async def commit(
+        self, run_id: str, owner: str | None, now: float, update: Update
+    ) -> CommitResult:
+        run = self._get(run_id)
+        if owner is not None:
+            if run.lease_owner != owner:
+                raise LeaseLostError(run_id)
+        elif not update.ignore_lease and run.leased(now):
+            raise ConflictError(f"run {run_id!r} is leased by {run.lease_owner!r}")
+        if update.expect_status is not None and run.status not in update.expect_status:
+            raise ConflictError(f"run {run_id!r} is {run.status}")
+        inbox = self._d.inbox.get(run_id, [])
+        if update.consume_signal is not None:
+            idx = next((i for i, s in enumerate(inbox) if s.id == update.consume_signal), None)
+            if idx is None:
+                raise ConflictError(f"signal #{update.consume_signal} already consumed")
+            inbox.pop(idx)
+        new = apply_update(run, update, now, inbox_names={s.name for s in inbox})
+        self._put(new)
+        seqs = self._append(run_id, update.events)
+        woken: list[str] = []
+        if update.notify is not None:
+            n = update.notify
+            for wid in _sg.waiters_to_wake(self._sharing(n.workflow, n.tag), n.tag, n.workflow, n.limit):
+                w = self._d.runs[wid]
+                if w.status is RunStatus.SUSPENDED:
+                    self._put(dataclasses.replace(w, wake_at=now))
+                woken.append(wid)
+        return CommitResult(new, seqs, tuple(woken))
+
+    async def due_runs(
+        self, now: float, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[str]:
+        due = [
+            r
+            for r in (self._d.runs[i] for i in self._d.active)
+            if self._visible(r) and (workflows is None or r.workflow in workflows)
+        ]
+        due = [r for r in due if _claimable(r, now)]
+        due.sort(key=lambda r: (_due_time(r) or 0.0, r.created_at, r.id))
+        return [r.id for r in due[:limit]]
+
+    async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
+        best: float | None = None
+        for rid in self._d.active:
+            r = self._d.runs[rid]
+            if not self._visible(r) or r.lease_owner in exclude_lease_owners and r.lease_owner:
+                continue
+            t = _due_time(r)
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
+
+    async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
+        run = self._get(run_id)
+        sig = InboxSignal(next(self._d.signal_ids), name, payload)
+        self._d.inbox.setdefault(run_id, []).append(sig)
+        if run.status is RunStatus.SUSPENDED and name in run.waiting_signals:
+            run = dataclasses.replace(run, wake_at=now, updated_at=now)
+            self._put(run)
+        return run
+
+    async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
+        return next((s for s in self._d.inbox.get(run_id, ()) if s.name == name), None)
+
+    async def try_admit_singleton(
+        self,
+        run_id: str,
+        tag: str,
+        workflow: str,
+        limit: int,
+        retry_wake_at: float | None = None,
+    ) -> bool:
+        runs = self._sharing(workflow, tag)
+        tags = _sg.admission_tags(runs, run_id, tag, workflow, limit)
+        run = self._get(run_id)
+        if tags is not None:
+            if list(run.tags) != tags:
+                self._put(dataclasses.replace(run, tags=tuple(tags)))
+            return True
+        patch = _sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at)
+        if patch:
+            self._put(dataclasses.replace(run, **patch))
+        return False
+
+
+def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
+    """The run after ``u``: shared by stores so the sticky-cancel and terminal rules agree."""
+    changes: dict[str, Any] = {"updated_at": now}
+    status = u.status
+    if status is not None:
+        if run.status is RunStatus.CANCELLING and status.active:
+            status = RunStatus.CANCELLING
+            if u.wake_at is not UNSET:
+                changes["wake_at"] = now
+        changes["status"] = status
+    if u.output is not UNSET:
+        changes["output"] = u.output
+    if u.error is not UNSET:
+        changes["error"] = u.error
+    if u.wake_at is not UNSET and "wake_at" not in changes:
+        changes["wake_at"] = u.wake_at
+    if u.waiting_signals is not None:
+        changes["waiting_signals"] = u.waiting_signals
+        if changes.get("wake_at") is not None and inbox_names & set(u.waiting_signals):
+            changes["wake_at"] = now
+    if u.attempt is not None:
+        changes["attempt"] = u.attempt
+    if u.release_lease:
+        changes["lease_owner"] = None
+        changes["lease_expires"] = None
+    if status is not None and not status.active:
+        changes.update(
+            tags=tuple(t for t in run.tags if t != ADMITTED_TAG),
+            lease_owner=None,
+            lease_expires=None,
+            wake_at=None,
+            waiting_signals=(),
+        )
+    return dataclasses.replace(run, **changes)
+
+
+def _claimable(run: Run, now: float) -> bool:
+    if run.status not in ACTIVE_STATUSES or run.leased(now):
+        return False
+    if run.status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCELLING):
+        return True
+    return run.wake_at is not None and run.wake_at <= now
+
+
+def _due_time(run: Run) -> float | None:
+    """When an active run becomes claimable (its lease expiry or wake time)."""
+    if run.lease_owner is not None and run.lease_expires is not None:
+        t = run.lease_expires
+        if run.status in (RunStatus.SUSPENDED, RunStatus.BLOCKED) and run.wake_at is not None:
+            t = max(t, run.wake_at)
+        return t
+    if run.status in (RunStatus.PENDING, RunStatus.CANCELLING, RunStatus.RUNNING):
+        return run.created_at if run.status is RunStatus.PENDING else run.updated_at
+    return run.wake_at

@@ -1,0 +1,243 @@
+"""``TestEnv``: several engine instances on one store, driven by a ``VirtualClock``."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from flowkit import Engine, History, Run, RunStatus
+from flowkit._bus import Bus
+from flowkit.stores import MemoryStore
+
+from ._clock import DEFAULT_START, VirtualClock
+
+
+class InstanceCrashed(BaseException):
+    """Raised into a crashed instance's store calls: a dead process writes nothing."""
+
+
+class _CrashableStore:
+    """Forwards to the shared store until its instance crashes."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.crashed = False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr) or not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.crashed:
+                raise InstanceCrashed(name)
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+class TestEnv:
+    """Test environment: ``instances`` engines on ``store`` (a fresh ``MemoryStore`` by default)
+    with one ``VirtualClock``; ``settle``/``advance``/``run_until_idle`` drive them."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(
+        self,
+        workflows: Iterable[Any] = (),
+        *,
+        instances: int = 1,
+        seed: int = 0,
+        store: Any = None,
+        start: float | datetime = DEFAULT_START,
+        lease_ttl: float = 30.0,
+        gate_polls: bool = False,
+    ) -> None:
+        if instances < 1:
+            raise ValueError("instances must be >= 1")
+        self.workflows = list(workflows)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.store = store if store is not None else MemoryStore()
+        self.clock = VirtualClock(start)
+        self.lease_ttl = lease_ttl
+        self.gate_polls = gate_polls
+        self.bus = Bus()
+        self._n = instances
+        self._gen = [0] * instances
+        self._proxies: list[_CrashableStore] = []
+        self.engines: list[Engine] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _make(self, i: int) -> Engine:
+        proxy = _CrashableStore(self.store)
+        eng = Engine(
+            proxy,  # type: ignore[arg-type]
+            self.workflows,
+            clock=self.clock,
+            instance_id=f"instance-{i}" + (f".{self._gen[i]}" if self._gen[i] else ""),
+            rng=random.Random(f"{self.seed}:{i}:{self._gen[i]}"),
+            lease_ttl=self.lease_ttl,
+            poll_interval=None,
+            bus=self.bus,
+        )
+        if i < len(self.engines):
+            self._proxies[i] = proxy
+            self.engines[i] = eng
+        else:
+            self._proxies.append(proxy)
+            self.engines.append(eng)
+        return eng
+
+    async def __aenter__(self) -> TestEnv:
+        for i in range(self._n):
+            await self._make(i).start_worker()
+        await self.settle()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for i, eng in enumerate(self.engines):
+            if not self._proxies[i].crashed:
+                await eng.stop()
+
+    async def crash(self, i: int) -> None:
+        """Kill instance ``i`` mid-flight: no cleanup, no lease release; its leases expire."""
+        self._proxies[i].crashed = True
+        worker = self.engines[i]._worker
+        self.engines[i]._worker = None
+        if worker is not None:
+            await worker.stop(graceful=False)
+        await self.settle()
+
+    async def restart(self, i: int) -> None:
+        """Bring instance ``i`` back with a fresh worker on the same store."""
+        if not self._proxies[i].crashed:
+            await self.crash(i)
+        self._gen[i] += 1
+        await self._make(i).start_worker()
+        await self.settle()
+
+    def _live_owners(self) -> list[str]:
+        return [e.instance_id for e, p in zip(self.engines, self._proxies, strict=True) if not p.crashed]
+
+    # -- driving -----------------------------------------------------------------------
+    async def settle(self, max_rounds: int = 100_000) -> None:
+        """Return once every task is blocked (like trio's ``wait_all_tasks_blocked``);
+        virtual time stands still. A step awaiting something outside counts as blocked."""
+        loop = asyncio.get_running_loop()
+        quiet = 0
+        for _ in range(max_rounds):
+            await asyncio.sleep(0)
+            ready = getattr(loop, "_ready", None)
+            if ready is not None and len(ready) == 0:
+                quiet += 1
+                if quiet >= 3:
+                    return
+            else:
+                quiet = 0
+        raise RuntimeError("settle(): tasks kept running; is a workflow busy-looping?")
+
+    def _poke(self) -> None:
+        for eng, proxy in zip(self.engines, self._proxies, strict=True):
+            if not proxy.crashed and eng._worker is not None:
+                eng._worker.poke()
+
+    async def _next_time(self) -> float | None:
+        """The next instant at which some run becomes claimable (wake time, or the lease
+        expiry of a crashed instance). Gate re-checks of singleton waiters are skipped unless
+        ``gate_polls``: notify-on-release wakes them, so a month-long hold costs no jumps."""
+        now = self.clock.now()
+        live = set(self._live_owners())
+        best: float | None = None
+        for r in await self.store.list_runs():
+            if r.status.terminal:
+                continue
+            if r.lease_owner is not None and r.lease_expires is not None:
+                if r.lease_owner in live:
+                    continue
+                t: float | None = r.lease_expires
+            elif (
+                not self.gate_polls
+                and r.status is RunStatus.SUSPENDED
+                and r.singleton_key is not None
+                and not r.admitted
+            ):
+                continue
+            else:
+                t = r.wake_at
+            if t is not None and t > now and (best is None or t < best):
+                best = t
+        return best
+
+    async def _jump(self, to: float) -> None:
+        self.clock.jump(max(to, self.clock.now()))
+        self._poke()
+        await self.settle()
+
+    async def advance(self, seconds: float) -> None:
+        """Move virtual time ``seconds`` forward, firing due timers in order."""
+        if seconds < 0:
+            raise ValueError("advance needs seconds >= 0")
+        target = self.clock.now() + seconds
+        await self.settle()
+        while True:
+            nxt = await self._next_time()
+            if nxt is None or nxt > target:
+                break
+            await self._jump(nxt)
+        await self._jump(target)
+
+    async def run_until_idle(self, max_jumps: int = 1_000_000) -> None:
+        """Time skipping: jump from due time to due time until nothing can move."""
+        await self.settle()
+        for _ in range(max_jumps):
+            nxt = await self._next_time()
+            if nxt is None:
+                return
+            await self._jump(nxt)
+        raise RuntimeError("run_until_idle(): still moving after max_jumps")
+
+    # -- engine shortcuts (instance 0) -------------------------------------------------
+    async def start(self, workflow: Any, input: Any = None, run_id: str | None = None, *, tags: Sequence[str] = ()) -> Run:
+        run = await self.engines[0].start(workflow, input, run_id, tags=tags)
+        await self.settle()
+        return run
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        await self.engines[0].signal(run_id, name, payload)
+        await self.settle()
+
+    async def signal_with_start(self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None) -> Run:
+        run = await self.engines[0].signal_with_start(workflow, input, run_id, signal, payload)
+        await self.settle()
+        return run
+
+    async def cancel(self, run_id: str) -> Run:
+        run = await self.engines[0].cancel(run_id)
+        await self.settle()
+        return run
+
+    async def retry(self, run_id: str) -> Run:
+        run = await self.engines[0].retry(run_id)
+        await self.settle()
+        return run
+
+    async def result(self, run_id: str) -> Any:
+        """Run until idle, then return the run's result (or raise its failure)."""
+        await self.run_until_idle()
+        return await self.engines[0].result(run_id, timeout=5)
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self.engines[0].get_run(run_id)
+
+    async def history(self, run_id: str) -> History:
+        return await self.engines[0].history(run_id)
