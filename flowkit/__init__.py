@@ -1,5 +1,7 @@
 """flowkit: durable workflows as plain async Python, with singleton lanes."""
 
+import contextlib as _contextlib
+
 from ._clock import Clock, SystemClock
 from ._context import WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
@@ -58,8 +60,6 @@ __all__ = [
 
 for _name in __all__:
     _obj = globals()[_name]
-    if hasattr(_obj, "__module__") and not isinstance(_obj, str):
-        try:
+    if isinstance(_obj, type) or callable(_obj):
+        with _contextlib.suppress(AttributeError, TypeError):
             _obj.__module__ = "flowkit"
-        except (AttributeError, TypeError):
-            pass

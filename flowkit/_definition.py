@@ -33,9 +33,7 @@ class Singleton:
             raise ValueError(f"Singleton.limit must be an int >= 1, got {self.limit!r}")
         mqd = self.max_queue_depth
         if mqd is not None and (isinstance(mqd, bool) or not isinstance(mqd, int) or mqd < 0):
-            raise ValueError(
-                f"Singleton.max_queue_depth must be an int >= 0 or None, got {mqd!r}"
-            )
+            raise ValueError(f"Singleton.max_queue_depth must be an int >= 0 or None, got {mqd!r}")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,9 @@ class Engine:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
-        self.instance_id = instance_id or f"engine-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:12]}"
+        self.instance_id = (
+            instance_id or f"engine-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:12]}"
+        )
         self.namespace = namespace
         self.is_worker = worker
         self.lease_ttl = lease_ttl

@@ -233,9 +233,7 @@ class History(Sequence[Event]):
         except Exception as exc:
             raise HistoryError(f"history is not valid JSON: {exc}") from exc
         if not isinstance(data, dict) or data.get("format") != HISTORY_FORMAT:
-            raise HistoryError(
-                f"not a flowkit history (expected format {HISTORY_FORMAT!r})"
-            )
+            raise HistoryError(f"not a flowkit history (expected format {HISTORY_FORMAT!r})")
         run_id = data.get("run_id")
         events = data.get("events")
         if not isinstance(run_id, str) or not isinstance(events, list):

@@ -139,7 +139,9 @@ def _describe(ev: Event) -> str:
     return f"{ev.type}#{ev.seq}" + (f"({name!r})" if name else "")
 
 
-def error_info(exc: BaseException, step: str | None = None, attempts: int | None = None) -> ErrorInfo:
+def error_info(
+    exc: BaseException, step: str | None = None, attempts: int | None = None
+) -> ErrorInfo:
     if isinstance(exc, StepFailedError):
         return ErrorInfo(
             type="StepFailedError",
@@ -203,7 +205,7 @@ class Activation:
         """After ``run_retried`` a step's failures no longer count: it runs again."""
         for pos, evs in list(self._index.items()):
             if evs and isinstance(evs[-1], StepFailed) and evs[-1].retry_at is None:
-                kept = [e for e in evs if not isinstance(e, StepFailed)]
+                kept: list[Event] = [e for e in evs if not isinstance(e, StepFailed)]
                 if kept:
                     self._index[pos] = kept
                 else:
@@ -263,7 +265,9 @@ class Activation:
         if self._live > 0 and self._blocked >= self._live and self._parks:
             self._done.set()
 
-    def _diverge(self, pos: str, recorded: str | None, call: str | None, detail: str = "") -> _Diverged:
+    def _diverge(
+        self, pos: str, recorded: str | None, call: str | None, detail: str = ""
+    ) -> _Diverged:
         if self._divergence is None:
             self._divergence = NonDeterminismError(pos, recorded, call, detail)
         self._done.set()
@@ -372,9 +376,20 @@ class Activation:
             except asyncio.CancelledError:
                 if not self._cancel_requested or self._tearing_down:
                     raise
-                info = ErrorInfo(type="CancelledError", message="cancelled", step=name, attempts=attempt)
+                info = ErrorInfo(
+                    type="CancelledError", message="cancelled", step=name, attempts=attempt
+                )
                 await self._record(
-                    [StepFailed(pos=pos, name=name, attempt=attempt, error=info, cancelled=True, at=self.host.now())]
+                    [
+                        StepFailed(
+                            pos=pos,
+                            name=name,
+                            attempt=attempt,
+                            error=info,
+                            cancelled=True,
+                            at=self.host.now(),
+                        )
+                    ]
                 )
                 raise
             except _ControlFlow:
@@ -385,29 +400,50 @@ class Activation:
                     retry_at = round(now + retry.delay_before(attempt + 1), 6)
                     info = error_info(exc, name, attempt)
                     await self._record(
-                        [StepFailed(pos=pos, name=name, attempt=attempt, error=info, retry_at=retry_at, at=now)]
+                        [
+                            StepFailed(
+                                pos=pos,
+                                name=name,
+                                attempt=attempt,
+                                error=info,
+                                retry_at=retry_at,
+                                at=now,
+                            )
+                        ]
                     )
                     if retry_at > self.host.now():
                         await self._park(retry_at)
                     attempt += 1
                     continue
                 info = error_info(exc, name, attempt)
-                await self._record([StepFailed(pos=pos, name=name, attempt=attempt, error=info, at=now)])
+                await self._record(
+                    [StepFailed(pos=pos, name=name, attempt=attempt, error=info, at=now)]
+                )
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             try:
                 data = _serde.to_json(result, adapter, what=f"result of step {name!r}")
             except SerializationError as exc:
                 info = error_info(exc, name, attempt)
                 await self._record(
-                    [StepFailed(pos=pos, name=name, attempt=attempt, error=info, at=self.host.now())]
+                    [
+                        StepFailed(
+                            pos=pos, name=name, attempt=attempt, error=info, at=self.host.now()
+                        )
+                    ]
                 )
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             await self._record(
-                [StepCompleted(pos=pos, name=name, attempt=attempt, result=data, at=self.host.now())]
+                [
+                    StepCompleted(
+                        pos=pos, name=name, attempt=attempt, result=data, at=self.host.now()
+                    )
+                ]
             )
             return _serde.from_json(data, adapter)
 
-    async def _execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def _execute(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         value = fn(*args, **kwargs)
         if not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future):
             if isinstance(value, Awaitable):
@@ -474,7 +510,11 @@ class Activation:
             if sig is not None:
                 try:
                     await self._record(
-                        [SignalReceived(pos=pos, name=name, payload=sig.payload, at=self.host.now())],
+                        [
+                            SignalReceived(
+                                pos=pos, name=name, payload=sig.payload, at=self.host.now()
+                            )
+                        ],
                         consume_signal=sig.id,
                     )
                 except ConflictError:
@@ -609,13 +649,16 @@ class Activation:
             pos = unconsumed[0]
             return Diverged(
                 NonDeterminismError(
-                    pos, _describe(self._index[pos][0]), None, "the body returned before reaching it"
+                    pos,
+                    _describe(self._index[pos][0]),
+                    None,
+                    "the body returned before reaching it",
                 )
             )
         try:
             data = _serde.to_json(body.result(), self.defn.output_adapter, what="workflow output")
-        except SerializationError as exc:
-            return Failed(error_info(exc))
+        except SerializationError as err:
+            return Failed(error_info(err))
         return Completed(data)
 
 

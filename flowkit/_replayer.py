@@ -36,9 +36,7 @@ async def replay_async(history: History, workflow: Any) -> None:
     if not isinstance(first, RunStarted):
         raise HistoryError("history must start with run_started")
     if first.workflow != defn.name:
-        raise HistoryError(
-            f"history is of workflow {first.workflow!r}, not {defn.name!r}"
-        )
+        raise HistoryError(f"history is of workflow {first.workflow!r}, not {defn.name!r}")
     instance = workflow if not isinstance(workflow, type) else _bare_instance(workflow)
     last = history.events[-1]
     act = Activation(
@@ -59,7 +57,9 @@ async def replay_async(history: History, workflow: Any) -> None:
         case Completed(output):
             if isinstance(terminal, RunCompleted) and terminal.output != output:
                 raise NonDeterminismError(
-                    "end", f"run_completed#{terminal.seq}", "a different output",
+                    "end",
+                    f"run_completed#{terminal.seq}",
+                    "a different output",
                     f"recorded {terminal.output!r:.80}, replay returned {output!r:.80}",
                 )
             if isinstance(terminal, RunFailed):
@@ -83,7 +83,7 @@ async def replay_async(history: History, workflow: Any) -> None:
 def _bare_instance(cls: type) -> Any:
     """An instance without calling ``__init__``: replay never runs steps, so injected
     services are not needed."""
-    return cls.__new__(cls)
+    return object.__new__(cls)
 
 
 def replay(history: History | str, workflow: Any) -> None:

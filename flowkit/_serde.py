@@ -20,10 +20,18 @@ JSON = Any
 ANY_ADAPTER: TypeAdapter[Any] = TypeAdapter(Any)
 
 
-@functools.lru_cache(maxsize=4096)
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
 def adapter_for(tp: Any) -> TypeAdapter[Any]:
     """A cached ``TypeAdapter`` for an annotation."""
-    return TypeAdapter(tp)
+    try:
+        return _ADAPTERS[tp]
+    except KeyError:
+        ad = _ADAPTERS[tp] = TypeAdapter(tp)
+        return ad
+    except TypeError:  # unhashable annotation
+        return TypeAdapter(tp)
 
 
 def _unwrap(fn: Callable[..., Any]) -> Any:
@@ -40,8 +48,8 @@ def _return_adapter(fn: Any) -> TypeAdapter[Any]:
     except Exception:
         hints = {}
     ret = hints.get("return", Any)
-    if ret is None or ret is type(None):
-        return adapter_for(type(None))
+    if ret is None:
+        ret = type(None)
     return adapter_for(ret)
 
 

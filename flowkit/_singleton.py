@@ -18,7 +18,12 @@ def retry_wake_at(now: float, rng: random.Random) -> float:
 
 def _last_gate_event(events: Sequence[Event]) -> str | None:
     for ev in reversed(events):
-        if ev.type in ("singleton_gated", "singleton_admitted", "run_retried", "singleton_released"):
+        if ev.type in (
+            "singleton_gated",
+            "singleton_admitted",
+            "run_retried",
+            "singleton_released",
+        ):
             return ev.type
     return None
 

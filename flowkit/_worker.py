@@ -11,6 +11,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from . import _singleton as gate
 from ._history import (
     Event,
@@ -30,6 +32,7 @@ from ._replay import (
     Failed,
     Outcome,
     Suspended,
+    error_info,
 )
 from ._run import Run, RunStatus
 from .errors import LeaseLostError
@@ -188,6 +191,10 @@ class Worker:
                         await self._drive(run)
                     except (LeaseLostError, ConflictError):
                         log.info("run %s taken over by another instance", run_id)
+                    except Exception:
+                        # A store or engine failure mid-activation: nothing more is written;
+                        # the lease expires and recovery (any instance) claims the run again.
+                        log.exception("activation of run %s failed; it will be recovered", run_id)
         finally:
             self._active.pop(run_id, None)
         if run_id in self._again and self._running:
@@ -240,7 +247,9 @@ class Worker:
                     )
                     return
                 retry_at = gate.retry_wake_at(eng.clock.now(), eng.rng)
-                ok = await self.store.try_admit_singleton(run.id, tag, run.workflow, limit, retry_at)
+                ok = await self.store.try_admit_singleton(
+                    run.id, tag, run.workflow, limit, retry_at
+                )
                 if not ok:
                     evs: list[Event] = []
                     if gate.needs_gated_event(events):
@@ -249,12 +258,19 @@ class Worker:
                     return
             admitted = True
             if gate.needs_admitted_event(events):
-                await self._commit(run, Update(events=[SingletonAdmitted(key=key, at=eng.clock.now())]))
+                await self._commit(
+                    run, Update(events=[SingletonAdmitted(key=key, at=eng.clock.now())])
+                )
+        try:
+            value = defn.input_adapter.validate_python(run.input)
+        except ValidationError as exc:  # the stored input no longer fits the current code
+            await self._settle(run, Failed(error_info(exc)), admitted, notify)
+            return
         act = Activation(
             defn,
             instance,
             run.id,
-            defn.input_adapter.validate_python(run.input),
+            value,
             events,
             _Host(self, run.id),
             cancel_requested=cancelling,
@@ -264,7 +280,9 @@ class Worker:
         outcome = await act.run()
         await self._settle(run, outcome, admitted, notify)
 
-    async def _settle(self, run: Run, outcome: Outcome, admitted: bool, notify: Notify | None) -> None:
+    async def _settle(
+        self, run: Run, outcome: Outcome, admitted: bool, notify: Notify | None
+    ) -> None:
         eng = self.engine
         now = eng.clock.now()
         release: list[Event] = []

@@ -64,7 +64,7 @@ class NonDeterminismError(FlowkitError):
     ``None``), ``call`` describes the call the code made instead (or ``None``)."""
 
     def __init__(
-        self, position: int, recorded: str | None, call: str | None, detail: str = ""
+        self, position: str | int, recorded: str | None, call: str | None, detail: str = ""
     ) -> None:
         self.position = position
         self.recorded = recorded

@@ -76,7 +76,7 @@ class TestEnv:
     def _make(self, i: int) -> Engine:
         proxy = _CrashableStore(self.store)
         eng = Engine(
-            proxy,  # type: ignore[arg-type]
+            proxy,
             self.workflows,
             clock=self.clock,
             instance_id=f"instance-{i}" + (f".{self._gen[i]}" if self._gen[i] else ""),
@@ -127,7 +127,9 @@ class TestEnv:
         await self.settle()
 
     def _live_owners(self) -> list[str]:
-        return [e.instance_id for e, p in zip(self.engines, self._proxies, strict=True) if not p.crashed]
+        return [
+            e.instance_id for e, p in zip(self.engines, self._proxies, strict=True) if not p.crashed
+        ]
 
     # -- driving -----------------------------------------------------------------------
     async def settle(self, max_rounds: int = 100_000) -> None:
@@ -207,7 +209,14 @@ class TestEnv:
         raise RuntimeError("run_until_idle(): still moving after max_jumps")
 
     # -- engine shortcuts (instance 0) -------------------------------------------------
-    async def start(self, workflow: Any, input: Any = None, run_id: str | None = None, *, tags: Sequence[str] = ()) -> Run:
+    async def start(
+        self,
+        workflow: Any,
+        input: Any = None,
+        run_id: str | None = None,
+        *,
+        tags: Sequence[str] = (),
+    ) -> Run:
         run = await self.engines[0].start(workflow, input, run_id, tags=tags)
         await self.settle()
         return run
@@ -216,7 +225,9 @@ class TestEnv:
         await self.engines[0].signal(run_id, name, payload)
         await self.settle()
 
-    async def signal_with_start(self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None) -> Run:
+    async def signal_with_start(
+        self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None
+    ) -> Run:
         run = await self.engines[0].signal_with_start(workflow, input, run_id, signal, payload)
         await self.settle()
         return run

@@ -140,7 +140,9 @@ class Store(Protocol):
         """Extend the lease if ``owner`` still holds it; ``None`` when it was lost."""
         ...
 
-    async def commit(self, run_id: str, owner: str | None, now: float, update: Update) -> CommitResult:
+    async def commit(
+        self, run_id: str, owner: str | None, now: float, update: Update
+    ) -> CommitResult:
         """Apply ``update`` and append its events atomically. With ``owner`` the caller must
         hold the lease (``LeaseLostError``); with ``None`` no live lease may exist unless
         ``ignore_lease``. A failed precondition raises ``ConflictError`` and writes nothing."""

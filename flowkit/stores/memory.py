@@ -182,7 +182,9 @@ class MemoryStore:
         woken: list[str] = []
         if update.notify is not None:
             n = update.notify
-            for wid in _sg.waiters_to_wake(self._sharing(n.workflow, n.tag), n.tag, n.workflow, n.limit):
+            for wid in _sg.waiters_to_wake(
+                self._sharing(n.workflow, n.tag), n.tag, n.workflow, n.limit
+            ):
                 w = self._d.runs[wid]
                 if w.status is RunStatus.SUSPENDED:
                     self._put(dataclasses.replace(w, wake_at=now))
@@ -205,7 +207,7 @@ class MemoryStore:
         best: float | None = None
         for rid in self._d.active:
             r = self._d.runs[rid]
-            if not self._visible(r) or r.lease_owner in exclude_lease_owners and r.lease_owner:
+            if not self._visible(r) or (r.lease_owner in exclude_lease_owners and r.lease_owner):
                 continue
             t = _due_time(r)
             if t is not None and (best is None or t < best):

@@ -1,0 +1,65 @@
+"""Pins the public names of DESIGN.md: removing or renaming one must fail here."""
+
+import flowkit
+import flowkit.errors
+import flowkit.singleton
+import flowkit_testing
+from flowkit.stores import MemoryStore
+
+
+def test_flowkit_exports_the_fixed_names() -> None:
+    fixed = {
+        "workflow",
+        "WorkflowCtx",
+        "Singleton",
+        "RetryPolicy",
+        "Engine",
+        "History",
+        "Run",
+        "RunStatus",
+        "replay",
+        "FlowkitError",
+        "SingletonQueueFullError",
+        "UnsupportedStoreError",
+        "NonDeterminismError",
+        "WorkflowNotFoundError",
+        "RunNotFoundError",
+        "WorkflowFailedError",
+        "RunCancelledError",
+        "SignalTimeout",
+        "StepFailedError",
+    }
+    assert fixed <= set(flowkit.__all__)
+    for name in flowkit.__all__:
+        assert getattr(flowkit, name) is not None
+
+
+def test_errors_share_one_root() -> None:
+    for name in flowkit.errors.__all__:
+        assert issubclass(getattr(flowkit.errors, name), flowkit.FlowkitError)
+        assert getattr(flowkit, name, getattr(flowkit.errors, name)) is getattr(
+            flowkit.errors, name
+        )
+    assert issubclass(flowkit.SignalTimeout, TimeoutError)
+
+
+def test_status_values_and_helpers() -> None:
+    assert [s.value for s in flowkit.RunStatus] == [
+        "pending",
+        "running",
+        "suspended",
+        "blocked",
+        "cancelling",
+        "completed",
+        "failed",
+        "cancelled",
+    ]
+    assert {s for s in flowkit.RunStatus if s.terminal} == {
+        flowkit.RunStatus.COMPLETED,
+        flowkit.RunStatus.FAILED,
+        flowkit.RunStatus.CANCELLED,
+    }
+    assert callable(flowkit.singleton.admission_tags)
+    assert callable(flowkit.singleton.denial_patch)
+    assert callable(MemoryStore().try_admit_singleton)
+    assert {"TestEnv", "VirtualClock"} <= set(flowkit_testing.__all__)
