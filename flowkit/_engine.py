@@ -53,6 +53,7 @@ class Engine:
         max_concurrency: int = 100,
         blocked_retry: float = 60.0,
         bus: Bus | None = None,
+        notify_on_release: bool = True,
     ) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
@@ -67,6 +68,8 @@ class Engine:
         self.max_concurrency = max_concurrency
         self.blocked_retry = blocked_retry
         self.bus = bus or Bus()
+        # False leaves handover to the waiters' ~1 s re-check timer (benchmarks, diagnostics)
+        self.notify_on_release = notify_on_release
         self.registry: dict[str, tuple[WorkflowDefinition, Any]] = {}
         for wf in workflows:
             self.register(wf)

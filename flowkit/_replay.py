@@ -200,6 +200,7 @@ class Activation:
         self._evicted = False
         self._divergence: NonDeterminismError | None = None
         self._stuck_parks: list[_Park] = []
+        self._body_task: asyncio.Task[Any] | None = None
 
     def _forget_final_failures(self) -> None:
         """After ``run_retried`` a step's failures no longer count: it runs again."""
@@ -245,10 +246,15 @@ class Activation:
             t.cancel()
 
     def evict(self) -> None:
-        """Stop at once without recording anything more (lease lost, engine stopping)."""
+        """Stop at once without recording anything more (lease lost, engine stopping): the
+        body and its running steps are cancelled, as a dying process would lose them."""
         self._evicted = True
         self._tearing_down = True
         self._done.set()
+        for t in list(self._step_tasks):
+            t.cancel()
+        if self._body_task is not None and not self.replay_only:
+            self._body_task.cancel()
 
     def _stop_replay(self, pos: str, call: str) -> _Evicted:
         """Replay-only mode reached the end of the history: stop without side effects."""
@@ -591,10 +597,13 @@ class Activation:
     async def run(self) -> Outcome:
         """Execute the body until it settles or gets stuck; never raises for body errors."""
         self._live = 1
-        body = asyncio.ensure_future(self._body())
+        body = self._body_task = asyncio.ensure_future(self._body())
         done_wait = asyncio.ensure_future(self._done.wait())
         try:
             await asyncio.wait({body, done_wait}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.evict()  # our worker is going away: so does the body
+            raise
         finally:
             done_wait.cancel()
         self._stuck_parks = list(self._parks)

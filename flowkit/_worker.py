@@ -234,7 +234,7 @@ class Worker:
             tag = run.singleton_tag
             assert tag is not None
             limit = defn.singleton.limit if defn.singleton is not None else 1
-            notify = Notify(run.workflow, tag, limit)
+            notify = Notify(run.workflow, tag, limit) if eng.notify_on_release else None
             if not run.admitted:
                 if cancelling:  # a cancelled waiter never runs its body
                     await self._commit(

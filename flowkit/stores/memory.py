@@ -137,7 +137,7 @@ class MemoryStore:
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
         run = self._d.runs.get(run_id)
-        if run is None or not self._visible(run) or not _claimable(run, now):
+        if run is None or not self._visible(run) or not claimable(run, now):
             return None
         status = RunStatus.CANCELLING if run.status is RunStatus.CANCELLING else RunStatus.RUNNING
         new = dataclasses.replace(
@@ -199,8 +199,8 @@ class MemoryStore:
             for r in (self._d.runs[i] for i in self._d.active)
             if self._visible(r) and (workflows is None or r.workflow in workflows)
         ]
-        due = [r for r in due if _claimable(r, now)]
-        due.sort(key=lambda r: (_due_time(r) or 0.0, r.created_at, r.id))
+        due = [r for r in due if claimable(r, now)]
+        due.sort(key=lambda r: (due_time(r) or 0.0, r.created_at, r.id))
         return [r.id for r in due[:limit]]
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
@@ -209,7 +209,7 @@ class MemoryStore:
             r = self._d.runs[rid]
             if not self._visible(r) or (r.lease_owner in exclude_lease_owners and r.lease_owner):
                 continue
-            t = _due_time(r)
+            t = due_time(r)
             if t is not None and (best is None or t < best):
                 best = t
         return best
@@ -253,9 +253,9 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
     status = u.status
     if status is not None:
         if run.status is RunStatus.CANCELLING and status.active:
+            if status is RunStatus.SUSPENDED and u.wake_at is not UNSET:
+                changes["wake_at"] = now  # deliver the cancellation at once
             status = RunStatus.CANCELLING
-            if u.wake_at is not UNSET:
-                changes["wake_at"] = now
         changes["status"] = status
     if u.output is not UNSET:
         changes["output"] = u.output
@@ -283,21 +283,33 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
     return dataclasses.replace(run, **changes)
 
 
-def _claimable(run: Run, now: float) -> bool:
+def claimable(run: Run, now: float) -> bool:
+    """The claim rule every store applies (see ``Store.claim``)."""
     if run.status not in ACTIVE_STATUSES or run.leased(now):
         return False
-    if run.status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCELLING):
+    if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
+        return True
+    if run.status is RunStatus.CANCELLING and run.wake_at is None:
         return True
     return run.wake_at is not None and run.wake_at <= now
 
 
-def _due_time(run: Run) -> float | None:
+def due_time(run: Run) -> float | None:
     """When an active run becomes claimable (its lease expiry or wake time)."""
     if run.lease_owner is not None and run.lease_expires is not None:
         t = run.lease_expires
-        if run.status in (RunStatus.SUSPENDED, RunStatus.BLOCKED) and run.wake_at is not None:
+        if run.status not in (RunStatus.PENDING, RunStatus.RUNNING) and run.wake_at is not None:
             t = max(t, run.wake_at)
         return t
-    if run.status in (RunStatus.PENDING, RunStatus.CANCELLING, RunStatus.RUNNING):
-        return run.created_at if run.status is RunStatus.PENDING else run.updated_at
+    if run.status is RunStatus.PENDING:
+        return run.created_at
+    if run.status is RunStatus.RUNNING or (
+        run.status is RunStatus.CANCELLING and run.wake_at is None
+    ):
+        return run.updated_at
     return run.wake_at
+
+
+# older private names, kept for stores written against them
+_claimable = claimable
+_due_time = due_time
