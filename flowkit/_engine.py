@@ -15,7 +15,14 @@ from . import _serde
 from ._bus import Bus
 from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
-from ._history import CancelRequested, History, RunCancelled, RunRetried, RunStarted
+from ._history import (
+    CancelRequested,
+    History,
+    RunCancelled,
+    RunRetried,
+    RunStarted,
+    SingletonReleased,
+)
 from ._run import ADMITTED_TAG, RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._worker import Worker
 from .errors import (
@@ -231,11 +238,13 @@ class Engine:
             if run.status.terminal or run.status is RunStatus.CANCELLING:
                 return run
             now = self.clock.now()
-            never_ran = run.status is RunStatus.PENDING or (
+            # Settle at once when no body can receive the cancellation: it never started (or
+            # never got past its gate), or it is blocked on code that no longer replays.
+            direct = run.status in (RunStatus.PENDING, RunStatus.BLOCKED) or (
                 run.singleton_key is not None and not run.admitted
             )
             try:
-                if never_ran and not run.leased(now):
+                if direct and not run.leased(now):
                     notify = None
                     if run.singleton_tag is not None:
                         entry = self.registry.get(run.workflow)
@@ -246,7 +255,15 @@ class Engine:
                         None,
                         now,
                         Update(
-                            events=[CancelRequested(at=now), RunCancelled(at=now)],
+                            events=[
+                                CancelRequested(at=now),
+                                *(
+                                    [SingletonReleased(key=run.singleton_key, at=now)]
+                                    if run.admitted and run.singleton_key is not None
+                                    else []
+                                ),
+                                RunCancelled(at=now),
+                            ],
                             status=RunStatus.CANCELLED,
                             expect_status=frozenset({run.status}),
                             notify=notify,

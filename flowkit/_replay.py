@@ -564,10 +564,12 @@ class Activation:
                 self._blocked -= 1
         for child in children:
             parent.now_at = max(parent.now_at, child.now_at)
-        for t in tasks:  # the first failure by argument order, so replay raises the same one
-            if t.cancelled():
-                raise asyncio.CancelledError()
-            exc = t.exception()
+        # Read every child's outcome (so none is reported as never retrieved), then raise the
+        # first failure by argument order, so a replay raises the same one.
+        outcomes = [
+            asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks
+        ]
+        for exc in outcomes:
             if exc is not None:
                 raise exc
         return [t.result() for t in tasks]

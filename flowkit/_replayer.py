@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._definition import definition_of
-from ._history import CancelRequested, Event, History, RunCompleted, RunFailed, RunStarted
+from ._history import (
+    CancelRequested,
+    Event,
+    History,
+    RunCompleted,
+    RunFailed,
+    RunRetried,
+    RunStarted,
+)
 from ._replay import Activation, Completed, Diverged, Evicted, Failed, Suspended
 from .errors import HistoryError, NonDeterminismError, WorkflowNotFoundError
 from .stores.base import InboxSignal
@@ -47,6 +55,7 @@ async def replay_async(history: History, workflow: Any) -> None:
         history.events,
         _ReplayHost(last.at),
         cancel_requested=any(isinstance(e, CancelRequested) for e in history.events),
+        attempt=1 + sum(isinstance(e, RunRetried) for e in history.events),
         replay_only=True,
     )
     outcome = await act.run()

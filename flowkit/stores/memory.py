@@ -265,7 +265,7 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
         changes["wake_at"] = u.wake_at
     if u.waiting_signals is not None:
         changes["waiting_signals"] = u.waiting_signals
-        if changes.get("wake_at") is not None and inbox_names & set(u.waiting_signals):
+        if inbox_names & set(u.waiting_signals):  # a signal arrived while it ran: due now
             changes["wake_at"] = now
     if u.attempt is not None:
         changes["attempt"] = u.attempt

@@ -1,0 +1,173 @@
+"""The SQL schema of ``SqlStore``: four tables, their indexes and the schema version.
+
+* ``flowkit_runs`` — one row per run (the ``Run`` snapshot plus execution bookkeeping). Tags are
+  JSON; the two tag lookups the engine needs are columns: ``singleton_key`` (the run carries
+  ``"singleton:" + singleton_key``) and ``admitted`` (it carries ``ADMITTED_TAG``).
+* ``flowkit_events`` — the append-only history; the primary key ``(run_id, seq)`` makes a second
+  writer of the same ``seq`` fail in the database itself.
+* ``flowkit_signals`` — the signal inboxes; a consumed signal is deleted.
+* ``flowkit_meta`` — one ``schema_version`` row. A database written by a newer flowkit raises
+  ``SchemaVersionError`` instead of being read with the wrong layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.compiler import compiles
+
+from ...errors import FlowkitError
+
+SCHEMA_VERSION = 1
+"""The layout this code reads and writes; bump it (and add a migration) on any change."""
+
+SCHEMA_VERSION_KEY = "schema_version"
+
+
+class SchemaVersionError(FlowkitError):
+    """The database carries a flowkit schema version this code does not understand."""
+
+    def __init__(self, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"the flowkit database has schema version {found}, but this flowkit supports "
+            f"schema version {supported}; upgrade flowkit to open it"
+        )
+
+
+class UnsupportedDatabaseError(FlowkitError, ValueError):
+    """``SqlStore`` was given a URL of a database it does not support (or cannot load)."""
+
+
+class StoreUnavailableError(FlowkitError):
+    """``SqlStore`` cannot connect to its database (server down, wrong path or credentials)."""
+
+
+class _SQLiteJSON(sqlite.JSON):
+    """JSON declared ``TEXT`` on SQLite. A column declared ``JSON`` gets NUMERIC affinity there,
+    which stores the JSON text ``10.0`` as the integer 10: payloads would not round-trip (and
+    the JSON parser would be handed a number instead of text)."""
+
+    cache_ok = True
+
+
+@compiles(_SQLiteJSON, "sqlite")
+def _sqlite_json_ddl(type_: Any, compiler: Any, **kw: Any) -> str:
+    return "TEXT"
+
+
+def _json() -> Any:
+    return sa.JSON().with_variant(JSONB(), "postgresql").with_variant(_SQLiteJSON(), "sqlite")
+
+
+# Float64 everywhere: a double holds every microsecond-rounded epoch float exactly, so
+# ``created_at`` (and every other instant) reads back bit for bit.
+_TIME = sa.Double
+
+# SQLite only autoincrements an ``INTEGER PRIMARY KEY`` (the rowid alias).
+_BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+metadata = sa.MetaData()
+
+runs = sa.Table(
+    "flowkit_runs",
+    metadata,
+    sa.Column("id", sa.String(255), primary_key=True),
+    sa.Column("workflow", sa.String(255), nullable=False),
+    sa.Column("workflow_version", sa.String(255), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("input", _json()),
+    sa.Column("output", _json()),
+    sa.Column("error", _json()),
+    sa.Column("tags", _json(), nullable=False),
+    sa.Column("singleton_key", sa.String(255)),
+    sa.Column("admitted", sa.Boolean(), nullable=False, default=False),
+    sa.Column("created_at", _TIME, nullable=False),
+    sa.Column("updated_at", _TIME, nullable=False),
+    sa.Column("wake_at", _TIME),
+    sa.Column("namespace", sa.String(255)),
+    sa.Column("attempt", sa.Integer(), nullable=False, default=1),
+    sa.Column("lease_owner", sa.String(255)),
+    sa.Column("lease_expires", _TIME),
+    sa.Column("waiting_signals", _json(), nullable=False),
+    # due timers: the poller's scan of suspended/blocked runs by wake time
+    sa.Index("ix_flowkit_runs_due", "status", "wake_at"),
+    # singleton admission and queue caps read only the active runs of one key
+    sa.Index("ix_flowkit_runs_singleton", "workflow", "singleton_key", "status"),
+    # list_runs order
+    sa.Index("ix_flowkit_runs_created", "created_at", "id"),
+)
+
+events = sa.Table(
+    "flowkit_events",
+    metadata,
+    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("type", sa.String(64), nullable=False),
+    sa.Column("at", _TIME, nullable=False),
+    sa.Column("body", _json(), nullable=False),
+)
+
+signals = sa.Table(
+    "flowkit_signals",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(255), nullable=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("payload", _json()),
+    sa.Index("ix_flowkit_signals_inbox", "run_id", "name", "id"),
+    sqlite_autoincrement=True,  # ids are never reused after a consumed signal is deleted
+)
+
+meta = sa.Table(
+    "flowkit_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(255), nullable=False),
+)
+
+# Two-int advisory lock space (distinct from the one-bigint space of the key locks).
+_PG_SCHEMA_LOCK = (0x666C6F77, 1)
+
+
+def ensure_schema(conn: sa.Connection) -> None:
+    """Create the tables on first use and check the stored schema version.
+
+    Runs inside the caller's write transaction (``BEGIN IMMEDIATE`` on SQLite, an advisory
+    lock on PostgreSQL), so several processes opening a fresh database at once create it once.
+    The version is read *before* anything is created: a newer database is left untouched."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            sa.text("SELECT pg_advisory_xact_lock(:a, :b)"),
+            {"a": _PG_SCHEMA_LOCK[0], "b": _PG_SCHEMA_LOCK[1]},
+        )
+    found: int | None = None
+    if sa.inspect(conn).has_table(meta.name):
+        raw = conn.execute(
+            sa.select(meta.c.value).where(meta.c.key == SCHEMA_VERSION_KEY)
+        ).scalar_one_or_none()
+        found = int(raw) if raw is not None else None
+    if found is not None and found > SCHEMA_VERSION:
+        raise SchemaVersionError(found, SCHEMA_VERSION)
+    metadata.create_all(conn, checkfirst=True)
+    if found is None:
+        conn.execute(sa.insert(meta).values(key=SCHEMA_VERSION_KEY, value=str(SCHEMA_VERSION)))
+    # found < SCHEMA_VERSION: no older layout exists yet; migrations go here.
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "SchemaVersionError",
+    "StoreUnavailableError",
+    "UnsupportedDatabaseError",
+    "ensure_schema",
+    "events",
+    "meta",
+    "metadata",
+    "runs",
+    "signals",
+]

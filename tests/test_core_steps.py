@@ -1,0 +1,389 @@
+"""Steps: memoization across suspensions, retry policies with durable backoff, gather,
+deterministic ctx.now/random/uuid4, and engine.retry of a failed run."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta
+
+import pytest
+
+import flowkit
+from flowkit import RetryPolicy, RunStatus, WorkflowCtx, workflow
+from flowkit_testing import TestEnv
+
+# -- memoization across a sleep and a signal wait --------------------------------------
+
+
+@workflow(name="memo")
+class Memo:
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def work(self, tag: str) -> str:
+        self.calls[tag] += 1
+        return tag.upper()
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> list[str]:
+        a = await ctx.step(self.work, "a")
+        await ctx.sleep(10)
+        b = await ctx.step(self.work, "b")
+        got = await ctx.wait_for_signal("go")
+        c = await ctx.step(self.work, "c")
+        return [a, b, got, c]
+
+
+async def test_steps_are_not_reexecuted_after_sleep_and_signal() -> None:
+    wf = Memo()
+    async with TestEnv([wf]) as env:
+        await env.start("memo", None, "r1")
+        run = await env.get_run("r1")
+        assert run.status is RunStatus.SUSPENDED
+        assert wf.calls == {"a": 1}
+
+        await env.advance(10)
+        assert wf.calls == {"a": 1, "b": 1}
+        assert (await env.get_run("r1")).status is RunStatus.SUSPENDED
+
+        await env.signal("r1", "go", "sig")
+        assert await env.result("r1") == ["A", "B", "sig", "C"]
+        assert wf.calls == {"a": 1, "b": 1, "c": 1}
+        h = await env.history("r1")
+        assert h.types.count("step_completed") == 3
+        assert h.types[-1] == "run_completed"
+
+
+# -- retry policies ---------------------------------------------------------------------
+
+
+@workflow(name="flaky")
+class Flaky:
+    def __init__(self, fail_times: int, policy: RetryPolicy, exc: type[Exception]) -> None:
+        self.fail_times = fail_times
+        self.policy = policy
+        self.exc = exc
+        self.attempt_times: list[float] = []
+        self.clock: flowkit.Clock | None = None
+
+    def call(self) -> str:
+        assert self.clock is not None
+        self.attempt_times.append(self.clock.now())
+        if len(self.attempt_times) <= self.fail_times:
+            raise self.exc(f"boom #{len(self.attempt_times)}")
+        return "ok"
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        return await ctx.step(self.call, name="call", retry=self.policy)
+
+
+def _step_events(h: flowkit.History, type_: str) -> list[flowkit.Event]:
+    return [e for e in h if e.type == type_]
+
+
+async def test_step_fails_twice_then_succeeds_with_durable_backoff() -> None:
+    policy = RetryPolicy(max_attempts=3, initial_interval=1, backoff=3, max_interval=100)
+    wf = Flaky(2, policy, RuntimeError)
+    async with TestEnv([wf]) as env:
+        wf.clock = env.clock
+        t0 = env.clock.now()
+        await env.start("flaky", None, "r1")
+        # first attempt failed: the run is suspended until t0 + 1 (not waiting in memory)
+        run = await env.get_run("r1")
+        assert run.status is RunStatus.SUSPENDED
+        assert run.lease_owner is None
+        assert run.wake_at == pytest.approx(t0 + 1)
+        assert len(wf.attempt_times) == 1
+
+        await env.advance(0.5)
+        assert len(wf.attempt_times) == 1
+        await env.advance(0.5)
+        assert len(wf.attempt_times) == 2
+        run = await env.get_run("r1")
+        assert run.status is RunStatus.SUSPENDED
+        assert run.wake_at == pytest.approx(t0 + 1 + 3)  # backoff 3 => 1 * 3
+
+        await env.advance(2.9)
+        assert len(wf.attempt_times) == 2
+        await env.advance(0.1)
+        assert await env.result("r1") == "ok"
+        assert wf.attempt_times == pytest.approx([t0, t0 + 1, t0 + 4])
+
+        h = await env.history("r1")
+        failed = _step_events(h, "step_failed")
+        done = _step_events(h, "step_completed")
+        assert len(failed) == 2 and len(done) == 1
+        assert [f.attempt for f in failed] == [1, 2]
+        assert [f.retry_at for f in failed] == pytest.approx([t0 + 1, t0 + 4])
+        assert [f.at for f in failed] == pytest.approx([t0, t0 + 1])
+        assert failed[0].error.type == "RuntimeError"
+        assert failed[0].error.message == "boom #1"
+        assert done[0].attempt == 3
+        assert h.types[-1] == "run_completed"
+
+
+async def test_backoff_is_capped_by_max_interval() -> None:
+    policy = RetryPolicy(max_attempts=5, initial_interval=2, backoff=10, max_interval=5)
+    wf = Flaky(4, policy, RuntimeError)
+    async with TestEnv([wf]) as env:
+        wf.clock = env.clock
+        await env.start("flaky", None, "r1")
+        assert await env.result("r1") == "ok"
+        gaps = [b - a for a, b in zip(wf.attempt_times, wf.attempt_times[1:], strict=False)]
+        assert gaps == pytest.approx([2, 5, 5, 5])
+        failed = _step_events(await env.history("r1"), "step_failed")
+        assert [f.retry_at - f.at for f in failed] == pytest.approx([2, 5, 5, 5])
+
+
+async def test_non_retryable_exception_fails_at_once() -> None:
+    policy = RetryPolicy(max_attempts=5, initial_interval=1, non_retryable=(KeyError,))
+    wf = Flaky(10, policy, KeyError)
+    async with TestEnv([wf]) as env:
+        wf.clock = env.clock
+        await env.start("flaky", None, "r1")
+        await env.run_until_idle()
+        assert len(wf.attempt_times) == 1
+        assert (await env.get_run("r1")).status is RunStatus.FAILED
+        failed = _step_events(await env.history("r1"), "step_failed")
+        assert len(failed) == 1 and failed[0].retry_at is None
+
+
+async def test_exhausted_retries_fail_the_run_with_step_failed_cause() -> None:
+    policy = RetryPolicy(max_attempts=3, initial_interval=1)
+    wf = Flaky(99, policy, ConnectionError)
+    async with TestEnv([wf]) as env:
+        wf.clock = env.clock
+        await env.start("flaky", None, "r1")
+        with pytest.raises(flowkit.WorkflowFailedError) as ei:
+            await env.result("r1")
+        assert len(wf.attempt_times) == 3
+        cause = ei.value.cause
+        assert isinstance(cause, flowkit.StepFailedError)
+        assert cause.error_type == "ConnectionError"
+        assert cause.message == "boom #3"
+        assert cause.step == "call"
+        assert cause.attempts == 3
+        h = await env.history("r1")
+        assert h.types[-1] == "run_failed"
+        assert [f.retry_at is None for f in _step_events(h, "step_failed")] == [
+            False,
+            False,
+            True,
+        ]
+
+
+# -- gather -------------------------------------------------------------------------------
+
+
+@workflow(name="gatherer")
+class Gatherer:
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.finish_order: list[str] = []
+
+    async def work(self, tag: str, spins: int) -> str:
+        self.calls[tag] += 1
+        for _ in range(spins):  # finish in reverse argument order
+            await asyncio.sleep(0)
+        self.finish_order.append(tag)
+        return tag * 2
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> list[str]:
+        out = await ctx.gather(
+            ctx.step(self.work, "a", 30), ctx.step(self.work, "b", 20), ctx.step(self.work, "c", 0)
+        )
+        await ctx.sleep(60)
+        return [*out, await ctx.step(self.work, "d", 0)]
+
+
+async def test_gather_returns_argument_order_and_replays_without_reexecution() -> None:
+    wf = Gatherer()
+    async with TestEnv([wf]) as env:
+        await env.start("gatherer", None, "r1")
+        assert (await env.get_run("r1")).status is RunStatus.SUSPENDED
+        assert wf.finish_order == ["c", "b", "a"]
+        assert await env.result("r1") == ["aa", "bb", "cc", "dd"]
+        assert wf.calls == {"a": 1, "b": 1, "c": 1, "d": 1}
+        await flowkit.replay_async(await env.history("r1"), Gatherer)
+
+
+@workflow(name="gather-fail")
+class GatherFail:
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def ok(self) -> int:
+        self.calls["ok"] += 1
+        return 1
+
+    def bad(self, msg: str) -> int:
+        self.calls[msg] += 1
+        raise ValueError(msg)
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        try:
+            await ctx.gather(
+                ctx.step(self.ok),
+                ctx.step(self.bad, "first", name="bad1"),
+                ctx.sleep(5),
+                ctx.step(self.bad, "second", name="bad2"),
+            )
+        except flowkit.StepFailedError as exc:
+            await ctx.sleep(1)  # replay must raise the same failure again
+            return f"{exc.step}:{exc.message}"
+        return "no failure"
+
+
+async def test_gather_with_failing_child_raises_that_failure() -> None:
+    wf = GatherFail()
+    async with TestEnv([wf]) as env:
+        await env.start("gather-fail", None, "r1")
+        assert await env.result("r1") == "bad1:first"
+        assert wf.calls == {"ok": 1, "first": 1, "second": 1}
+
+
+@workflow(name="two-sleeps")
+class TwoSleeps:
+    async def run(self, ctx: WorkflowCtx, input: None) -> int:
+        await ctx.gather(ctx.sleep(5), ctx.sleep(6))
+        return 1
+
+
+async def test_suspending_gather_leaves_no_unretrieved_task_exceptions() -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(str(ctx.get("message"))))
+    try:
+        async with TestEnv([TwoSleeps()]) as env:
+            await env.start("two-sleeps", None, "r1")
+            assert await env.result("r1") == 1
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(old)
+    assert [m for m in seen if "never retrieved" in m] == []
+
+
+# -- deterministic time, randomness and ids -----------------------------------------------
+
+
+@workflow(name="det")
+class Det:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, float, str]] = []
+
+    def record(self, label: str, now: str, rnd: float, uid: str) -> None:
+        self.seen.append((label, now, rnd, uid))
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        now, rnd, uid = ctx.now(), ctx.random(), ctx.uuid4()
+        await ctx.step(self.record, "before", now.isoformat(), rnd, str(uid))
+        await ctx.sleep(3600)
+        await ctx.step(self.record, "after", now.isoformat(), rnd, str(uid))
+        later = ctx.now()
+        assert later - now >= timedelta(seconds=3600)
+        return later.isoformat()
+
+
+async def test_now_random_uuid4_are_stable_across_replay() -> None:
+    wf = Det()
+    async with TestEnv([wf]) as env:
+        start = env.clock.now()
+        await env.start("det", None, "r1")
+        assert len(wf.seen) == 1
+        out = await env.result("r1")
+        assert [s[0] for s in wf.seen] == ["before", "after"]
+        before, after = wf.seen
+        assert before[1:] == after[1:]
+        _, now_iso, rnd, uid = before
+        assert 0.0 <= rnd < 1.0
+        assert uuid.UUID(uid).version == 4
+        assert datetime.fromisoformat(now_iso).timestamp() == pytest.approx(start)
+        assert datetime.fromisoformat(out).timestamp() >= start + 3600
+
+
+# -- engine.retry ---------------------------------------------------------------------------
+
+
+@workflow(name="retryable")
+class Retryable:
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def first(self) -> int:
+        self.calls["first"] += 1
+        return 1
+
+    def second(self) -> int:
+        self.calls["second"] += 1
+        if self.calls["second"] == 1:
+            raise RuntimeError("transient")
+        return 2
+
+    async def run(self, ctx: WorkflowCtx, input: bool) -> int:
+        """``input``: whether the output includes ``ctx.attempt``."""
+        a = await ctx.step(self.first)
+        await ctx.sleep(5)
+        b = await ctx.step(self.second)
+        return a + b + (ctx.attempt * 100 if input else 0)
+
+
+async def test_engine_retry_reruns_only_the_failed_step() -> None:
+    wf = Retryable()
+    async with TestEnv([wf]) as env:
+        await env.start("retryable", True, "r1")
+        await env.run_until_idle()
+        run = await env.get_run("r1")
+        assert run.status is RunStatus.FAILED
+        assert run.error is not None and run.error["cause_type"] == "RuntimeError"
+        before = (await env.history("r1")).types
+
+        retried = await env.retry("r1")
+        assert retried.status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.COMPLETED)
+        assert await env.result("r1") == 203
+        assert wf.calls == {"first": 1, "second": 2}
+        h = await env.history("r1")
+        assert h.types[: len(before)] == before
+        assert h.types[len(before)] == "run_retried"
+        assert h.types[-2:] == ["step_completed", "run_completed"]
+        assert [e.seq for e in h] == list(range(1, len(h) + 1))
+
+
+async def _retried_history(use_attempt: bool) -> flowkit.History:
+    async with TestEnv([Retryable()]) as env:
+        await env.start("retryable", use_attempt, "r1")
+        await env.run_until_idle()
+        await env.retry("r1")
+        await env.result("r1")
+        return await env.history("r1")
+
+
+async def test_replay_of_a_retried_run_passes() -> None:
+    h = await _retried_history(False)
+    assert "run_retried" in h.types
+    await flowkit.replay_async(h, Retryable)
+
+
+async def test_replay_of_a_retried_run_sees_its_attempt() -> None:
+    h = await _retried_history(True)
+    await flowkit.replay_async(h, Retryable)
+
+
+async def test_retry_of_non_failed_run_raises_run_state_error() -> None:
+    wf = Retryable()
+    async with TestEnv([wf]) as env:
+        await env.start("retryable", True, "r1")
+        assert (await env.get_run("r1")).status is RunStatus.SUSPENDED
+        with pytest.raises(flowkit.RunStateError):
+            await env.engines[0].retry("r1")
+        wf.calls["second"] = 1  # the next call succeeds
+        assert await env.result("r1") == 103
+        n = len(await env.history("r1"))
+        with pytest.raises(flowkit.RunStateError):
+            await env.engines[0].retry("r1")
+        assert len(await env.history("r1")) == n
+        with pytest.raises(flowkit.RunNotFoundError):
+            await env.engines[0].retry("nope")
