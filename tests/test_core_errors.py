@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 import flowkit
-from flowkit import History, RunStatus, WorkflowCtx, workflow
+from flowkit import History, RunCancelledError, RunStatus, WorkflowCtx, workflow
 from flowkit.stores import MemoryStore
 from flowkit_testing import TestEnv
 
@@ -232,6 +232,22 @@ async def test_changed_body_blocks_the_run_until_fixed() -> None:
         h = await env.history("r1")
         assert h.events[: len(before)] == before.events
         assert h.types[len(before) :] == ["timer_fired", "step_completed", "run_completed"]
+
+
+async def test_cancelling_a_blocked_run_settles_it_at_once() -> None:
+    """A blocked body cannot be replayed to deliver the cancellation, so cancel settles it."""
+    wf = Evolving()
+    async with TestEnv([wf]) as env:
+        await env.start("evolving", None, "r1")
+        BODY["variant"] = "B"
+        await env.advance(10)
+        assert (await env.get_run("r1")).status is RunStatus.BLOCKED
+        await env.cancel("r1")
+        run = await env.get_run("r1")
+        assert run.status is RunStatus.CANCELLED
+        assert (await env.history("r1")).types[-2:] == ["cancel_requested", "run_cancelled"]
+        with pytest.raises(RunCancelledError):
+            await env.engines[0].result("r1", timeout=1)
 
 
 # -- flowkit.replay and History JSON ------------------------------------------------------
