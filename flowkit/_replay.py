@@ -53,6 +53,25 @@ class _Diverged(_ControlFlow):
     """The body diverged from its history; carries the ``NonDeterminismError``."""
 
 
+class ReplayStub:
+    """Stands in for services a workflow got through its constructor when ``replay`` is
+    given a class it cannot construct: replay never calls steps, so any attribute path will
+    do, and such steps are matched by position and kind only."""
+
+    ANY_NAME = "<replay-stub>"
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def __getattr__(self, name: str) -> ReplayStub:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return ReplayStub(f"{self._path}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"replay never executes steps ({self._path} was called)")
+
+
 class Host(Protocol):
     """What an activation needs from the engine: time, durable appends, the signal inbox."""
 
@@ -284,6 +303,8 @@ class Activation:
         evs = self._index.get(pos, [])
         for ev in evs:
             ev_name = getattr(ev, "name", name)
+            if name == ReplayStub.ANY_NAME:
+                ev_name = name
             if not isinstance(ev, kinds) or (ev_name != name and not isinstance(ev, TimerFired)):
                 raise self._diverge(pos, _describe(ev), f"{call}({name!r})")
             if isinstance(ev, TimerStarted) and ev.purpose != (
@@ -344,6 +365,8 @@ class Activation:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError("retry= takes a flowkit.RetryPolicy")
         pos = self._branch().next_pos()
+        if name is None and isinstance(fn, ReplayStub):
+            name = ReplayStub.ANY_NAME  # an injected service stubbed out by replay()
         return self._step(pos, fn, args, kwargs, name or _serde.step_name(fn), retry)
 
     async def _step(
@@ -356,7 +379,7 @@ class Activation:
         retry: RetryPolicy | None,
     ) -> Any:
         self._check_alive()
-        adapter = _serde.return_adapter(fn)
+        adapter = _serde.ANY_ADAPTER if isinstance(fn, ReplayStub) else _serde.return_adapter(fn)
         evs = self._take(pos, (StepCompleted, StepFailed), "step", name)
         failures = [e for e in evs if isinstance(e, StepFailed)]
         for ev in evs:
@@ -482,6 +505,8 @@ class Activation:
             self._observe(fired)
             return
         if started is None:
+            if self._cancel_requested:
+                raise asyncio.CancelledError()
             now = self.host.now()
             target = round(fire_at if fire_at is not None else now + (seconds or 0.0), 6)
             started = TimerStarted(pos=pos, fire_at=target, at=now)
@@ -527,6 +552,8 @@ class Activation:
                     continue  # consumed by a racing activation; look again
                 return sig.payload
             now = self.host.now()
+            if self._cancel_requested:
+                raise asyncio.CancelledError()
             if timeout is not None and timer is None:
                 timer = TimerStarted(
                     pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
@@ -566,9 +593,7 @@ class Activation:
             parent.now_at = max(parent.now_at, child.now_at)
         # Read every child's outcome (so none is reported as never retrieved), then raise the
         # first failure by argument order, so a replay raises the same one.
-        outcomes = [
-            asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks
-        ]
+        outcomes = [asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks]
         for exc in outcomes:
             if exc is not None:
                 raise exc

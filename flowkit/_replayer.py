@@ -16,7 +16,7 @@ from ._history import (
     RunRetried,
     RunStarted,
 )
-from ._replay import Activation, Completed, Diverged, Evicted, Failed, Suspended
+from ._replay import Activation, Completed, Diverged, Evicted, Failed, ReplayStub, Suspended
 from .errors import HistoryError, NonDeterminismError, WorkflowNotFoundError
 from .stores.base import InboxSignal
 
@@ -90,9 +90,20 @@ async def replay_async(history: History, workflow: Any) -> None:
 
 
 def _bare_instance(cls: type) -> Any:
-    """An instance without calling ``__init__``: replay never runs steps, so injected
-    services are not needed."""
-    return object.__new__(cls)
+    """``cls()`` when it needs no arguments; else an instance whose missing attributes (the
+    services its constructor would inject) are ``ReplayStub``s: replay never runs steps."""
+    try:
+        return cls()
+    except TypeError:
+        pass
+
+    def __getattr__(self: Any, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return ReplayStub(name)
+
+    stubbed = type(cls.__name__, (cls,), {"__getattr__": __getattr__})
+    return object.__new__(stubbed)
 
 
 def replay(history: History | str, workflow: Any) -> None:
@@ -100,4 +111,9 @@ def replay(history: History | str, workflow: Any) -> None:
     first divergence. Steps are never executed. Call ``replay_async`` inside an event loop."""
     if isinstance(history, str):
         history = History.from_json(history)
-    asyncio.run(replay_async(history, workflow))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(replay_async(history, workflow))
+        return
+    raise RuntimeError("replay() called inside an event loop: use `await replay_async(...)`")

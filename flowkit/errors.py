@@ -9,6 +9,7 @@
     ├── NonDeterminismError        replay: the body issued a different ctx call than the history
     ├── WorkflowNotFoundError      start()/replay: no workflow registered under that name
     ├── RunNotFoundError           signal()/cancel()/result()/...: no run with that id
+    ├── RunIdTakenError            start(): the run id belongs to another namespace
     ├── RunStateError              retry()/signal(): the run is in a status that forbids the call
     ├── WorkflowFailedError        result(): the run settled `failed`; `.cause` says why
     ├── RunCancelledError          result(): the run settled `cancelled`
@@ -94,6 +95,15 @@ class RunNotFoundError(FlowkitError, LookupError):
         super().__init__(f"unknown run {run_id!r}")
 
 
+class RunIdTakenError(FlowkitError):
+    """Raised by ``Engine.start`` on a namespace-scoped store when the run id already exists
+    in another namespace (ids are unique per store, not per namespace)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run id {run_id!r} is already used in another namespace")
+
+
 class RunStateError(FlowkitError):
     """Raised when a call is not allowed in the run's current status (e.g. retry of a
     completed run)."""
@@ -173,6 +183,7 @@ __all__ = [
     "LeaseLostError",
     "NonDeterminismError",
     "RunCancelledError",
+    "RunIdTakenError",
     "RunNotFoundError",
     "RunStateError",
     "SerializationError",

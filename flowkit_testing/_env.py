@@ -159,20 +159,27 @@ class TestEnv:
         ``gate_polls``: notify-on-release wakes them, so a month-long hold costs no jumps."""
         now = self.clock.now()
         live = set(self._live_owners())
+        executing = {
+            run_id
+            for eng, proxy in zip(self.engines, self._proxies, strict=True)
+            if not proxy.crashed and eng._worker is not None
+            for run_id in eng._worker._active
+        }
         best: float | None = None
         for r in await self.store.list_runs():
             if r.status.terminal:
                 continue
             if r.lease_owner is not None and r.lease_expires is not None:
-                if r.lease_owner in live:
-                    continue
+                if r.lease_owner in live and r.id in executing:
+                    continue  # renewed by a live activation: its expiry is not a due time
                 t: float | None = r.lease_expires
-            elif (
+            elif r.status is RunStatus.BLOCKED or (
                 not self.gate_polls
                 and r.status is RunStatus.SUSPENDED
                 and r.singleton_key is not None
                 and not r.admitted
             ):
+                # blocked runs re-check only when a test advances time explicitly
                 continue
             else:
                 t = r.wake_at
@@ -190,6 +197,7 @@ class TestEnv:
         if seconds < 0:
             raise ValueError("advance needs seconds >= 0")
         target = self.clock.now() + seconds
+        self._poke()  # work made due by others (a client engine, a store) moves first
         await self.settle()
         while True:
             nxt = await self._next_time()
@@ -200,6 +208,7 @@ class TestEnv:
 
     async def run_until_idle(self, max_jumps: int = 1_000_000) -> None:
         """Time skipping: jump from due time to due time until nothing can move."""
+        self._poke()
         await self.settle()
         for _ in range(max_jumps):
             nxt = await self._next_time()
@@ -208,7 +217,13 @@ class TestEnv:
             await self._jump(nxt)
         raise RuntimeError("run_until_idle(): still moving after max_jumps")
 
-    # -- engine shortcuts (instance 0) -------------------------------------------------
+    # -- engine shortcuts (the first live instance) -----------------------------------
+    def _client(self) -> Engine:
+        for eng, proxy in zip(self.engines, self._proxies, strict=True):
+            if not proxy.crashed:
+                return eng
+        raise RuntimeError("every instance has crashed: restart one first")
+
     async def start(
         self,
         workflow: Any,
@@ -217,38 +232,38 @@ class TestEnv:
         *,
         tags: Sequence[str] = (),
     ) -> Run:
-        run = await self.engines[0].start(workflow, input, run_id, tags=tags)
+        run = await self._client().start(workflow, input, run_id, tags=tags)
         await self.settle()
         return run
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        await self.engines[0].signal(run_id, name, payload)
+        await self._client().signal(run_id, name, payload)
         await self.settle()
 
     async def signal_with_start(
         self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None
     ) -> Run:
-        run = await self.engines[0].signal_with_start(workflow, input, run_id, signal, payload)
+        run = await self._client().signal_with_start(workflow, input, run_id, signal, payload)
         await self.settle()
         return run
 
     async def cancel(self, run_id: str) -> Run:
-        run = await self.engines[0].cancel(run_id)
+        run = await self._client().cancel(run_id)
         await self.settle()
         return run
 
     async def retry(self, run_id: str) -> Run:
-        run = await self.engines[0].retry(run_id)
+        run = await self._client().retry(run_id)
         await self.settle()
         return run
 
     async def result(self, run_id: str) -> Any:
         """Run until idle, then return the run's result (or raise its failure)."""
         await self.run_until_idle()
-        return await self.engines[0].result(run_id, timeout=5)
+        return await self._client().result(run_id, timeout=5)
 
     async def get_run(self, run_id: str) -> Run:
-        return await self.engines[0].get_run(run_id)
+        return await self._client().get_run(run_id)
 
     async def history(self, run_id: str) -> History:
-        return await self.engines[0].history(run_id)
+        return await self._client().history(run_id)

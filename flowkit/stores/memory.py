@@ -15,7 +15,7 @@ from typing import Any
 from .. import singleton as _sg
 from .._history import Event
 from .._run import ACTIVE_STATUSES, ADMITTED_TAG, Run, RunStatus
-from ..errors import LeaseLostError, RunNotFoundError, SingletonQueueFullError
+from ..errors import LeaseLostError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from .base import (
     UNSET,
     CommitResult,
@@ -95,6 +95,8 @@ class MemoryStore:
     ) -> tuple[Run, bool]:
         existing = self._d.runs.get(run.id)
         if existing is not None:
+            if not self._visible(existing):
+                raise RunIdTakenError(run.id)
             return existing, False
         if queue_cap is not None:
             count = len(self._sharing(queue_cap.workflow, queue_cap.tag))

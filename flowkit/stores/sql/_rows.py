@@ -1,6 +1,6 @@
 """Row <-> ``Run``/``Event`` conversion and the SQL forms of the claim rules.
 
-The claim rules live in ``flowkit.stores.memory`` (``_claimable``, ``_due_time``). A SQL store
+The claim rules live in ``flowkit.stores.memory`` (``claimable``, ``due_time``). A SQL store
 cannot call Python inside ``UPDATE ... WHERE``, so ``claimable_sql`` and ``due_time_sql`` below
 mirror them; every caller re-checks rows with the Python rules where it can, and
 ``tests/test_sql_store.py`` compares both forms on randomized run states against MemoryStore."""
@@ -19,8 +19,8 @@ from ._schema import runs
 
 R = runs.c
 ACTIVE = sorted(s.value for s in ACTIVE_STATUSES)
-_ALWAYS_CLAIMABLE = [RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.CANCELLING.value]
-_TIMED = [RunStatus.SUSPENDED.value, RunStatus.BLOCKED.value]
+_ALWAYS_CLAIMABLE = [RunStatus.PENDING.value, RunStatus.RUNNING.value]
+_CANCELLING = RunStatus.CANCELLING.value
 
 
 # -- conversion -------------------------------------------------------------------------
@@ -111,23 +111,28 @@ def leased_sql(now: float) -> sa.ColumnElement[bool]:
 
 
 def claimable_sql(now: float) -> sa.ColumnElement[bool]:
-    """Mirror of ``memory._claimable``: active, no live lease, and pending/running/cancelling
-    or a wake time that has come."""
+    """Mirror of ``memory.claimable``: active, no live lease, and pending/running, or
+    cancelling without a wake time, or a wake time that has come."""
     return sa.and_(
         R.status.in_(ACTIVE),
         sa.not_(leased_sql(now)),
         sa.or_(
             R.status.in_(_ALWAYS_CLAIMABLE),
+            sa.and_(R.status == _CANCELLING, R.wake_at.is_(None)),
             sa.and_(R.wake_at.is_not(None), R.wake_at <= now),
         ),
     )
 
 
 def due_time_sql() -> sa.ColumnElement[Any]:
-    """Mirror of ``memory._due_time`` (lease expiry, else the status' reference instant)."""
+    """Mirror of ``memory.due_time`` (lease expiry, else the status' reference instant)."""
     leased_until = sa.case(
         (
-            sa.and_(R.status.in_(_TIMED), R.wake_at.is_not(None), R.wake_at > R.lease_expires),
+            sa.and_(
+                R.status.not_in(_ALWAYS_CLAIMABLE),
+                R.wake_at.is_not(None),
+                R.wake_at > R.lease_expires,
+            ),
             R.wake_at,
         ),
         else_=R.lease_expires,
@@ -135,7 +140,13 @@ def due_time_sql() -> sa.ColumnElement[Any]:
     return sa.case(
         (sa.and_(R.lease_owner.is_not(None), R.lease_expires.is_not(None)), leased_until),
         (R.status == RunStatus.PENDING.value, R.created_at),
-        (R.status.in_([RunStatus.CANCELLING.value, RunStatus.RUNNING.value]), R.updated_at),
+        (
+            sa.or_(
+                R.status == RunStatus.RUNNING.value,
+                sa.and_(R.status == _CANCELLING, R.wake_at.is_(None)),
+            ),
+            R.updated_at,
+        ),
         else_=R.wake_at,
     )
 

@@ -8,29 +8,20 @@ half-finished database call parked in a thread pool). The price is that the loop
 the duration of a transaction (sub-millisecond on SQLite, one round trip or a few on
 PostgreSQL), which is what a durable store costs anyway.
 
-Concurrency between processes is the database's job:
-
-* SQLite: WAL mode, a busy timeout, and ``BEGIN IMMEDIATE`` for every transaction that may
-  write. Admission (and every other read-then-write) thereby takes the database's write lock
-  *before* it reads, so two processes can never both read "slot free" and both write "admitted".
-  Pure reads use a deferred ``BEGIN`` and never wait for writers (WAL snapshots).
-* PostgreSQL (READ COMMITTED): admission of one key, and a ``create_run`` with a queue cap, take
-  ``pg_advisory_xact_lock(hashtextextended('workflow:key', 0))`` first, so competing claims of a
-  key are serialized inside one transaction while different keys never wait for each other.
-  ``claim`` is one conditional ``UPDATE ... WHERE <claimable> RETURNING``; ``commit`` locks the
-  run row (``SELECT ... FOR UPDATE``) before it checks the lease owner. Lock order is always
-  advisory lock, then row locks, so these transactions cannot deadlock each other.
+Concurrency between processes is the database's job (see ``_engine`` for the SQLite and
+PostgreSQL setup): every read-then-write runs in one transaction that first serializes its
+competitors (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: the key's advisory lock, then row locks).
+``claim`` is one conditional ``UPDATE ... WHERE <claimable> RETURNING``; ``commit`` locks the run
+row (``SELECT ... FOR UPDATE``) before it checks the lease owner. Lock order is always advisory
+lock, then row locks, so these transactions cannot deadlock each other.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 
 from ... import singleton as _sg
@@ -38,84 +29,12 @@ from ..._history import Event
 from ..._run import Run, RunStatus
 from ...errors import LeaseLostError, RunNotFoundError, SingletonQueueFullError
 from ..base import CommitResult, ConflictError, InboxSignal, QueueCap, Update
-from ..memory import _claimable, _due_time, apply_update
+from ..memory import apply_update, claimable, due_time
 from . import _rows as rows
-from ._schema import (
-    StoreUnavailableError,
-    UnsupportedDatabaseError,
-    ensure_schema,
-    events,
-    runs,
-    signals,
-)
+from ._engine import Database
+from ._schema import events, runs, signals
 
 R = runs.c
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-_READ_ONLY = "flowkit_read_only"
-_DRIVERS = {"sqlite": ("pysqlite",), "postgresql": ("psycopg", "psycopg2")}
-
-
-def _json_dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
-def _setup_sqlite(engine: sa.Engine) -> None:
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Take transaction control away from the sqlite3 module: it would otherwise BEGIN
-        # lazily (deferred, and only before DML); we emit our own BEGIN in "begin" below.
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        try:
-            cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
-        finally:
-            cur.close()
-
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(conn: sa.Connection) -> None:
-        # BEGIN IMMEDIATE takes the write lock before the first read: admission, commit and
-        # claim read state and then write based on it, and with a deferred BEGIN two processes
-        # could both read the same "free slot" before either writes. Lock waits are bounded by
-        # busy_timeout. Read-only transactions keep a deferred BEGIN (a WAL snapshot).
-        read_only = conn.get_execution_options().get(_READ_ONLY, False)
-        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
-
-
-def create_engine(url: str) -> sa.Engine:
-    """A SQLAlchemy engine for a supported URL, or ``UnsupportedDatabaseError``."""
-    try:
-        u = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        raise UnsupportedDatabaseError(f"not a database URL: {url!r}") from None
-    backend, driver = u.get_backend_name(), u.get_driver_name()
-    if backend not in _DRIVERS or driver not in _DRIVERS[backend]:
-        raise UnsupportedDatabaseError(
-            f"SqlStore supports sqlite:///path and postgresql+psycopg://..., "
-            f"not {u.drivername!r} (URL {u.render_as_string(hide_password=True)!r})"
-        )
-    kwargs: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
-    if backend == "postgresql":
-        kwargs["pool_pre_ping"] = True
-    try:
-        engine = sa.create_engine(u, **kwargs)
-    except (ImportError, sa.exc.NoSuchModuleError) as exc:
-        hint = " (pip install 'flowkit[postgres]')" if backend == "postgresql" else ""
-        raise UnsupportedDatabaseError(
-            f"cannot load the database driver for {u.drivername!r}: {exc}{hint}"
-        ) from exc
-    if backend == "sqlite":
-        _setup_sqlite(engine)
-    return engine
-
-
-@dataclasses.dataclass
-class _Shared:
-    """What scoped views of one store share: the engine and the schema check."""
-
-    engine: sa.Engine
-    schema_ready: bool = False
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 class SqlStore:
@@ -125,64 +44,27 @@ class SqlStore:
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts). The schema is
     created on first use. ``namespace`` scopes the store like ``MemoryStore(namespace)``."""
 
-    def __init__(self, url: str, *, namespace: str | None = None, _shared: Any = None) -> None:
-        self._shared: _Shared = _shared if _shared is not None else _Shared(create_engine(url))
+    def __init__(
+        self, url: str, *, namespace: str | None = None, _db: Database | None = None
+    ) -> None:
+        self._db = _db if _db is not None else Database(url)
         self.url = url
         self.namespace = namespace
-        self._dialect = self._shared.engine.dialect.name
+        self._dialect = self._db.dialect
+        self._tx = self._db.tx
 
     def scoped(self, namespace: str) -> SqlStore:
         """A view over the same database that reads and writes only ``namespace``."""
-        return SqlStore(self.url, namespace=namespace, _shared=self._shared)
+        return SqlStore(self.url, namespace=namespace, _db=self._db)
 
     def close(self) -> None:
         """Close pooled connections (shared with scoped views)."""
-        self._shared.engine.dispose()
+        self._db.dispose()
 
     def __repr__(self) -> str:
-        shown = self._shared.engine.url.render_as_string(hide_password=True)
-        return f"SqlStore({shown!r}, namespace={self.namespace!r})"
+        return f"SqlStore({self._db.shown_url!r}, namespace={self.namespace!r})"
 
-    # -- transactions ------------------------------------------------------------------
-    def _connect(self) -> sa.Connection:
-        try:
-            return self._shared.engine.connect()
-        except sa.exc.DBAPIError as exc:
-            shown = self._shared.engine.url.render_as_string(hide_password=True)
-            raise StoreUnavailableError(
-                f"cannot connect to the flowkit database {shown}: {exc.orig}"
-            ) from exc
-
-    def _ensure_schema(self) -> None:
-        sh = self._shared
-        if sh.schema_ready:
-            return
-        with sh.lock:
-            if sh.schema_ready:
-                return
-            with self._connect() as conn, conn.begin():
-                ensure_schema(conn)
-            sh.schema_ready = True
-
-    @contextmanager
-    def _tx(self, *, write: bool = True) -> Iterator[sa.Connection]:
-        """One transaction; ``write`` ones take SQLite's write lock up front."""
-        self._ensure_schema()
-        with self._connect() as conn:
-            if not write:
-                conn.execution_options(**{_READ_ONLY: True})
-            with conn.begin():
-                yield conn
-
-    def _lock_key(self, conn: sa.Connection, workflow: str, tag: str) -> None:
-        """Serialize admission-related work on one singleton key (PostgreSQL; on SQLite
-        ``BEGIN IMMEDIATE`` already serialized the whole transaction)."""
-        if self._dialect == "postgresql":
-            conn.execute(
-                sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-                {"k": rows.lock_name(workflow, tag)},
-            )
-
+    # -- helpers ----------------------------------------------------------------------
     def _fetch(self, conn: sa.Connection, run_id: str, *, lock: bool = False) -> Run | None:
         q = sa.select(runs).where(R.id == run_id, rows.visible(self.namespace))
         row = conn.execute(q.with_for_update() if lock else q).first()
@@ -222,7 +104,7 @@ class SqlStore:
         try:
             with self._tx() as conn:
                 if queue_cap is not None:
-                    self._lock_key(conn, queue_cap.workflow, queue_cap.tag)
+                    self._db.lock_key(conn, queue_cap.workflow, queue_cap.tag)
                 row = conn.execute(sa.select(runs).where(R.id == run.id)).first()
                 if row is not None:
                     return rows.to_run(row), False
@@ -317,7 +199,7 @@ class SqlStore:
         n = update.notify
         with self._tx() as conn:
             if n is not None:  # advisory lock before any row lock: the admission lock order
-                self._lock_key(conn, n.workflow, n.tag)
+                self._db.lock_key(conn, n.workflow, n.tag)
             run = self._get(conn, run_id, lock=True)
             if owner is not None:
                 if run.lease_owner != owner:
@@ -371,8 +253,8 @@ class SqlStore:
         q = q.order_by(due, R.created_at, R.id).limit(limit)
         with self._tx(write=False) as conn:
             found = [rows.to_run(r) for r in conn.execute(q)]
-        found = [r for r in found if _claimable(r, now)]
-        found.sort(key=lambda r: (_due_time(r) or 0.0, r.created_at, r.id))
+        found = [r for r in found if claimable(r, now)]
+        found.sort(key=lambda r: (due_time(r) or 0.0, r.created_at, r.id))
         return [r.id for r in found]
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
@@ -385,7 +267,7 @@ class SqlStore:
             q = q.where(sa.or_(R.lease_owner.is_(None), R.lease_owner.not_in(skip)))
         with self._tx(write=False) as conn:
             row = conn.execute(q.order_by(due).limit(1)).first()
-        return None if row is None else _due_time(rows.to_run(row))
+        return None if row is None else due_time(rows.to_run(row))
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
         with self._tx() as conn:
@@ -420,7 +302,7 @@ class SqlStore:
             # 1. serialize competing claims of this key (PostgreSQL; SQLite holds its write
             #    lock already), 2. lock our own row against a concurrent cancel, 3. read only
             #    the active runs of this key, 4. decide with the shared helpers and persist.
-            self._lock_key(conn, workflow, tag)
+            self._db.lock_key(conn, workflow, tag)
             run = self._get(conn, run_id, lock=True)
             sharing = self._sharing(conn, workflow, tag)
             tags = _sg.admission_tags(sharing, run_id, tag, workflow, limit)
@@ -434,4 +316,4 @@ class SqlStore:
             return False
 
 
-__all__ = ["SqlStore", "create_engine"]
+__all__ = ["SqlStore"]
