@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -26,7 +28,7 @@ from flowkit import (
     WorkflowCtx,
     workflow,
 )
-from flowkit.stores import MemoryStore
+from flowkit.stores import SqlStore
 
 KEYS = ("A", "B", "C")
 
@@ -99,14 +101,17 @@ async def lanes_line(engine: Engine) -> str:
     return " | ".join(parts)
 
 
-async def main(fast: bool) -> int:
+async def main(fast: bool, workdir: str) -> int:
     console = Console()
     inventory = Inventory(work=0.05 if fast else 0.6)
-    engine = Engine(MemoryStore(), [SyncInventory(inventory)], poll_interval=0.2)
+    db_path = Path(workdir) / "flowkit-demo.db"
+    engine = Engine(SqlStore(f"sqlite:///{db_path}"), [SyncInventory(inventory)], poll_interval=0.2)
     started = time.perf_counter()
     console.print(
-        "[bold]flowkit demo[/]: sync-inventory, Singleton(key=store:<id>, limit=1, max_queue_depth=3)"
+        "[bold]flowkit demo[/]: sync-inventory, "
+        "Singleton(key=store:<id>, limit=1, max_queue_depth=3)"
     )
+    console.print(f"store: embedded SQLite file {db_path}")
     async with engine:
         ids = [f"A-{i}" for i in range(1, 5)]
         for run_id in ids:  # a burst on store:A: one holder, three queued
@@ -150,9 +155,8 @@ async def main(fast: bool) -> int:
         ]
         handovers = [a - r for r, a in zip(released, admitted[1:], strict=False)]
         if handovers:
-            console.print(
-                f"\nhandover latency on store:A (release -> next admission): max {max(handovers) * 1000:.1f} ms"
-            )
+            worst = max(handovers) * 1000
+            console.print(f"\nhandover on store:A (release -> next admission): max {worst:.1f} ms")
     overlap = max(inventory.max_overlap.values())
     console.print(f"max concurrent runs per key: {overlap}  (must be 1)")
     console.print(f"finished in {time.perf_counter() - started:.1f} s")
@@ -170,4 +174,7 @@ class _Null:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fast", action="store_true", help="short steps, no live view (for tests)")
-    sys.exit(asyncio.run(main(parser.parse_args().fast)))
+    fast = parser.parse_args().fast
+    with tempfile.TemporaryDirectory(prefix="flowkit-demo-") as tmp:
+        code = asyncio.run(main(fast, tmp))
+    sys.exit(code)

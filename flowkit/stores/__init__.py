@@ -2,6 +2,7 @@
 
 from .base import CommitResult, ConflictError, InboxSignal, Notify, QueueCap, Store, Update
 from .memory import MemoryStore
+from .sql import SqlStore
 
 __all__ = [
     "CommitResult",
@@ -10,6 +11,7 @@ __all__ = [
     "MemoryStore",
     "Notify",
     "QueueCap",
+    "SqlStore",
     "Store",
     "Update",
 ]

@@ -27,7 +27,12 @@ import sqlalchemy as sa
 from ... import singleton as _sg
 from ..._history import Event
 from ..._run import Run, RunStatus
-from ...errors import LeaseLostError, RunNotFoundError, SingletonQueueFullError
+from ...errors import (
+    LeaseLostError,
+    RunIdTakenError,
+    RunNotFoundError,
+    SingletonQueueFullError,
+)
 from ..base import CommitResult, ConflictError, InboxSignal, QueueCap, Update
 from ..memory import apply_update, claimable, due_time
 from . import _rows as rows
@@ -107,7 +112,7 @@ class SqlStore:
                     self._db.lock_key(conn, queue_cap.workflow, queue_cap.tag)
                 row = conn.execute(sa.select(runs).where(R.id == run.id)).first()
                 if row is not None:
-                    return rows.to_run(row), False
+                    return self._existing(row), False
                 if queue_cap is not None:
                     count = len(self._sharing(conn, queue_cap.workflow, queue_cap.tag))
                     if count >= queue_cap.capacity:
@@ -127,8 +132,15 @@ class SqlStore:
                 row = conn.execute(sa.select(runs).where(R.id == run.id)).first()
             if row is None:
                 raise
-            return rows.to_run(row), False
+            return self._existing(row), False
         return run, True
+
+    def _existing(self, row: sa.Row[Any]) -> Run:
+        """``create_run`` of an id that exists: idempotent here, taken in another namespace."""
+        run = rows.to_run(row)
+        if self.namespace is not None and run.namespace != self.namespace:
+            raise RunIdTakenError(run.id)
+        return run
 
     async def get_run(self, run_id: str) -> Run | None:
         with self._tx(write=False) as conn:
