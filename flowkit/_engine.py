@@ -249,7 +249,7 @@ class Engine:
                     if run.singleton_tag is not None:
                         entry = self.registry.get(run.workflow)
                         sg = entry[0].singleton if entry else None
-                        notify = Notify(run.workflow, run.singleton_tag, sg.limit if sg else 1)
+                        notify = Notify(run.workflow, run.singleton_tag, sg.limit if sg else None)
                     res = await self.store.commit(
                         run_id,
                         None,

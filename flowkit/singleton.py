@@ -106,9 +106,16 @@ def denial_patch(
     return {"status": RunStatus.SUSPENDED, "wake_at": retry_wake_at}
 
 
-def waiters_to_wake(runs: Iterable[RunLike], tag: str, workflow: str, limit: int) -> list[str]:
-    """Notify-on-release: the oldest gated waiters that the free slots can take now."""
+def waiters_to_wake(
+    runs: Iterable[RunLike], tag: str, workflow: str, limit: int | None
+) -> list[str]:
+    """Notify-on-release: the oldest gated waiters that the free slots can take now.
+
+    ``limit=None`` (the releasing engine does not know the workflow's limit) wakes the one
+    waiter the released slot can surely take; any other free slot is caught by its timer."""
     runs = list(runs)
+    if limit is None:
+        return [r.id for r in waiters(runs, tag, workflow)[:1]]
     free = limit - len(holders(runs, tag, workflow))
     if free <= 0:
         return []

@@ -58,7 +58,7 @@ class Notify:
 
     workflow: str
     tag: str
-    limit: int
+    limit: int | None  # None: unknown to the releasing engine; wake the oldest waiter
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,158 @@
+"""Unit tests of the public helpers for custom stores: ``flowkit.singleton.admission_tags``
+and ``flowkit.singleton.denial_patch`` over hand-built runs (DESIGN §4.10)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowkit import ADMITTED_TAG, Run, RunStatus
+from flowkit.singleton import admission_tags, denial_patch
+
+TAG = "singleton:store:A"
+WF = "sync"
+
+
+def run(
+    rid: str,
+    status: str = "suspended",
+    *,
+    admitted: bool = False,
+    created_at: float = 100.0,
+    tag: str = TAG,
+    workflow: str = WF,
+    extra: tuple[str, ...] = (),
+) -> Run:
+    tags = (tag, *extra, *((ADMITTED_TAG,) if admitted else ()))
+    return Run(
+        id=rid,
+        workflow=workflow,
+        workflow_version="1",
+        status=RunStatus(status),
+        input=None,
+        tags=tags,
+        created_at=created_at,
+    )
+
+
+def admit(runs: list[Run], rid: str, limit: int = 1) -> list[str] | None:
+    return admission_tags(runs, rid, TAG, WF, limit)
+
+
+# -- admission_tags ------------------------------------------------------------------------
+
+
+def test_first_waiter_with_a_free_slot_gets_the_marker_appended() -> None:
+    runs = [run("a", "running", extra=("team:ops",))]
+    assert admit(runs, "a") == [TAG, "team:ops", ADMITTED_TAG]
+
+
+@pytest.mark.parametrize("status", ["running", "suspended", "blocked", "cancelling", "pending"])
+def test_holder_keeps_its_slot_in_every_active_status(status: str) -> None:
+    holder = run("z-holder", status, admitted=True, created_at=200.0)
+    older = run("a-older", "running", created_at=1.0)
+    runs = [older, holder]
+    # an older, smaller-id waiter cannot displace it
+    assert admit(runs, "a-older") is None
+    # the holder is re-admitted as it is (idempotent: tags unchanged)
+    assert admit(runs, "z-holder") == list(holder.tags)
+
+
+def test_free_slots_go_to_waiters_by_created_at_then_id() -> None:
+    runs = [
+        run("h", "running", admitted=True, created_at=50.0),
+        run("b", created_at=100.0),
+        run("Z", created_at=100.0),  # "Z" < "b" by code point
+        run("a", created_at=99.0),
+        run("c", created_at=100.0),
+    ]
+    # limit 3: one holder, two free slots -> "a" (older), then "Z"
+    assert admit(runs, "a", 3) is not None
+    assert admit(runs, "Z", 3) is not None
+    assert admit(runs, "b", 3) is None
+    assert admit(runs, "c", 3) is None
+    # limit 1: no free slot for anyone but the holder
+    assert [rid for rid in "aZbc" if admit(runs, rid, 1)] == []
+
+
+def test_code_point_order_not_locale_order() -> None:
+    runs = [run("é"), run("z"), run("B")]
+    assert admit(runs, "B") is not None
+    assert admit(runs, "z") is None
+    runs = [run("é"), run("z")]
+    assert admit(runs, "z") is not None
+    assert admit(runs, "é") is None
+
+
+def test_pending_runs_take_part_in_order_but_hold_nothing() -> None:
+    pending_older = run("p", "pending", created_at=1.0)
+    me = run("m", "running", created_at=2.0)
+    assert admit([pending_older, me], "m") is None  # the older pending run is first in line
+    assert admit([pending_older, me], "m", 2) is not None  # but it holds no slot
+    assert admit([pending_older, me], "p") is not None
+
+
+def test_cancelling_waiter_is_never_admitted_and_does_not_block_others() -> None:
+    cancelling = run("a", "cancelling", created_at=1.0)
+    later = run("b", "suspended", created_at=2.0)
+    assert admit([cancelling, later], "a") is None
+    assert admit([cancelling, later], "a", 5) is None
+    assert admit([cancelling, later], "b") is not None
+
+
+def test_cancelling_holder_keeps_its_slot() -> None:
+    holder = run("h", "cancelling", admitted=True, created_at=5.0)
+    waiter = run("w", created_at=1.0)
+    assert admit([holder, waiter], "h") == list(holder.tags)
+    assert admit([holder, waiter], "w") is None
+
+
+@pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
+def test_terminal_runs_are_never_admitted_and_never_hold(status: str) -> None:
+    stale = run("t", status, admitted=True, created_at=1.0)  # a stale marker on a settled run
+    waiter = run("w", created_at=2.0)
+    assert admit([stale, waiter], "t") is None
+    assert admit([stale, waiter], "t", 5) is None
+    assert admit([stale, waiter], "w") is not None
+
+
+def test_other_workflows_other_keys_and_unknown_runs_are_ignored() -> None:
+    other_wf = run("x", "running", admitted=True, workflow="other", created_at=1.0)
+    other_key = run("y", "running", admitted=True, tag="singleton:store:B", created_at=1.0)
+    me = run("m", created_at=2.0)
+    assert admit([other_wf, other_key, me], "m") is not None
+    assert admit([other_wf, other_key, me], "x") is None  # not a run of this workflow
+    assert admit([other_wf, other_key, me], "y") is None  # not a run of this key
+    assert admit([me], "missing") is None
+
+
+# -- denial_patch --------------------------------------------------------------------------
+
+
+def deny(runs: list[Run], rid: str, wake: float | None = 101.0) -> dict[str, object] | None:
+    return denial_patch(runs, rid, TAG, WF, wake)
+
+
+@pytest.mark.parametrize("status", ["pending", "running", "suspended", "blocked"])
+def test_denied_active_waiter_is_parked_suspended_with_the_retry_time(status: str) -> None:
+    runs = [run("h", "running", admitted=True), run("w", status)]
+    assert deny(runs, "w", 101.25) == {"status": RunStatus.SUSPENDED, "wake_at": 101.25}
+
+
+@pytest.mark.parametrize("status", ["cancelling", "completed", "failed", "cancelled"])
+def test_terminal_or_cancelling_runs_are_never_patched(status: str) -> None:
+    runs = [run("h", "running", admitted=True), run("w", status)]
+    assert deny(runs, "w") is None
+
+
+def test_no_patch_without_a_retry_time_for_holders_or_foreign_runs() -> None:
+    runs = [
+        run("h", "running", admitted=True),
+        run("w"),
+        run("x", workflow="other"),
+        run("y", tag="singleton:other"),
+    ]
+    assert deny(runs, "w", None) is None
+    assert deny(runs, "h") is None  # a holder is never parked by a denial
+    assert deny(runs, "x") is None
+    assert deny(runs, "y") is None
+    assert deny(runs, "missing") is None
