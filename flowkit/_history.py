@@ -65,6 +65,7 @@ class StepCompleted(_Base):
     name: str
     attempt: int = 1
     result: Any = None
+    args_digest: str | None = None
 
 
 class StepFailed(_Base):
@@ -75,6 +76,7 @@ class StepFailed(_Base):
     error: ErrorInfo
     retry_at: float | None = None  # set: another attempt is due then; None: final failure
     cancelled: bool = False
+    args_digest: str | None = None
 
 
 class TimerStarted(_Base):

@@ -155,7 +155,12 @@ def _seed(run_id: str) -> int:
 
 def _describe(ev: Event) -> str:
     name = getattr(ev, "name", None)
-    return f"{ev.type}#{ev.seq}" + (f"({name!r})" if name else "")
+    text = f"{ev.type}#{ev.seq}"
+    if name:
+        digest = getattr(ev, "args_digest", None)
+        text += f"({name!r}" + (f", args {digest}" if digest else "") + ")"
+    pos = getattr(ev, "pos", None)
+    return text + (f" at position {pos}" if pos is not None else "")
 
 
 def error_info(
@@ -199,6 +204,7 @@ class Activation:
         self.input_value = input_value
         self.host = host
         self._index: dict[str, list[Event]] = {}
+        self._events = list(events)
         self._consumed: set[str] = set()
         self._start_at = 0.0
         for ev in events:
@@ -294,23 +300,45 @@ class Activation:
         self, pos: str, recorded: str | None, call: str | None, detail: str = ""
     ) -> _Diverged:
         if self._divergence is None:
-            self._divergence = NonDeterminismError(pos, recorded, call, detail)
+            self._divergence = NonDeterminismError(pos, recorded, call, detail, self._window(pos))
         self._done.set()
         return _Diverged(self._divergence)
 
-    def _take(self, pos: str, kinds: tuple[type[Event], ...], call: str, name: str) -> list[Event]:
+    def _window(self, pos: str, width: int = 2) -> tuple[str, ...]:
+        """The recorded events around position ``pos`` (by ``seq``), for the report."""
+        evs = self._index.get(pos)
+        if evs:
+            center = evs[0].seq
+        else:  # nothing recorded there: show the end of the history
+            center = self._events[-1].seq if self._events else 0
+        return tuple(
+            _describe(e) for e in self._events if center - width <= e.seq <= center + width
+        )
+
+    def _take(
+        self,
+        pos: str,
+        kinds: tuple[type[Event], ...],
+        call: str,
+        name: str,
+        args: Callable[[], str] | None = None,
+    ) -> list[Event]:
         """Recorded events at ``pos``; raise divergence if they answer a different call."""
         evs = self._index.get(pos, [])
         for ev in evs:
             ev_name = getattr(ev, "name", name)
             if name == ReplayStub.ANY_NAME:
                 ev_name = name
-            if not isinstance(ev, kinds) or (ev_name != name and not isinstance(ev, TimerFired)):
-                raise self._diverge(pos, _describe(ev), f"{call}({name!r})")
+            wrong = not isinstance(ev, kinds) or (
+                ev_name != name and not isinstance(ev, TimerFired)
+            )
             if isinstance(ev, TimerStarted) and ev.purpose != (
                 "sleep" if call == "sleep" else "signal_timeout"
             ):
-                raise self._diverge(pos, _describe(ev), f"{call}({name!r})")
+                wrong = True
+            if wrong:
+                desc = f"{call}({name!r}" + (f", args {args()}" if args else "") + ")"
+                raise self._diverge(pos, _describe(ev), desc)
         if evs:
             self._consumed.add(pos)
         return evs
@@ -380,7 +408,14 @@ class Activation:
     ) -> Any:
         self._check_alive()
         adapter = _serde.ANY_ADAPTER if isinstance(fn, ReplayStub) else _serde.return_adapter(fn)
-        evs = self._take(pos, (StepCompleted, StepFailed), "step", name)
+        dg: list[str] = []
+
+        def args_digest() -> str:
+            if not dg:
+                dg.append(_serde.digest(args, kwargs))
+            return dg[0]
+
+        evs = self._take(pos, (StepCompleted, StepFailed), "step", name, args_digest)
         failures = [e for e in evs if isinstance(e, StepFailed)]
         for ev in evs:
             if isinstance(ev, StepCompleted):
@@ -412,6 +447,7 @@ class Activation:
                     [
                         StepFailed(
                             pos=pos,
+                            args_digest=args_digest(),
                             name=name,
                             attempt=attempt,
                             error=info,
@@ -432,6 +468,7 @@ class Activation:
                         [
                             StepFailed(
                                 pos=pos,
+                                args_digest=args_digest(),
                                 name=name,
                                 attempt=attempt,
                                 error=info,
@@ -446,7 +483,16 @@ class Activation:
                     continue
                 info = error_info(exc, name, attempt)
                 await self._record(
-                    [StepFailed(pos=pos, name=name, attempt=attempt, error=info, at=now)]
+                    [
+                        StepFailed(
+                            pos=pos,
+                            name=name,
+                            attempt=attempt,
+                            error=info,
+                            at=now,
+                            args_digest=args_digest(),
+                        )
+                    ]
                 )
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             try:
@@ -456,7 +502,12 @@ class Activation:
                 await self._record(
                     [
                         StepFailed(
-                            pos=pos, name=name, attempt=attempt, error=info, at=self.host.now()
+                            pos=pos,
+                            args_digest=args_digest(),
+                            name=name,
+                            attempt=attempt,
+                            error=info,
+                            at=self.host.now(),
                         )
                     ]
                 )
@@ -464,7 +515,12 @@ class Activation:
             await self._record(
                 [
                     StepCompleted(
-                        pos=pos, name=name, attempt=attempt, result=data, at=self.host.now()
+                        pos=pos,
+                        args_digest=args_digest(),
+                        name=name,
+                        attempt=attempt,
+                        result=data,
+                        at=self.host.now(),
                     )
                 ]
             )

@@ -6,12 +6,14 @@ happens on the hot path of every step."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import typing
 from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pydantic_core
 from pydantic import TypeAdapter
 
 from .errors import SerializationError
@@ -103,3 +105,12 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
         getattr(target, "__call__", None)  # noqa: B004
     )
+
+
+def digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A short stable digest of a step's arguments, for divergence reports (objects that are
+    not JSON, such as injected services, count by their type name)."""
+    data = pydantic_core.to_jsonable_python(
+        [list(args), kwargs], fallback=lambda o: f"<{type(o).__qualname__}>"
+    )
+    return hashlib.sha256(dumps(data)).hexdigest()[:12]

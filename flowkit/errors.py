@@ -65,11 +65,17 @@ class NonDeterminismError(FlowkitError):
     ``None``), ``call`` describes the call the code made instead (or ``None``)."""
 
     def __init__(
-        self, position: str | int, recorded: str | None, call: str | None, detail: str = ""
+        self,
+        position: str | int,
+        recorded: str | None,
+        call: str | None,
+        detail: str = "",
+        window: tuple[str, ...] = (),
     ) -> None:
         self.position = position
         self.recorded = recorded
         self.call = call
+        self.window = window
         msg = (
             f"non-deterministic workflow at position {position}: "
             f"history recorded {recorded or 'nothing'}, code called {call or 'nothing'}"
@@ -77,6 +83,14 @@ class NonDeterminismError(FlowkitError):
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)
+
+    def report(self) -> str:
+        """The message plus the recorded events around the divergence."""
+        lines = [str(self)]
+        if self.window:
+            lines.append("recorded events around it:")
+            lines.extend(f"  {w}" for w in self.window)
+        return "\n".join(lines)
 
 
 class WorkflowNotFoundError(FlowkitError, LookupError):
