@@ -1,34 +1,52 @@
 """Run every benchmark; ``--smoke`` runs tiny sizes (CI keeps it from rotting).
 
-Results are printed and written as JSON under bench/results/ (ignored by git)."""
+One throwaway PostgreSQL (tests/pg.py; skipped with a note when its binaries are missing) and
+one temporary directory of SQLite files serve every bench. Results are printed and written as
+JSON under bench/results/ (ignored by git)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import singleton_bench  # noqa: E402
+import singleton_bench
+import store_bench
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     args = parser.parse_args()
+    t0 = time.perf_counter()
     results = {
-        "machine": {"python": platform.python_version(), "platform": platform.platform()},
-        "singleton": asyncio.run(singleton_bench.main(args.smoke)),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "nproc": os.cpu_count(),
+        },
     }
+    with (
+        tempfile.TemporaryDirectory(prefix="flowkit-bench-") as tmp,
+        store_bench.postgres_server() as pg_url,
+    ):
+        stores = store_bench.admission_stores(Path(tmp), pg_url)
+        results["singleton"] = asyncio.run(singleton_bench.main(args.smoke, stores))
+        results["store"] = asyncio.run(store_bench.main(args.smoke, pg_url, Path(tmp)))
+    results["seconds"] = time.perf_counter() - t0
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     name = "smoke.json" if args.smoke else "latest.json"
     (out / name).write_text(json.dumps(results, indent=2))
-    print(f"results written to {out / name}")
+    print(f"results written to {out / name} ({results['seconds']:.0f} s)")
     return 0
 
 

@@ -9,6 +9,8 @@ import asyncio
 import math
 import statistics
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from flowkit import ADMITTED_TAG, Engine, Run, RunStatus, Singleton, WorkflowCtx, workflow
@@ -33,32 +35,71 @@ def _run(run_id: str, key: str, created_at: float, admitted: bool = False) -> Ru
     )
 
 
-async def _store_with_backlog(store: Any, gated: int, keys: int = 100) -> None:
+BulkLoad = Callable[[Any, list[Run]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class AdmissionStore:
+    """One kind of store for the admission bench: ``make`` returns a fresh, empty store;
+    ``load`` inserts the backlog in bulk (``None``: ``create_run`` one by one)."""
+
+    name: str
+    make: Callable[[], Any]
+    load: BulkLoad | None = None
+
+
+async def _create_each(store: Any, runs: list[Run]) -> None:
+    for run in runs:
+        await store.create_run(run, [])
+
+
+async def _store_with_backlog(
+    store: Any, gated: int, keys: int = 100, load: BulkLoad | None = None
+) -> None:
     """``keys`` holders, and ``gated`` waiters spread over those keys."""
     t = 1_700_000_000.0
-    for k in range(keys):
-        await store.create_run(_run(f"h{k}", f"busy{k}", t, admitted=True), [])
-    for i in range(gated):
-        await store.create_run(_run(f"w{i:06d}", f"busy{i % keys}", t + 1 + i * 1e-6), [])
+    runs = [_run(f"h{k}", f"busy{k}", t, admitted=True) for k in range(keys)]
+    runs += [_run(f"w{i:06d}", f"busy{i % keys}", t + 1 + i * 1e-6) for i in range(gated)]
+    await (load or _create_each)(store, runs)
 
 
-async def admission_under_backlog(store_factory: Any, backlogs: list[int], fresh: int) -> dict[int, float]:
-    """Mean seconds per ``try_admit_singleton`` of a fresh key, per backlog size."""
-    out: dict[int, float] = {}
+async def admission_under_backlog(
+    store_factory: Any,
+    backlogs: list[int],
+    fresh: int,
+    load: BulkLoad | None = None,
+    rounds: int = 5,
+) -> dict[int, float]:
+    """Mean seconds per ``try_admit_singleton`` of a fresh key, per backlog size.
+
+    One store per backlog size is filled first; the timed claims then alternate between them
+    in ``rounds`` chunks (rotating the order), so drift of the machine (page cache, WAL
+    checkpoints, a noisy neighbour) spreads over every size instead of biasing one."""
+    stores: dict[int, Any] = {}
     for n in backlogs:
         store = store_factory()
-        await _store_with_backlog(store, n)
-        ids = []
+        await _store_with_backlog(store, n, load=load)
         for i in range(fresh):
-            rid = f"fresh{i}"
-            await store.create_run(_run(rid, f"fresh{i}", 1_800_000_000.0), [])
-            ids.append(rid)
-        t0 = time.perf_counter()
-        for i, rid in enumerate(ids):
-            ok = await store.try_admit_singleton(rid, f"singleton:fresh{i}", WF, 1, None)
-            assert ok
-        out[n] = (time.perf_counter() - t0) / fresh
-    return out
+            await store.create_run(_run(f"fresh{i}", f"fresh{i}", 1_800_000_000.0), [])
+        stores[n] = store
+    spent = dict.fromkeys(backlogs, 0.0)
+    chunk = math.ceil(fresh / rounds)
+    for r, lo in enumerate(range(0, fresh, chunk)):
+        order = backlogs[r % len(backlogs) :] + backlogs[: r % len(backlogs)]
+        for n in order:
+            store = stores[n]
+            t0 = time.perf_counter()
+            for i in range(lo, min(lo + chunk, fresh)):
+                ok = await store.try_admit_singleton(
+                    f"fresh{i}", f"singleton:fresh{i}", WF, 1, None
+                )
+                assert ok
+            spent[n] += time.perf_counter() - t0
+    for store in stores.values():
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    return {n: spent[n] / fresh for n in backlogs}
 
 
 @workflow(name=WF, singleton=Singleton(key=lambda inp: f"k{inp['k']}"))
@@ -100,13 +141,21 @@ def _p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, math.ceil(len(xs) * 0.95) - 1)]
 
 
-async def main(smoke: bool) -> dict[str, Any]:
+async def main(smoke: bool, stores: list[AdmissionStore] | None = None) -> dict[str, Any]:
+    """``stores``: the stores to measure admission on (default: ``MemoryStore`` only;
+    ``bench/run.py`` adds SQLite and PostgreSQL from ``store_bench.admission_stores``)."""
     backlogs = [0, 100] if smoke else [0, 1_000, 10_000]
-    adm = await admission_under_backlog(MemoryStore, backlogs, fresh=50 if smoke else 500)
-    base = adm[backlogs[0]]
-    print("admission of a fresh key (MemoryStore), backlog gated on other keys:")
-    for n, t in adm.items():
-        print(f"  {n:>6} gated: {t * 1e6:8.1f} us/claim   ratio to empty: {t / base:5.2f}x")
+    stores = stores or [AdmissionStore("memory", MemoryStore)]
+    adm_all: dict[str, dict[int, float]] = {}
+    for st in stores:
+        adm = await admission_under_backlog(
+            st.make, backlogs, fresh=50 if smoke else 500, load=st.load
+        )
+        adm_all[st.name] = adm
+        base = adm[backlogs[0]]
+        print(f"admission of a fresh key ({st.name}), backlog gated on other keys:")
+        for n, t in adm.items():
+            print(f"  {n:>6} gated: {t * 1e6:8.1f} us/claim   ratio to empty: {t / base:5.2f}x")
     n_runs = 5 if smoke else 20
     notify = await handover(True, n_runs)
     timer = await handover(False, 3 if smoke else 8)
@@ -121,8 +170,12 @@ async def main(smoke: bool) -> dict[str, Any]:
     )
     print(f"  timer / notify mean ratio: {statistics.mean(timer) / statistics.mean(notify):.0f}x")
     return {
-        "admission_us": {str(k): v * 1e6 for k, v in adm.items()},
-        "admission_ratio_max": max(adm.values()) / base,
+        "admission_us": {
+            name: {str(k): v * 1e6 for k, v in adm.items()} for name, adm in adm_all.items()
+        },
+        "admission_ratio_max": {
+            name: max(adm.values()) / adm[backlogs[0]] for name, adm in adm_all.items()
+        },
         "handover_notify_ms": [x * 1e3 for x in notify],
         "handover_timer_ms": [x * 1e3 for x in timer],
     }

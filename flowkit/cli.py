@@ -130,7 +130,8 @@ async def _replay(args: argparse.Namespace, console: Console) -> int:
     try:
         await replay_async(hist, wf)
     except NonDeterminismError as exc:
-        console.print(f"[red]diverged[/]: {exc.report()}", markup=True, highlight=False)
+        console.print("[red]diverged[/]:", end=" ")
+        console.print(exc.report(), markup=False, highlight=False)
         return 1
     console.print(f"[green]ok[/]: {len(hist)} events of {hist.run_id!r} replay")
     return 0
