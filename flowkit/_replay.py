@@ -226,6 +226,7 @@ class Activation:
         self._divergence: NonDeterminismError | None = None
         self._stuck_parks: list[_Park] = []
         self._body_task: asyncio.Task[Any] | None = None
+        self._store_error: Exception | None = None
 
     def _forget_final_failures(self) -> None:
         """After ``run_retried`` a step's failures no longer count: it runs again."""
@@ -358,6 +359,17 @@ class Activation:
         except LeaseLostError:
             self.evict()
             raise _Evicted() from None
+        except ConflictError:
+            if consume_signal is not None:
+                raise  # the signal went to a racing activation: the caller looks again
+            self.evict()
+            raise _Evicted() from None
+        except Exception as exc:
+            # The store failed: nothing more may run on a history we could not extend. The
+            # activation stops; the lease expires and recovery replays the run.
+            self._store_error = exc
+            self.evict()
+            raise _Evicted() from exc
         for ev in events:
             self._observe(ev)
         if cancel:
@@ -593,7 +605,12 @@ class Activation:
             raise SignalTimeout(name, timeout if timeout is not None else 0.0)
         while True:
             self._check_alive()
-            sig = await self.host.peek_signal(name)
+            try:
+                sig = await self.host.peek_signal(name)
+            except Exception as exc:
+                self._store_error = exc
+                self.evict()
+                raise _Evicted() from exc
             if sig is not None:
                 try:
                     await self._record(

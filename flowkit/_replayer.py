@@ -1,10 +1,16 @@
-"""``replay(history, workflow)``: re-run a body against a recorded history, side-effect free."""
+"""``replay(history, workflow)``: re-run a body against a recorded history, side-effect free.
+
+``replay_dir(path, workflows)`` replays a directory of recorded histories (JSON files written by
+``History.to_json()``) and returns a ``ReplayReport``: the regression test of workflow code
+changes against "golden" histories."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 from ._definition import definition_of
 from ._history import (
@@ -17,7 +23,7 @@ from ._history import (
     RunStarted,
 )
 from ._replay import Activation, Completed, Diverged, Evicted, Failed, ReplayStub, Suspended
-from .errors import HistoryError, NonDeterminismError, WorkflowNotFoundError
+from .errors import FlowkitError, HistoryError, NonDeterminismError, WorkflowNotFoundError
 from .stores.base import InboxSignal
 
 
@@ -111,9 +117,185 @@ def replay(history: History | str, workflow: Any) -> None:
     first divergence. Steps are never executed. Call ``replay_async`` inside an event loop."""
     if isinstance(history, str):
         history = History.from_json(history)
+    _no_running_loop("replay")
+    asyncio.run(replay_async(history, workflow))
+
+
+def _no_running_loop(what: str) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        asyncio.run(replay_async(history, workflow))
         return
-    raise RuntimeError("replay() called inside an event loop: use `await replay_async(...)`")
+    raise RuntimeError(f"{what}() called inside an event loop: use `await {what}_async(...)`")
+
+
+# -- many histories -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """The outcome of replaying one history file.
+
+    ``status`` is ``"ok"`` (the history replays), ``"diverged"`` (``error`` is the
+    ``NonDeterminismError``) or ``"error"`` (the file could not be replayed at all: not a
+    flowkit history, no workflow of its name was given, its input no longer validates...;
+    ``error`` says why)."""
+
+    path: Path
+    status: Literal["ok", "diverged", "error"]
+    run_id: str | None = None
+    workflow: str | None = None
+    events: int = 0
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def describe(self) -> str:
+        """One line (a divergence: its full report below it)."""
+        what = self.path.name
+        if self.run_id is not None:
+            what += f" (run {self.run_id!r}, workflow {self.workflow!r}, {self.events} events)"
+        if self.status == "ok":
+            return f"ok        {what}"
+        if isinstance(self.error, NonDeterminismError):
+            body = "\n".join("    " + line for line in self.error.report().splitlines())
+            return f"diverged  {what}\n{body}"
+        return f"error     {what}: {_one_line(self.error)}"
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What ``replay_dir`` found: one ``ReplayResult`` per file, in file-name order."""
+
+    directory: Path
+    results: tuple[ReplayResult, ...]
+
+    @property
+    def diverged(self) -> list[ReplayResult]:
+        return [r for r in self.results if r.status == "diverged"]
+
+    @property
+    def errors(self) -> list[ReplayResult]:
+        return [r for r in self.results if r.status == "error"]
+
+    @property
+    def failures(self) -> list[ReplayResult]:
+        """Divergences and errors, in file order."""
+        return [r for r in self.results if r.status != "ok"]
+
+    @property
+    def passed(self) -> bool:
+        """No divergence and no error (an empty directory passes: see ``raise_for_failures``)."""
+        return not self.failures
+
+    def summary(self) -> str:
+        """A headline, then one line per failure (a divergence with its report)."""
+        lines = [
+            f"{len(self.results)} histories in {self.directory}: "
+            f"{sum(r.ok for r in self.results)} ok, "
+            f"{len(self.diverged)} diverged, {len(self.errors)} errors"
+        ]
+        lines.extend(r.describe() for r in self.failures)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def raise_for_failures(self, *, allow_empty: bool = False) -> None:
+        """Raise ``ReplayFailedError`` listing every divergence and error; also when the
+        directory held no history at all, unless ``allow_empty`` (a mistyped path or a lost
+        directory must not pass a regression test silently)."""
+        if self.failures or (not self.results and not allow_empty):
+            raise ReplayFailedError(self)
+
+
+class ReplayFailedError(FlowkitError, AssertionError):
+    """Raised by ``ReplayReport.raise_for_failures``: some recorded histories no longer replay
+    against the current code (or could not be replayed). ``report`` is the ``ReplayReport``;
+    the message lists every failure. It is an ``AssertionError``, so test runners show it as a
+    failed check."""
+
+    def __init__(self, report: ReplayReport) -> None:
+        self.report = report
+        if not report.results:
+            msg = f"no histories to replay in {report.directory}"
+        else:
+            msg = "recorded histories no longer replay\n" + report.summary()
+        super().__init__(msg)
+
+
+def _one_line(exc: BaseException | None) -> str:
+    if exc is None:  # pragma: no cover - results with status "error" always carry one
+        return "unknown error"
+    text = " ".join(str(exc).split())
+    if isinstance(exc, FlowkitError):
+        return text
+    return f"{type(exc).__name__}: {text}"
+
+
+def _by_name(workflows: Any) -> dict[str, Any]:
+    if definition_of(workflows) is not None:  # one class or instance
+        workflows = [workflows]
+    if isinstance(workflows, str | bytes) or not isinstance(workflows, Iterable):
+        raise TypeError("workflows must be a sequence of @workflow classes or instances")
+    named: dict[str, Any] = {}
+    for wf in workflows:
+        defn = definition_of(wf)
+        if defn is None:
+            raise TypeError(f"{wf!r} is not a @workflow class or instance")
+        if defn.name in named:
+            raise ValueError(f"two workflows named {defn.name!r} given to replay_dir")
+        named[defn.name] = wf
+    return named
+
+
+async def _replay_file(path: Path, named: dict[str, Any]) -> ReplayResult:
+    try:
+        history = History.from_json(path.read_bytes())
+    except (OSError, HistoryError) as exc:
+        return ReplayResult(path, "error", error=exc)
+    info: dict[str, Any] = {
+        "run_id": history.run_id,
+        "workflow": history.workflow,
+        "events": len(history),
+    }
+    wf = named.get(history.workflow or "")
+    if wf is None:
+        known = ", ".join(repr(n) for n in sorted(named)) or "none"
+        err = WorkflowNotFoundError(str(history.workflow))
+        err.args = (f"no workflow named {history.workflow!r} was given (given: {known})",)
+        return ReplayResult(path, "error", error=err, **info)
+    try:
+        await replay_async(history, wf)
+    except NonDeterminismError as exc:
+        return ReplayResult(path, "diverged", error=exc, **info)
+    except Exception as exc:  # e.g. the recorded input no longer validates
+        return ReplayResult(path, "error", error=exc, **info)
+    return ReplayResult(path, "ok", **info)
+
+
+async def replay_dir_async(
+    path: str | Path, workflows: Any, *, pattern: str = "*.json"
+) -> ReplayReport:
+    """Async form of ``replay_dir``."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise NotADirectoryError(f"no directory of histories at {directory}")
+    named = _by_name(workflows)
+    files = sorted(p for p in directory.glob(pattern) if p.is_file())
+    results = [await _replay_file(f, named) for f in files]
+    return ReplayReport(directory, tuple(results))
+
+
+def replay_dir(path: str | Path, workflows: Any, *, pattern: str = "*.json") -> ReplayReport:
+    """Replay every history file in ``path`` (``pattern``, default ``*.json``; ``"**/*.json"``
+    descends into subdirectories) against the workflow of ``workflows`` (a sequence of
+    ``@workflow`` classes or instances, or just one) whose name is the history's
+    ``run_started.workflow``. Never raises for a bad file: each file gets a ``ReplayResult``
+    (``ok``, ``diverged`` with its ``NonDeterminismError``, or ``error``), and
+    ``report.raise_for_failures()`` turns failures into one ``ReplayFailedError``. Call
+    ``replay_dir_async`` inside an event loop."""
+    _no_running_loop("replay_dir")
+    return asyncio.run(replay_dir_async(path, workflows, pattern=pattern))

@@ -92,6 +92,7 @@ class Worker:
 
     async def stop(self, *, graceful: bool = True) -> None:
         self._running = False
+        held = list(self._active)
         for act in list(self._active.values()):
             if act is not None:
                 act.evict()
@@ -100,9 +101,12 @@ class Worker:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks)
+            for t in tasks:  # read every outcome: a crashed instance's errors end here
+                if not t.cancelled():
+                    t.exception()
         if graceful:
             now = self.engine.clock.now()
-            for run_id in list(self._active):
+            for run_id in held:
                 try:
                     await self.store.commit(run_id, self.owner, now, Update(release_lease=True))
                 except Exception:  # best effort: the lease expires anyway
@@ -145,10 +149,15 @@ class Worker:
         while self._running:
             self._poke.clear()
             now = eng.clock.now()
-            for run_id in await self.store.due_runs(now, eng.max_concurrency, names):
-                if run_id not in self._active:
-                    self.dispatch(run_id)
-            nxt = await self.store.next_due_at((self.owner,))
+            try:
+                for run_id in await self.store.due_runs(now, eng.max_concurrency, names):
+                    if run_id not in self._active:
+                        self.dispatch(run_id)
+                nxt = await self.store.next_due_at((self.owner,))
+            except Exception:  # the store is unavailable: try again after a pause
+                log.exception("polling the store failed")
+                await self._wait(now + (eng.poll_interval or 1.0))
+                continue
             deadline = now + eng.poll_interval if eng.poll_interval is not None else None
             if nxt is not None and nxt > now and (deadline is None or nxt < deadline):
                 deadline = nxt
@@ -171,7 +180,11 @@ class Worker:
             await eng.clock.sleep_until(eng.clock.now() + eng.lease_ttl / 3)
             now = eng.clock.now()
             for run_id, act in list(self._active.items()):
-                run = await self.store.renew_lease(run_id, self.owner, now + eng.lease_ttl)
+                try:
+                    run = await self.store.renew_lease(run_id, self.owner, now + eng.lease_ttl)
+                except Exception:  # keep going: the next renewal may succeed in time
+                    log.exception("renewing the lease of %s failed", run_id)
+                    continue
                 if act is None:
                     continue
                 if run is None:

@@ -14,30 +14,7 @@ from flowkit._bus import Bus
 from flowkit.stores import MemoryStore
 
 from ._clock import DEFAULT_START, VirtualClock
-
-
-class InstanceCrashed(BaseException):
-    """Raised into a crashed instance's store calls: a dead process writes nothing."""
-
-
-class _CrashableStore:
-    """Forwards to the shared store until its instance crashes."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.crashed = False
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if not callable(attr) or not asyncio.iscoroutinefunction(attr):
-            return attr
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            if self.crashed:
-                raise InstanceCrashed(name)
-            return await attr(*args, **kwargs)
-
-        return call
+from ._faults import CRASH_POINTS, FaultPlan, InstanceStore, Rule
 
 
 class TestEnv:
@@ -56,6 +33,8 @@ class TestEnv:
         start: float | datetime = DEFAULT_START,
         lease_ttl: float = 30.0,
         gate_polls: bool = False,
+        max_yields: int = 2,
+        faults: FaultPlan | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError("instances must be >= 1")
@@ -66,15 +45,21 @@ class TestEnv:
         self.clock = VirtualClock(start)
         self.lease_ttl = lease_ttl
         self.gate_polls = gate_polls
+        # before each store call an instance yields 0..max_yields times, as the seed decides
+        self.max_yields = max_yields
+        self.fault_plan = faults
+        self.rules: list[Rule] = []
+        self.fired: list[tuple[int, str, str, str]] = []
+        self._pending: set[asyncio.Task[Any]] = set()
         self.bus = Bus()
         self._n = instances
         self._gen = [0] * instances
-        self._proxies: list[_CrashableStore] = []
+        self._proxies: list[InstanceStore] = []
         self.engines: list[Engine] = []
 
     # -- lifecycle ---------------------------------------------------------------------
     def _make(self, i: int) -> Engine:
-        proxy = _CrashableStore(self.store)
+        proxy = InstanceStore(self.store, i, self)
         eng = Engine(
             proxy,
             self.workflows,
@@ -112,11 +97,45 @@ class TestEnv:
     async def crash(self, i: int) -> None:
         """Kill instance ``i`` mid-flight: no cleanup, no lease release; its leases expire."""
         self._proxies[i].crashed = True
+        await self._finish_crash(i)
+        await self.settle()
+
+    async def _finish_crash(self, i: int) -> None:
         worker = self.engines[i]._worker
         self.engines[i]._worker = None
         if worker is not None:
             await worker.stop(graceful=False)
-        await self.settle()
+
+    def _crash_soon(self, i: int) -> None:
+        """A crash rule fired inside instance ``i``'s own task: tear it down from outside."""
+        task = asyncio.ensure_future(self._finish_crash(i))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def crash_at(self, i: int, point: str, *, match: Any = None, times: int | None = 1) -> Rule:
+        """Crash instance ``i`` at a named point (see ``CRASH_POINTS``): e.g.
+        ``"before_step_record"`` (a step's result computed, not recorded) or
+        ``"after_step_record"``. ``match(args, kwargs)`` narrows it further."""
+        if point not in CRASH_POINTS:
+            raise ValueError(f"unknown crash point {point!r}; one of {sorted(CRASH_POINTS)}")
+        op, phase, base = CRASH_POINTS[point]
+
+        def both(args: Any, kwargs: Any) -> bool:
+            return base(args, kwargs) and (match is None or bool(match(args, kwargs)))
+
+        rule = Rule(op, "crash", phase, instance=i, times=times, match=both)
+        self.rules.append(rule)
+        return rule
+
+    def inject(self, rule: Rule) -> Rule:
+        """Add a fault (or crash) rule at the store seam."""
+        self.rules.append(rule)
+        return rule
+
+    @property
+    def crashed(self) -> list[int]:
+        """Indexes of the instances that are down."""
+        return [i for i, p in enumerate(self._proxies) if p.crashed]
 
     async def restart(self, i: int) -> None:
         """Bring instance ``i`` back with a fresh worker on the same store."""

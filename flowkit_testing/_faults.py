@@ -1,0 +1,160 @@
+"""Fault and crash injection at the store seam, by rule or by seed.
+
+Every engine instance of a ``TestEnv`` talks to the shared store through an ``InstanceStore``.
+Before each store operation it may yield to the event loop a seeded number of times (so the
+seed decides how instances interleave), then applies the matching rules: a *fault* raises
+``InjectedFault`` before the operation (nothing written) or after it (written, but the caller
+sees an error); a *crash* kills the instance right there, before or after the write, as a
+real process dying around a commit would leave it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from flowkit._history import StepCompleted
+from flowkit.stores.base import Update
+
+Phase = Literal["before", "after"]
+
+STORE_OPS = (
+    "create_run",
+    "get_run",
+    "list_runs",
+    "load_events",
+    "claim",
+    "renew_lease",
+    "commit",
+    "due_runs",
+    "next_due_at",
+    "deliver_signal",
+    "peek_signal",
+    "try_admit_singleton",
+)
+WRITE_OPS = (
+    "create_run",
+    "claim",
+    "renew_lease",
+    "commit",
+    "deliver_signal",
+    "try_admit_singleton",
+)
+
+
+class InjectedFault(Exception):
+    """Raised by an ``InstanceStore`` where a ``FaultRule`` fires."""
+
+
+class InstanceCrashed(BaseException):
+    """Raised into a crashed instance's store calls: a dead process writes nothing."""
+
+
+def _records_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    update = kwargs.get("update", args[3] if len(args) > 3 else None)
+    return isinstance(update, Update) and any(isinstance(e, StepCompleted) for e in update.events)
+
+
+#: Named crash points: (store operation, phase, matcher of the call's arguments).
+CRASH_POINTS: dict[str, tuple[str, Phase, Callable[[tuple[Any, ...], dict[str, Any]], bool]]] = {
+    # a step's result is computed but not yet recorded: on recovery the step runs again
+    "before_step_record": ("commit", "before", _records_step),
+    # the step is recorded, the next one has not started: on recovery it is not re-run
+    "after_step_record": ("commit", "after", _records_step),
+    # the run was claimed (lease taken) and nothing else happened
+    "after_claim": ("claim", "after", lambda a, k: True),
+    # the singleton claim committed, its admission event not yet recorded
+    "after_admission": ("try_admit_singleton", "after", lambda a, k: True),
+}
+
+
+@dataclass
+class Rule:
+    """Fire ``action`` on ``op`` (``phase`` of the call) for instance ``instance`` (any when
+    ``None``), when ``match(args, kwargs)`` holds, ``times`` times (``None``: always)."""
+
+    op: str
+    action: Literal["fault", "crash"] = "fault"
+    phase: Phase = "before"
+    instance: int | None = None
+    times: int | None = 1
+    match: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None
+    fired: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.op not in STORE_OPS:
+            raise ValueError(f"unknown store operation {self.op!r}; one of {STORE_OPS}")
+
+    def applies(self, instance: int, op: str, phase: Phase, args: Any, kwargs: Any) -> bool:
+        if op != self.op or phase != self.phase:
+            return False
+        if self.instance is not None and self.instance != instance:
+            return False
+        if self.times is not None and self.fired >= self.times:
+            return False
+        return self.match is None or bool(self.match(args, kwargs))
+
+
+@dataclass
+class FaultPlan:
+    """Seeded random faults: each write operation fails with probability ``rate``, before or
+    after the write (chosen by the seed too)."""
+
+    rate: float = 0.0
+    ops: tuple[str, ...] = WRITE_OPS
+    phases: tuple[Phase, ...] = ("before", "after")
+
+
+class InstanceStore:
+    """One instance's window on the shared store: seeded yields, rules, crash state."""
+
+    def __init__(self, inner: Any, index: int, env: Any) -> None:
+        self._inner = inner
+        self.index = index
+        self._env = env
+        self.crashed = False
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in STORE_OPS or attr is None:
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self._call(name, attr, args, kwargs)
+
+        return call
+
+    async def _call(self, op: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        env = self._env
+        if self.crashed:
+            raise InstanceCrashed(op)
+        for _ in range(env.rng.randrange(env.max_yields + 1) if env.max_yields else 0):
+            await asyncio.sleep(0)  # the seed picks how instances interleave here
+            if self.crashed:
+                raise InstanceCrashed(op)
+        self.calls += 1
+        self._apply(op, "before", args, kwargs)
+        result = await fn(*args, **kwargs)
+        self._apply(op, "after", args, kwargs)
+        return result
+
+    def _apply(self, op: str, phase: Phase, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        env = self._env
+        for rule in env.rules:
+            if rule.applies(self.index, op, phase, args, kwargs):
+                rule.fired += 1
+                env.fired.append((self.index, op, phase, rule.action))
+                if rule.action == "crash":
+                    self.crashed = True
+                    env._crash_soon(self.index)
+                    raise InstanceCrashed(f"{op} ({phase})")
+                raise InjectedFault(f"injected fault in {op} ({phase})")
+        plan: FaultPlan | None = env.fault_plan
+        if plan is not None and plan.rate > 0 and op in plan.ops and phase in plan.phases:
+            rng: random.Random = env.rng
+            if rng.random() < plan.rate / len(plan.phases):
+                env.fired.append((self.index, op, phase, "fault"))
+                raise InjectedFault(f"seeded fault in {op} ({phase})")
