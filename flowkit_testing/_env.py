@@ -49,7 +49,7 @@ class TestEnv:
         self.max_yields = max_yields
         self.fault_plan = faults
         self.rules: list[Rule] = []
-        self.fired: list[tuple[int, str, str, str]] = []
+        self.fired: list[tuple[int, str, str, str, str | None]] = []
         self._pending: set[asyncio.Task[Any]] = set()
         self.bus = Bus()
         self._n = instances

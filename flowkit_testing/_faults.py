@@ -52,6 +52,11 @@ class InstanceCrashed(BaseException):
     """Raised into a crashed instance's store calls: a dead process writes nothing."""
 
 
+def _run_of(args: tuple[Any, ...]) -> str | None:
+    """The run id a store call is about (its first argument), when it has one."""
+    return args[0] if args and isinstance(args[0], str) else None
+
+
 def _records_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     update = kwargs.get("update", args[3] if len(args) > 3 else None)
     return isinstance(update, Update) and any(isinstance(e, StepCompleted) for e in update.events)
@@ -146,7 +151,7 @@ class InstanceStore:
         for rule in env.rules:
             if rule.applies(self.index, op, phase, args, kwargs):
                 rule.fired += 1
-                env.fired.append((self.index, op, phase, rule.action))
+                env.fired.append((self.index, op, phase, rule.action, _run_of(args)))
                 if rule.action == "crash":
                     self.crashed = True
                     env._crash_soon(self.index)
@@ -156,5 +161,5 @@ class InstanceStore:
         if plan is not None and plan.rate > 0 and op in plan.ops and phase in plan.phases:
             rng: random.Random = env.rng
             if rng.random() < plan.rate / len(plan.phases):
-                env.fired.append((self.index, op, phase, "fault"))
+                env.fired.append((self.index, op, phase, "fault", _run_of(args)))
                 raise InjectedFault(f"seeded fault in {op} ({phase})")

@@ -1,0 +1,144 @@
+"""Store conformance kit: plain async checks that any flowkit store can run.
+
+Each ``check_*`` function takes a factory and raises ``ConformanceError`` (an
+``AssertionError``) naming what the store did wrong. Most take ``make_store``, a callable that
+returns a fresh, empty, unscoped store (or an awaitable of one); the competing checks take
+``make_pair``, a callable that returns two store objects over the same fresh data (two
+processes' views: for a SQL store, two store objects on one new database). Nothing here
+imports pytest: run the checks from any test runner, or all at once::
+
+    from flowkit_testing.conformance import run_all
+
+    names = await run_all(lambda: MyStore(fresh_url()), make_pair=my_pair_factory)
+
+``CHECKS`` maps each check's name to a ``Check`` (``.run(make_store, make_pair)``, ``.kind``,
+``.singleton``, ``.doc``), handy to parametrize one test per check. The kit never closes the
+stores it gets; track them in the factory and close them after the test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._competing import (
+    check_competing_admissions,
+    check_competing_claims,
+    check_competing_commits,
+    check_competing_create_run,
+)
+from ._registry import CHECKS, Check, sort_checks, supports_singleton
+from ._runs import (
+    check_cancelling_is_sticky,
+    check_claim_exclusive,
+    check_claimable_rules,
+    check_commit_applies_update,
+    check_commit_lease_fencing,
+    check_consumed_signal_conflict_writes_nothing,
+    check_create_run_idempotent,
+    check_create_run_writes_its_events,
+    check_deliver_signal_wakes_waiter,
+    check_due_runs_and_next_due_at,
+    check_event_seqs_gap_free,
+    check_expect_status_conflict_writes_nothing,
+    check_list_runs_order_and_filters,
+    check_microsecond_timestamps,
+    check_payloads_round_trip,
+    check_queue_cap_rejection_writes_nothing,
+    check_renew_lease,
+    check_signal_peek_fifo,
+    check_terminal_commit_clears_bookkeeping,
+)
+from ._singleton import (
+    check_admission_fifo_keeps_holders,
+    check_admission_marker_persisted,
+    check_admission_respects_limit,
+    check_admission_skips_cancelling_and_terminal,
+    check_denial_parks_waiter,
+    check_notify_wakes_oldest_waiters,
+)
+from ._support import ConformanceError, PairFactory, StoreFactory
+
+sort_checks()
+
+
+async def run_all(
+    make_store: StoreFactory,
+    make_pair: PairFactory | None = None,
+    *,
+    checks: Iterable[str] | None = None,
+    singleton: bool | None = None,
+) -> list[str]:
+    """Run every check (or the named ``checks``) and return the names of those that ran.
+
+    Without ``make_pair`` the competing checks run on one store object used twice (still
+    concurrent through ``asyncio.gather``, but not two connections). ``singleton=None``
+    runs the singleton checks when the store has ``try_admit_singleton`` (DESIGN §4.8 lets
+    a store go without it); pass ``True``/``False`` to force. Every selected check runs; if
+    any fail, one ``ConformanceError`` lists them all (chained to the first failure)."""
+    selected = list(CHECKS) if checks is None else list(checks)
+    unknown = [n for n in selected if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown conformance checks: {', '.join(unknown)}")
+    if singleton is None and any(CHECKS[n].singleton for n in selected):
+        singleton = await supports_singleton(make_store)
+    ran: list[str] = []
+    failures: list[tuple[str, BaseException]] = []
+    for name in selected:
+        chk = CHECKS[name]
+        if chk.singleton and not singleton:
+            continue
+        ran.append(name)
+        try:
+            await chk.run(make_store, make_pair)
+        except Exception as exc:
+            failures.append((name, exc))
+    if failures:
+        lines = [
+            f"{len(failures)} of {len(ran)} store conformance checks failed:",
+            *(
+                f"  - {exc}"
+                if isinstance(exc, ConformanceError)
+                else f"  - {name}: {type(exc).__name__}: {exc}"
+                for name, exc in failures
+            ),
+        ]
+        raise ConformanceError("\n".join(lines)) from failures[0][1]
+    return ran
+
+
+__all__ = [
+    "CHECKS",
+    "Check",
+    "ConformanceError",
+    "PairFactory",
+    "StoreFactory",
+    "check_admission_fifo_keeps_holders",
+    "check_admission_marker_persisted",
+    "check_admission_respects_limit",
+    "check_admission_skips_cancelling_and_terminal",
+    "check_cancelling_is_sticky",
+    "check_claim_exclusive",
+    "check_claimable_rules",
+    "check_commit_applies_update",
+    "check_commit_lease_fencing",
+    "check_competing_admissions",
+    "check_competing_claims",
+    "check_competing_commits",
+    "check_competing_create_run",
+    "check_consumed_signal_conflict_writes_nothing",
+    "check_create_run_idempotent",
+    "check_create_run_writes_its_events",
+    "check_deliver_signal_wakes_waiter",
+    "check_denial_parks_waiter",
+    "check_due_runs_and_next_due_at",
+    "check_event_seqs_gap_free",
+    "check_expect_status_conflict_writes_nothing",
+    "check_list_runs_order_and_filters",
+    "check_microsecond_timestamps",
+    "check_notify_wakes_oldest_waiters",
+    "check_payloads_round_trip",
+    "check_queue_cap_rejection_writes_nothing",
+    "check_renew_lease",
+    "check_signal_peek_fifo",
+    "check_terminal_commit_clears_bookkeeping",
+    "run_all",
+]

@@ -1,0 +1,84 @@
+"""The check registry: ``@check`` records a check function under its short name."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+from ._support import (
+    ConformanceError,
+    PairFactory,
+    StoreFactory,
+    make_store,
+    same_store_pair,
+)
+
+CheckFn = Callable[[Any], Awaitable[None]]
+F = TypeVar("F", bound=CheckFn)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One conformance check.
+
+    ``kind`` says what ``func`` takes: ``"store"`` checks take ``make_store``, ``"pair"``
+    checks take ``make_pair`` (two store objects over the same data). ``singleton`` checks
+    need ``try_admit_singleton``."""
+
+    name: str
+    func: CheckFn
+    kind: Literal["store", "pair"]
+    singleton: bool
+    doc: str
+
+    async def run(self, make_store: StoreFactory, make_pair: PairFactory | None = None) -> None:
+        """Run the check; a pair check without ``make_pair`` gets one store object twice."""
+        if self.kind == "pair":
+            await self.func(make_pair if make_pair is not None else same_store_pair(make_store))
+        else:
+            await self.func(make_store)
+
+
+CHECKS: dict[str, Check] = {}
+"""Every check, by name, in the order they run."""
+
+
+def check(*, kind: Literal["store", "pair"] = "store", singleton: bool = False) -> Callable[[F], F]:
+    """Register the decorated ``check_<name>`` function as ``CHECKS["<name>"]``; the
+    function returned prefixes its ``ConformanceError`` messages with the check's name."""
+
+    def register(fn: F) -> F:
+        name = fn.__name__.removeprefix("check_")
+        if name in CHECKS:
+            raise ValueError(f"duplicate conformance check {name!r}")
+
+        @functools.wraps(fn)
+        async def wrapper(factory: Any) -> None:
+            try:
+                await fn(factory)
+            except ConformanceError as exc:
+                msg = str(exc)
+                if not msg.startswith(f"{name}: "):
+                    exc.args = (f"{name}: {msg}",)
+                raise
+
+        doc = (fn.__doc__ or "").strip()
+        CHECKS[name] = Check(name, wrapper, kind, singleton, doc)
+        return cast(F, wrapper)
+
+    return register
+
+
+def sort_checks() -> None:
+    """Order ``CHECKS``: plain store checks, singleton ones, then the competing ones
+    (definition order within each group)."""
+    ordered = sorted(CHECKS.values(), key=lambda c: (c.kind == "pair", c.singleton))
+    CHECKS.clear()
+    CHECKS.update((c.name, c) for c in ordered)
+
+
+async def supports_singleton(factory: StoreFactory) -> bool:
+    store = await make_store(factory)
+    return getattr(store, "try_admit_singleton", None) is not None
