@@ -32,8 +32,12 @@ def main() -> int:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "nproc": os.cpu_count(),
+            "loadavg_at_start": os.getloadavg(),
         },
     }
+    m = results["machine"]
+    print(f"python {m['python']} on {m['platform']}, nproc={m['nproc']}", end="")
+    print(f", load average {os.getloadavg()[0]:.2f} (other work skews every figure)")
     with (
         tempfile.TemporaryDirectory(prefix="flowkit-bench-") as tmp,
         store_bench.postgres_server() as pg_url,
@@ -42,6 +46,7 @@ def main() -> int:
         results["singleton"] = asyncio.run(singleton_bench.main(args.smoke, stores))
         results["store"] = asyncio.run(store_bench.main(args.smoke, pg_url, Path(tmp)))
     results["seconds"] = time.perf_counter() - t0
+    results["machine"]["loadavg_at_end"] = os.getloadavg()
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     name = "smoke.json" if args.smoke else "latest.json"

@@ -194,8 +194,8 @@ class ReplayReport:
         """A headline, then one line per failure (a divergence with its report)."""
         lines = [
             f"{len(self.results)} histories in {self.directory}: "
-            f"{sum(r.ok for r in self.results)} ok, "
-            f"{len(self.diverged)} diverged, {len(self.errors)} errors"
+            f"{sum(r.ok for r in self.results)} ok, {len(self.diverged)} diverged, "
+            f"{len(self.errors)} error{'' if len(self.errors) == 1 else 's'}"
         ]
         lines.extend(r.describe() for r in self.failures)
         return "\n".join(lines)
@@ -207,6 +207,7 @@ class ReplayReport:
         """Raise ``ReplayFailedError`` listing every divergence and error; also when the
         directory held no history at all, unless ``allow_empty`` (a mistyped path or a lost
         directory must not pass a regression test silently)."""
+        __tracebackhide__ = True  # pytest: show the caller's line, not this one
         if self.failures or (not self.results and not allow_empty):
             raise ReplayFailedError(self)
 
@@ -251,11 +252,23 @@ def _by_name(workflows: Any) -> dict[str, Any]:
     return named
 
 
-async def _replay_file(path: Path, named: dict[str, Any]) -> ReplayResult:
+def _history_files(directory: Path, pattern: str) -> list[Path]:
+    if not directory.is_dir():
+        raise NotADirectoryError(f"no directory of histories at {directory}")
+    return sorted(p for p in directory.glob(pattern) if p.is_file())
+
+
+def _load(path: Path) -> History | Exception:
     try:
-        history = History.from_json(path.read_bytes())
+        return History.from_json(path.read_bytes())
     except (OSError, HistoryError) as exc:
-        return ReplayResult(path, "error", error=exc)
+        return exc
+
+
+async def _replay_file(path: Path, named: dict[str, Any]) -> ReplayResult:
+    history = _load(path)
+    if isinstance(history, Exception):
+        return ReplayResult(path, "error", error=history)
     info: dict[str, Any] = {
         "run_id": history.run_id,
         "workflow": history.workflow,
@@ -281,10 +294,8 @@ async def replay_dir_async(
 ) -> ReplayReport:
     """Async form of ``replay_dir``."""
     directory = Path(path)
-    if not directory.is_dir():
-        raise NotADirectoryError(f"no directory of histories at {directory}")
     named = _by_name(workflows)
-    files = sorted(p for p in directory.glob(pattern) if p.is_file())
+    files = _history_files(directory, pattern)
     results = [await _replay_file(f, named) for f in files]
     return ReplayReport(directory, tuple(results))
 

@@ -1,107 +1,371 @@
-"""The ``flowkit`` command: list runs, show one, print or replay histories, run the demo.
+"""The ``flowkit`` command: list runs, show one, print or replay histories, cancel and signal
+runs, run the demo.
 
-Every error is one clear line on stderr and a non-zero exit, never a traceback."""
+Output is rich (colours, tables) in a terminal and plain text when piped: no colours, no box
+drawing, no wrapping, one record per line. Every error is one line on stderr
+(``flowkit: error: ...``) and exit status 2, never a traceback (``FLOWKIT_DEBUG=1`` shows the
+traceback of an unexpected one). ``replay`` exits 1 when a history diverges."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib
+import json
 import os
+import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import _serde
-from ._history import History
-from ._replayer import replay_async
-from ._run import ADMITTED_TAG, RunStatus
-from .errors import FlowkitError, HistoryError, NonDeterminismError
+from ._definition import definition_of
+from ._engine import Engine
+from ._history import (
+    Event,
+    History,
+    RunCompleted,
+    RunFailed,
+    RunRetried,
+    RunStarted,
+    SignalReceived,
+    SingletonAdmitted,
+    SingletonGated,
+    SingletonReleased,
+    StepCompleted,
+    StepFailed,
+    TimerStarted,
+)
+from ._replayer import replay_async, replay_dir_async
+from ._run import Run, RunStatus
+from .errors import FlowkitError, NonDeterminismError
+from .singleton import holders, waiters
 
 DEFAULT_DB = "sqlite:///flowkit.db"
+VALUE_WIDTH = 80
+"""Values (inputs, results, payloads) longer than this are cut in the timeline; ``--json``
+prints them whole."""
+
+STATUS_STYLE = {
+    RunStatus.PENDING: "cyan",
+    RunStatus.RUNNING: "blue",
+    RunStatus.SUSPENDED: "cyan",
+    RunStatus.BLOCKED: "bold yellow",
+    RunStatus.CANCELLING: "yellow",
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "bold red",
+    RunStatus.CANCELLED: "magenta",
+}
 
 
 class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def _store(url: str) -> Any:
-    try:
-        from .stores.sql import SqlStore
-    except ImportError as exc:  # pragma: no cover - packaging problem
-        raise CliError(f"SQL stores are unavailable: {exc}") from None
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-        path = Path(url.removeprefix("sqlite:///"))
-        if not path.exists():
-            raise CliError(f"no flowkit database at {path} (set --db or FLOWKIT_DB)")
-    return SqlStore(url)
+# -- output ----------------------------------------------------------------------------------
+
+
+class Out:
+    """Rich output in a terminal; plain, unwrapped text when stdout is a pipe or a file."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.rich = console.is_terminal
+
+    def line(self, *parts: str | tuple[str, str]) -> None:
+        """One line; a ``(text, style)`` part is styled in a terminal. Never parses markup."""
+        if self.rich:
+            self.console.print(Text.assemble(*parts), highlight=False)
+        else:
+            text = "".join(p if isinstance(p, str) else p[0] for p in parts)
+            self.console.out(text, highlight=False)  # no markup, emoji codes or wrapping
+
+    def table(
+        self,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str | tuple[str, str]]],
+        *,
+        title: str | None = None,
+        caption: str | None = None,
+    ) -> None:
+        """A table in a terminal; piped, a header line and one whitespace-aligned line per
+        row (no title, no caption: the output stays easy to grep and cut)."""
+        if self.rich:
+            table = Table(title=title, caption=caption, header_style="bold")
+            for col in columns:
+                table.add_column(col, overflow="fold")
+            for row in rows:
+                table.add_row(*(Text(c) if isinstance(c, str) else Text(*c) for c in row))
+            self.console.print(table)
+            return
+        cells = [list(columns)] + [
+            [(c if isinstance(c, str) else c[0]) or "-" for c in row] for row in rows
+        ]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+        for r in cells:
+            text = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            self.console.out(text, highlight=False)
+
+
+def _status(status: RunStatus) -> tuple[str, str]:
+    return (str(status), STATUS_STYLE.get(status, ""))
 
 
 def _fmt_time(t: float | None) -> str:
     if t is None:
         return "-"
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-async def _runs(args: argparse.Namespace, console: Console) -> int:
-    store = _store(args.db)
-    status = RunStatus(args.status) if args.status else None
-    runs = await store.list_runs(workflow=args.workflow, status=status, tag=args.tag)
-    runs = runs[: args.limit]
-    table = Table(title=f"runs in {args.db}")
-    for col in ("id", "workflow", "status", "singleton", "created", "updated"):
-        table.add_column(col)
-    for r in runs:
-        lane = "-"
-        if r.singleton_key is not None:
-            lane = f"{r.singleton_key} " + ("holds" if ADMITTED_TAG in r.tags else "waits")
-        table.add_row(
-            r.id, r.workflow, str(r.status), lane, _fmt_time(r.created_at), _fmt_time(r.updated_at)
-        )
-    console.print(table)
-    return 0
+def _value(value: Any, width: int | None = VALUE_WIDTH) -> str:
+    text = _serde.dumps(value).decode()
+    if width is not None and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
 
 
-async def _show(args: argparse.Namespace, console: Console) -> int:
-    store = _store(args.db)
-    run = await store.get_run(args.run)
+# -- the store -------------------------------------------------------------------------------
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Refuse a path that is not a flowkit SQLite database *without writing to it*: opening a
+    ``SqlStore`` would create flowkit's tables in any SQLite file (or an empty one)."""
+    if not path.exists():
+        raise CliError(f"no flowkit database at {path} (set --db or FLOWKIT_DB)")
+    if not path.is_file():
+        raise CliError(f"{path} is not a flowkit database: not a file")
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {
+                row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise CliError(f"{path} is not a flowkit database: {exc}") from None
+    if {"flowkit_meta", "flowkit_runs", "flowkit_events"} <= tables:
+        return
+    if not tables:
+        why = "it is empty" if path.stat().st_size == 0 else "it has no tables"
+    else:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        why = f"it has other tables ({shown})"
+    raise CliError(f"{path} is not a flowkit database: {why}")
+
+
+def _check_server(url: str) -> None:
+    """The same check on a database server: reachable, and holding flowkit's tables."""
+    import sqlalchemy as sa
+
+    from .stores.sql._engine import create_engine
+
+    engine = create_engine(url)
+    shown = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as conn:
+            found = sa.inspect(conn).has_table("flowkit_meta")
+    except sa.exc.DBAPIError as exc:
+        raise CliError(f"cannot connect to the flowkit database {shown}: {exc.orig}") from None
+    finally:
+        engine.dispose()
+    if not found:
+        raise CliError(f"{shown} is not a flowkit database: it has no flowkit tables")
+
+
+def _open_store(url: str) -> Any:
+    """A ``SqlStore`` on an existing flowkit database, or ``CliError``."""
+    import sqlalchemy as sa
+
+    from .stores.sql import SqlStore
+
+    try:
+        u = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        raise CliError(f"not a database URL: {url!r}") from None
+    if u.get_backend_name() == "sqlite":
+        if u.database in (None, "", ":memory:"):
+            raise CliError(f"{url!r} is an in-memory database: it holds no runs")
+        _check_sqlite_file(Path(u.database))
+    else:
+        _check_server(url)
+    return SqlStore(url)
+
+
+async def _get_run(store: Any, run_id: str) -> Run:
+    run: Run | None = await store.get_run(run_id)
     if run is None:
-        raise CliError(f"unknown run {args.run!r}")
-    console.print(f"[bold]{run.id}[/]  {run.workflow} v{run.workflow_version}  [{run.status}]")
-    console.print(f"  created {_fmt_time(run.created_at)}  updated {_fmt_time(run.updated_at)}")
-    if run.wake_at is not None:
-        console.print(f"  wakes   {_fmt_time(run.wake_at)}")
-    if run.tags:
-        console.print(f"  tags    {', '.join(run.tags)}")
-    console.print(f"  input   {_serde.dumps(run.input).decode()}")
-    if run.status is RunStatus.COMPLETED:
-        console.print(f"  output  {_serde.dumps(run.output).decode()}")
-    if run.error:
-        console.print(f"  error   {run.error.get('type')}: {run.error.get('message')}")
+        raise CliError(f"unknown run {run_id!r}")
+    return run
+
+
+async def _lanes(store: Any, runs: Sequence[Run]) -> dict[str, str]:
+    """For each singleton run: its slot state (``holds``, ``waits behind <holders>``)."""
+    sharing: dict[tuple[str, str], list[Run]] = {}
+    lanes: dict[str, str] = {}
+    for r in runs:
+        tag = r.singleton_tag
+        if tag is None or r.status.terminal:
+            continue
+        if (r.workflow, tag) not in sharing:
+            sharing[(r.workflow, tag)] = await store.list_runs(workflow=r.workflow, tag=tag)
+        lane = sharing[(r.workflow, tag)]
+        if r.admitted:
+            lanes[r.id] = "holds"
+        elif r.status is RunStatus.CANCELLING:
+            lanes[r.id] = "cancelling (never admitted)"
+        else:
+            held = [h.id for h in holders(lane, tag, r.workflow)]
+            queue = [w.id for w in waiters(lane, tag, r.workflow)]
+            place = f" (#{queue.index(r.id) + 1} in queue)" if r.id in queue else ""
+            lanes[r.id] = (f"waits behind {', '.join(held)}" if held else "waits") + place
+    return lanes
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
+    if args.limit < 0:
+        raise CliError(f"--limit takes a count >= 0 (0: all runs), got {args.limit}")
+    status = RunStatus(args.status) if args.status else None
+    runs: list[Run] = await store.list_runs(workflow=args.workflow, status=status, tag=args.tag)
+    total = len(runs)
+    if args.limit > 0:
+        runs = runs[-args.limit :]  # the most recent, still oldest first
+    lanes = await _lanes(store, runs)
+    rows = [
+        (
+            r.id,
+            r.workflow,
+            _status(r.status),
+            r.singleton_key or "",
+            lanes.get(r.id, ""),
+            _fmt_time(r.created_at),
+            _fmt_time(r.updated_at),
+        )
+        for r in runs
+    ]
+    caption = None
+    if len(runs) < total:
+        caption = f"the {len(runs)} most recent of {total} runs (--limit 0 shows all)"
+    elif not runs:
+        caption = "no runs"
+    out.table(
+        ("id", "workflow", "status", "singleton", "slot", "created (UTC)", "updated (UTC)"),
+        rows,
+        title=f"runs in {args.db}",
+        caption=caption,
+    )
     return 0
 
 
-async def _history(args: argparse.Namespace, console: Console) -> int:
-    store = _store(args.db)
-    if await store.get_run(args.run) is None:
-        raise CliError(f"unknown run {args.run!r}")
-    hist = History(args.run, await store.load_events(args.run))
+async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
+    run = await _get_run(store, args.run)
+    out.line(
+        (run.id, "bold"),
+        f"  {run.workflow} v{run.workflow_version}  [",
+        _status(run.status),
+        "]",
+    )
+    out.line(f"  created {_fmt_time(run.created_at)}  updated {_fmt_time(run.updated_at)} (UTC)")
+    if run.wake_at is not None and run.status.active:
+        out.line(f"  wakes   {_fmt_time(run.wake_at)}")
+    if run.attempt > 1:
+        out.line(f"  attempt {run.attempt}")
+    if run.singleton_key is not None:
+        lane = (await _lanes(store, [run])).get(run.id, "")
+        out.line(f"  singleton {run.singleton_key}" + (f": {lane}" if lane else ""))
+    if run.waiting_signals and run.status.active:
+        out.line(f"  waits for signal {', '.join(run.waiting_signals)}")
+    tags = [t for t in run.tags if not t.startswith("flowkit:") and t != run.singleton_tag]
+    if tags:
+        out.line(f"  tags    {', '.join(tags)}")
+    out.line(f"  input   {_value(run.input, None)}")
+    if run.status is RunStatus.COMPLETED:
+        out.line(f"  output  {_value(run.output, None)}")
+    if run.error:
+        out.line("  error   ", (f"{run.error.get('type')}: {run.error.get('message')}", "red"))
+    return 0
+
+
+def _describe(ev: Event, t0: float) -> str:
+    """The readable part of one event (the timeline's last column)."""
+    match ev:
+        case RunStarted():
+            tags = [t for t in ev.tags if not t.startswith("flowkit:")]
+            return f"{ev.workflow} v{ev.version} input {_value(ev.input)}" + (
+                f" tags {', '.join(tags)}" if tags else ""
+            )
+        case SingletonGated():
+            again = f", re-check at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else ""
+            return f"key {ev.key}{again}"
+        case SingletonAdmitted() | SingletonReleased():
+            return f"key {ev.key}"
+        case StepCompleted():
+            digest = f" (args {ev.args_digest})" if ev.args_digest else ""
+            return f"{ev.name}{digest} attempt {ev.attempt} -> {_value(ev.result)}"
+        case StepFailed():
+            digest = f" (args {ev.args_digest})" if ev.args_digest else ""
+            then = f"; retry at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else "; final"
+            cancelled = " (cancelled)" if ev.cancelled else ""
+            message = _value(ev.error.message).strip('"')
+            return f"{ev.name}{digest} attempt {ev.attempt} {ev.error.type}: {message}{then}" + (
+                cancelled
+            )
+        case TimerStarted():
+            return f"{ev.purpose.replace('_', ' ')} until +{ev.fire_at - t0:.3f}s"
+        case SignalReceived():
+            return f"{ev.name} payload {_value(ev.payload)}"
+        case RunCompleted():
+            return f"output {_value(ev.output)}"
+        case RunFailed():
+            return f"{ev.error.type}: {ev.error.message}"
+        case RunRetried():
+            return f"attempt {ev.attempt}"
+        case _:
+            return ""
+
+
+EVENT_STYLE = {
+    "run_completed": "green",
+    "run_failed": "bold red",
+    "step_failed": "red",
+    "run_cancelled": "magenta",
+    "cancel_requested": "magenta",
+    "signal_received": "cyan",
+}
+
+
+async def _history(args: argparse.Namespace, out: Out, store: Any) -> int:
+    run = await _get_run(store, args.run)
+    hist = History(run.id, await store.load_events(run.id))
     if args.json:
         sys.stdout.write(hist.to_json() + "\n")
         return 0
     t0 = hist[0].at if len(hist) else 0.0
-    for ev in hist:
-        detail = {
-            k: v for k, v in ev.model_dump(mode="json").items() if k not in ("seq", "type", "at")
-        }
-        text = _serde.dumps(detail).decode() if detail else ""
-        console.print(f"{ev.seq:>4}  +{ev.at - t0:9.3f}s  {ev.type:<20} {text[:120]}")
+    rows = [
+        (
+            str(ev.seq),
+            f"+{ev.at - t0:.3f}s",
+            getattr(ev, "pos", None) or "",
+            (ev.type, EVENT_STYLE.get(ev.type, "")),
+            _describe(ev, t0),
+        )
+        for ev in hist
+    ]
+    out.table(
+        ("seq", "at", "pos", "event", "detail"),
+        rows,
+        title=f"history of {run.id} ({run.workflow}), started {_fmt_time(t0)} UTC",
+        caption=f"{len(hist)} events, {run.status}",
+    )
     return 0
 
 
@@ -109,35 +373,105 @@ def _load_workflow(spec: str) -> Any:
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise CliError(f"--workflow takes module:Class, got {spec!r}")
-    sys.path.insert(0, os.getcwd())
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(mod_name)
     except Exception as exc:
-        raise CliError(f"cannot import {mod_name!r}: {exc}") from None
-    obj = getattr(module, attr, None)
-    if obj is None:
-        raise CliError(f"{mod_name!r} has no attribute {attr!r}")
+        raise CliError(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise CliError(f"{mod_name!r} has no attribute {attr!r}")
+    if definition_of(obj) is None:
+        raise CliError(f"{spec} is not a @workflow class or instance")
     return obj
 
 
-async def _replay(args: argparse.Namespace, console: Console) -> int:
+async def _replay(args: argparse.Namespace, out: Out, store: Any) -> int:
+    path = Path(args.path)
+    workflows: list[Any] = args.workflows
+    if path.is_dir():
+        report = await replay_dir_async(path, workflows)
+        if not report.results:
+            raise CliError(f"no *.json histories in {path}")
+        for r in report.results:
+            label = {"ok": ("ok", "green"), "diverged": ("diverged", "red")}.get(
+                r.status, ("error", "bold red")
+            )
+            first, *rest = r.describe().split("\n")
+            out.line(label, first[len(r.status) :])
+            for line in rest:
+                out.line(line)
+        out.line(report.summary().split("\n")[0])
+        return 0 if report.passed else 1
     try:
-        raw = Path(args.file).read_text()
+        raw = path.read_bytes()
     except OSError as exc:
-        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
     hist = History.from_json(raw)
-    wf = _load_workflow(args.workflow)
+    by_name = {d.name: wf for wf in workflows if (d := definition_of(wf)) is not None}
+    wf = by_name.get(hist.workflow or "", workflows[0])
     try:
         await replay_async(hist, wf)
     except NonDeterminismError as exc:
-        console.print("[red]diverged[/]:", end=" ")
-        console.print(exc.report(), markup=False, highlight=False)
+        first, *rest = exc.report().split("\n")
+        out.line(("diverged", "red"), f": {first}")
+        for line in rest:
+            out.line(line)
         return 1
-    console.print(f"[green]ok[/]: {len(hist)} events of {hist.run_id!r} replay")
+    out.line(("ok", "green"), f": {len(hist)} events of {hist.run_id!r} replay")
     return 0
 
 
-async def _demo(args: argparse.Namespace, console: Console) -> int:
+async def _cancel(args: argparse.Namespace, out: Out, store: Any) -> int:
+    before = await _get_run(store, args.run)
+    if before.status.terminal:
+        out.line(f"run {before.id!r} is already {before.status}: nothing to cancel")
+        return 0
+    if before.status is RunStatus.CANCELLING:
+        out.line(f"run {before.id!r} is already cancelling: a worker delivers it to the body")
+        return 0
+    run = await Engine(store, worker=False).cancel(before.id)
+    if run.status is RunStatus.CANCELLED:
+        out.line(("cancelled", "magenta"), f" {run.id}")
+    elif run.status is RunStatus.CANCELLING:
+        out.line(
+            ("cancellation requested", "magenta"),
+            f": {run.id} is cancelling; a worker delivers it to the running body",
+        )
+    else:  # settled some other way meanwhile
+        out.line(f"run {run.id!r} is {run.status}")
+    return 0
+
+
+def _payload(raw: str | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        hint = " (a string needs JSON quotes: '\"text\"')" if raw[:1].isalpha() else ""
+        raise CliError(
+            f"signal payload is not valid JSON: {exc.msg} at column {exc.colno}{hint}"
+        ) from None
+
+
+async def _signal(args: argparse.Namespace, out: Out, store: Any) -> int:
+    payload = args.payload_value
+    before = await _get_run(store, args.run)
+    await Engine(store, worker=False).signal(before.id, args.name, payload)
+    waiting = args.name in before.waiting_signals
+    out.line(
+        ("delivered", "green"),
+        f" signal {args.name!r} to {before.id} ("
+        + ("it was waiting for it)" if waiting else f"{before.status}; buffered until it waits)"),
+    )
+    return 0
+
+
+async def _demo(args: argparse.Namespace, out: Out, store: Any) -> int:
     root = Path(__file__).resolve().parent.parent / "samples" / "demo.py"
     if not root.exists():
         raise CliError("the demo ships with the source tree (samples/demo.py)")
@@ -145,39 +479,97 @@ async def _demo(args: argparse.Namespace, console: Console) -> int:
     return await proc.wait()
 
 
+Command = Callable[[argparse.Namespace, Out, Any], Coroutine[Any, Any, int]]
+# name -> (handler, needs the store)
+COMMANDS: dict[str, tuple[Command, bool]] = {
+    "runs": (_runs, True),
+    "show": (_show, True),
+    "history": (_history, True),
+    "replay": (_replay, False),
+    "cancel": (_cancel, True),
+    "signal": (_signal, True),
+    "demo": (_demo, False),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowkit", description="Inspect and replay flowkit runs.")
-    p.add_argument("--db", default=os.environ.get("FLOWKIT_DB", DEFAULT_DB), help="store URL")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("runs", help="list runs")
-    r.add_argument("--workflow")
+    p = argparse.ArgumentParser(
+        prog="flowkit", description="Inspect, replay and steer flowkit runs."
+    )
+    p.add_argument(
+        "--db",
+        default=os.environ.get("FLOWKIT_DB", DEFAULT_DB),
+        help=f"store URL (default: $FLOWKIT_DB, else {DEFAULT_DB})",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    r = sub.add_parser("runs", help="list runs (the most recent, oldest first)")
+    r.add_argument("--workflow", help="only runs of this workflow")
     r.add_argument("--status", choices=[s.value for s in RunStatus])
-    r.add_argument("--tag")
-    r.add_argument("--limit", type=int, default=100)
-    s = sub.add_parser("show", help="one run's state")
+    r.add_argument("--tag", help="only runs carrying this tag")
+    r.add_argument("--limit", type=int, default=50, help="the N most recent (0: all; default 50)")
+    s = sub.add_parser("show", help="one run's state, input, output or error")
     s.add_argument("run")
-    h = sub.add_parser("history", help="a run's events")
+    h = sub.add_parser("history", help="a run's events as a timeline")
     h.add_argument("run")
-    h.add_argument("--json", action="store_true", help="exact History.to_json()")
-    rp = sub.add_parser("replay", help="replay a history file against current code")
-    rp.add_argument("file")
-    rp.add_argument("--workflow", required=True, help="module:Class")
+    h.add_argument("--json", action="store_true", help="print exactly History.to_json()")
+    rp = sub.add_parser("replay", help="replay a history file (or a directory of them)")
+    rp.add_argument("path", metavar="FILE", help="a History.to_json() file, or a directory")
+    rp.add_argument(
+        "--workflow",
+        required=True,
+        action="append",
+        help="module:Class or module:instance (repeat for a directory of several workflows)",
+    )
+    c = sub.add_parser("cancel", help="cancel a run")
+    c.add_argument("run")
+    sg = sub.add_parser("signal", help="send a signal to a run")
+    sg.add_argument("run")
+    sg.add_argument("name")
+    sg.add_argument("payload", nargs="?", metavar="JSON", help="the payload (default null)")
     d = sub.add_parser("demo", help="the live demo of singleton lanes")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     return p
 
 
-COMMANDS = {"runs": _runs, "show": _show, "history": _history, "replay": _replay, "demo": _demo}
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, CliError | FlowkitError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    """Checks and imports that need no database, done before the event loop starts (a user's
+    module may run its own event loop when imported)."""
+    if args.cmd == "signal":
+        args.payload_value = _payload(args.payload)  # bad JSON fails before the store opens
+    if args.cmd == "replay":
+        args.workflows = [_load_workflow(spec) for spec in args.workflow]
+
+
+async def _dispatch(args: argparse.Namespace, out: Out) -> int:
+    handler, needs_store = COMMANDS[args.cmd]
+    store = _open_store(args.db) if needs_store else None
+    try:
+        return await handler(args, out, store)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
-    err = Console(stderr=True)
+    out = Out(Console())
     try:
-        return asyncio.run(COMMANDS[args.cmd](args, console))
-    except (CliError, HistoryError, FlowkitError, ValueError) as exc:
-        err.print(f"flowkit: error: {exc}", markup=False, highlight=False)
+        _prepare(args)
+        return asyncio.run(_dispatch(args, out))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("FLOWKIT_DEBUG") and not isinstance(exc, CliError):
+            raise
+        sys.stdout.flush()
+        sys.stderr.write(f"flowkit: error: {_one_line(exc)}\n")
         return 2
 
 

@@ -5,6 +5,7 @@ The default run covers a fixed set of seeds in seconds; ``-m chaos`` runs the lo
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -113,7 +114,7 @@ def _check(histories: dict[str, History], runs: dict, audit: Audit, env: TestEnv
             assert 1 <= audit.executions[(run_id, name)] <= 1 + interrupted, run_id
     for key, spans in by_key.items():
         spans.sort()
-        for (_, rel, _), (adm, _, _) in zip(spans, spans[1:], strict=False):
+        for (_, rel, _), (adm, _, _) in itertools.pairwise(spans):
             assert adm >= rel, f"{key}: overlapping holders"
         order = [s[2] for s in spans]
         assert order == sorted(order), f"{key}: admission not FIFO by (created_at, id)"
