@@ -150,9 +150,13 @@ class Worker:
             self._poke.clear()
             now = eng.clock.now()
             try:
-                for run_id in await self.store.due_runs(now, eng.max_concurrency, names):
+                due = await self.store.due_runs(now, eng.max_concurrency, names)
+                for run_id in due:
                     if run_id not in self._active:
                         self.dispatch(run_id)
+                if len(due) >= eng.max_concurrency and len(self._active) < eng.max_concurrency:
+                    await asyncio.sleep(0)  # a backlog and free capacity: next batch at once
+                    continue
                 nxt = await self.store.next_due_at((self.owner,))
             except Exception:  # the store is unavailable: try again after a pause
                 log.exception("polling the store failed")
