@@ -201,17 +201,17 @@ class Worker:
         try:
             async with self._sem:
                 eng = self.engine
-                now = eng.clock.now()
-                run = await self.store.claim(run_id, self.owner, now, now + eng.lease_ttl)
-                if run is not None:
-                    try:
+                try:
+                    now = eng.clock.now()
+                    run = await self.store.claim(run_id, self.owner, now, now + eng.lease_ttl)
+                    if run is not None:
                         await self._drive(run)
-                    except (LeaseLostError, ConflictError):
-                        log.info("run %s taken over by another instance", run_id)
-                    except Exception:
-                        # A store or engine failure mid-activation: nothing more is written;
-                        # the lease expires and recovery (any instance) claims the run again.
-                        log.exception("activation of run %s failed; it will be recovered", run_id)
+                except (LeaseLostError, ConflictError):
+                    log.info("run %s taken over by another instance", run_id)
+                except Exception:
+                    # A store or engine failure mid-activation: nothing more is written;
+                    # the lease expires and recovery (any instance) claims the run again.
+                    log.exception("activation of run %s failed; it will be recovered", run_id)
         finally:
             self._active.pop(run_id, None)
         if run_id in self._again and self._running:

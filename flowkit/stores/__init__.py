@@ -1,10 +1,15 @@
 """Bundled stores and the store protocol."""
 
 from .base import CommitResult, ConflictError, InboxSignal, Notify, QueueCap, Store, Update
+from .codec import AESGCMCodec, Codec, CodecError, CodecStore
 from .memory import MemoryStore
 from .sql import SqlStore
 
 __all__ = [
+    "AESGCMCodec",
+    "Codec",
+    "CodecError",
+    "CodecStore",
     "CommitResult",
     "ConflictError",
     "InboxSignal",

@@ -418,7 +418,7 @@ class CodecStore:
         return due
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
-        run = await self.inner.deliver_signal(run_id, name, payload, now)
+        run = await self.inner.deliver_signal(run_id, name, self._enc(payload), now)
         return self._run_out(run)
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:

@@ -1,0 +1,713 @@
+"""``CodecStore`` + ``AESGCMCodec``: every payload kind round-trips through an engine exactly as
+on the plain store, no plaintext reaches the database (SQLite file bytes, PostgreSQL rows),
+key rotation, unknown keys and tampering, and forwarding of ``try_admit_singleton``/``scoped``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+import flowkit
+from flowkit import RetryPolicy, Run, RunStatus, Singleton, WorkflowCtx, workflow
+from flowkit._history import (
+    ErrorInfo,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    SignalReceived,
+    StepCompleted,
+    StepFailed,
+)
+from flowkit.errors import FlowkitError, WorkflowFailedError
+from flowkit.stores import MemoryStore
+from flowkit.stores.base import Store, Update
+from flowkit.stores.codec import STRING_PREFIX, AESGCMCodec, Codec, CodecError, CodecStore
+from flowkit.stores.sql import SqlStore
+from flowkit_testing import DEFAULT_START, TestEnv, VirtualClock
+
+try:
+    from pg import PostgresUnavailable, fresh_database, start_postgres
+except ImportError:  # tests/ imported as a package
+    from tests.pg import PostgresUnavailable, fresh_database, start_postgres
+
+SECRET = "TOP-SECRET-PAYLOAD-42"
+T0 = 1_767_225_600.0
+K1 = bytes(range(32))
+K2 = bytes(range(100, 116))  # AES-128
+K3 = bytes(range(50, 74))  # AES-192
+PG = pytest.param("postgres", marks=pytest.mark.postgres)
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[str]:
+    """One PostgreSQL server per module; skipped (or failed, with FLOWKIT_REQUIRE_POSTGRES=1)
+    when no PostgreSQL binaries are installed (the pattern of tests/test_sql_store.py)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(start_postgres())
+        except PostgresUnavailable as exc:
+            if os.environ.get("FLOWKIT_REQUIRE_POSTGRES") == "1":
+                pytest.fail(f"PostgreSQL required but unavailable: {exc}")
+            pytest.skip(f"PostgreSQL unavailable: {exc}")
+        yield url
+
+
+def _url(kind: str, request: pytest.FixtureRequest, tmp_path: Path, name: str) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / name}"
+    return fresh_database(request.getfixturevalue("pg_server"))
+
+
+def codec(*keys: tuple[str, bytes]) -> AESGCMCodec:
+    return AESGCMCodec(list(keys) or [("k1", K1)])
+
+
+# -- the workflow: input, step result, step failure with retry, signal, output, run failure --
+
+
+class VaultIn(BaseModel):
+    secret: str
+    fail: bool = False
+
+
+@workflow(name="vault")
+class Vault:
+    def fetch(self, secret: str) -> dict[str, Any]:
+        return {"echo": secret, "floats": [1.0, 2.5], "none": None, "uni": "é✓"}
+
+    def explode(self, secret: str) -> str:
+        raise ValueError(f"explode {secret}")
+
+    async def run(self, ctx: WorkflowCtx, input: VaultIn) -> dict[str, Any]:
+        got = await ctx.step(self.fetch, input.secret)
+        sig = await ctx.wait_for_signal("approve")
+        if input.fail:
+            await ctx.step(self.explode, input.secret, retry=RetryPolicy(max_attempts=2))
+        return {"got": got, "sig": sig, "secret": input.secret}
+
+
+async def vault_scenario(store: Any) -> dict[str, Any]:
+    """Run the scenario on ``store``; everything observable through the engine."""
+    out: dict[str, Any] = {}
+    # a payload the worker cannot decode is retried forever (like any store failure): bound it
+    async with asyncio.timeout(30), TestEnv([Vault()], seed=7, store=store) as env:
+        await env.start("vault", {"secret": SECRET}, "ok")
+        await env.start("vault", {"secret": SECRET, "fail": True}, "bad")
+        await env.run_until_idle()
+        await env.signal("ok", "extra", [f"{SECRET}-unconsumed"])  # stays in the inbox
+        await env.signal("ok", "approve", {"token": f"{SECRET}-sig", "n": 10.0})
+        await env.signal("bad", "approve", None)
+        out["ok"] = await env.result("ok")
+        with pytest.raises(WorkflowFailedError) as ei:
+            await env.result("bad")
+        out["bad_error"] = ei.value.error
+        out["bad_cause"] = str(ei.value.cause)
+        for rid in ("ok", "bad"):
+            out[f"{rid}_run"] = await env.get_run(rid)
+            out[f"{rid}_history"] = (await env.history(rid)).to_json()
+        sig = await env.store.peek_signal("ok", "extra")
+        out["extra"] = sig.payload if sig is not None else None
+        out["runs"] = await env.store.list_runs()
+    return out
+
+
+def check_scenario(got: dict[str, Any]) -> None:
+    assert got["ok"] == {
+        "got": {"echo": SECRET, "floats": [1.0, 2.5], "none": None, "uni": "é✓"},
+        "sig": {"token": f"{SECRET}-sig", "n": 10.0},
+        "secret": SECRET,
+    }
+    assert isinstance(got["ok"]["sig"]["n"], float)
+    assert got["bad_error"]["type"] == "StepFailedError"
+    assert f"explode {SECRET}" in got["bad_error"]["message"]
+    assert got["bad_error"]["cause_message"] == f"explode {SECRET}"
+    assert f"explode {SECRET}" in got["bad_cause"]
+    assert got["extra"] == [f"{SECRET}-unconsumed"]
+    assert got["ok_run"].input == {"secret": SECRET, "fail": False}
+    assert '"step_failed"' in got["bad_history"] and '"run_failed"' in got["bad_history"]
+    assert '"signal_received"' in got["ok_history"]
+
+
+def sqlite_bytes(url: str) -> bytes:
+    """The database file and its WAL/SHM side files, as written on disk."""
+    path = Path(url.removeprefix("sqlite:///"))
+    parts = [p.read_bytes() for p in sorted(path.parent.glob(path.name + "*"))]
+    assert parts, path
+    return b"".join(parts)
+
+
+def pg_rows(url: str) -> str:
+    """Every row of every flowkit table, selected with SQLAlchemy, as text."""
+    from flowkit.stores.sql._schema import metadata
+
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = [
+                repr(tuple(r))
+                for table in metadata.sorted_tables
+                for r in conn.execute(sa.select(table))
+            ]
+    finally:
+        engine.dispose()
+    assert rows
+    return "\n".join(rows)
+
+
+def raw_bytes(kind: str, url: str) -> bytes:
+    return sqlite_bytes(url) if kind == "sqlite" else pg_rows(url).encode()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", PG])
+async def test_engine_round_trip_matches_plain_store_and_hides_plaintext(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    plain_url = _url(kind, request, tmp_path, "plain.db")
+    plain = SqlStore(plain_url)
+    try:
+        on_plain = await vault_scenario(plain)
+    finally:
+        plain.close()
+    enc_url = _url(kind, request, tmp_path, "enc.db")
+    enc = CodecStore(SqlStore(enc_url), codec())
+    try:
+        on_codec = await vault_scenario(enc)
+    finally:
+        enc.close()
+    check_scenario(on_plain)
+    # identical to the plain store: results, failures, snapshots, histories byte for byte
+    assert on_codec == on_plain
+
+    # the plain store does hold the secret (so this test can fail) ...
+    plain_raw = raw_bytes(kind, plain_url)
+    for needle in (SECRET, "-unconsumed", "é✓"):
+        assert needle.encode() in plain_raw, needle
+    # ... the encrypted one holds no trace of it, but keeps the clear fields queryable
+    raw = raw_bytes(kind, enc_url)
+    for needle in (SECRET, "-unconsumed", "é✓", "TOP-SECRET"):
+        assert needle.encode() not in raw, needle
+    for clear in ("aesgcm", "vault", "StepFailedError", "explode", "approve", "extra"):
+        assert clear.encode() in raw, clear  # names, types and signal names stay in clear
+    # a fresh CodecStore on the same database reads it all back
+    again = CodecStore(SqlStore(enc_url), codec())
+    try:
+        assert await again.list_runs() == on_plain["runs"]
+        assert (await again.get_run("ok")) == on_plain["ok_run"]
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", PG])
+async def test_raw_columns_are_envelopes(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    url = _url(kind, request, tmp_path, "enc.db")
+    inner = SqlStore(url)
+    store = CodecStore(inner, codec(("old", K2), ("new", K1)))
+    try:
+        await vault_scenario(store)
+        raw_run = await inner.get_run("bad")
+        assert raw_run is not None
+        assert raw_run.input["$codec"] == "aesgcm" and raw_run.input["kid"] == "new"
+        assert raw_run.output is None  # absent values stay null
+        err = raw_run.error
+        assert (
+            err is not None and err["type"] == "StepFailedError" and err["step"] == "Vault.explode"
+        )
+        assert err["message"].startswith(STRING_PREFIX)
+        assert err["cause_message"].startswith(STRING_PREFIX)
+        assert raw_run.tags == () and raw_run.status is RunStatus.FAILED
+        kinds = {e.type: e for e in await inner.load_events("bad")}
+        started = kinds["run_started"]
+        assert isinstance(started, RunStarted) and started.input["kid"] == "new"
+        step_failed = kinds["step_failed"]
+        assert isinstance(step_failed, StepFailed)
+        assert step_failed.error.message.startswith(STRING_PREFIX)
+        assert step_failed.name == "Vault.explode" and step_failed.error.type == "ValueError"
+    finally:
+        store.close()
+
+
+# -- the wrapper on every payload kind, call by call ------------------------------------
+
+
+def _run(run_id: str, **kw: Any) -> Run:
+    return Run(
+        id=run_id,
+        workflow="wf",
+        workflow_version="1",
+        status=RunStatus.PENDING,
+        input={"s": SECRET},
+        tags=("t1",),
+        created_at=T0,
+        updated_at=T0,
+        **kw,
+    )
+
+
+async def _store_calls(store: Any) -> list[Any]:
+    """Every payload-carrying store call, with what it returns."""
+    out: list[Any] = []
+    run = _run("r")
+    first = RunStarted(seq=1, at=T0, workflow="wf", version="1", input=run.input, tags=["t1"])
+    out.append(await store.create_run(run, [first]))
+    out.append(await store.create_run(replace(run, input={"other": 1}), []))  # existing
+    out.append(await store.deliver_signal("r", "sig", {"p": SECRET}, T0))
+    out.append(await store.deliver_signal("r", "nul", None, T0))
+    out.append(await store.peek_signal("r", "sig"))
+    out.append(await store.peek_signal("r", "nul"))
+    out.append(await store.peek_signal("r", "none"))
+    out.append(await store.claim("r", "w", T0, T0 + 30))
+    out.append(await store.renew_lease("r", "w", T0 + 40))
+    info = ErrorInfo(type="ValueError", message=f"bad {SECRET}", step="s", attempts=1)
+    sig = await store.peek_signal("r", "sig")
+    res = await store.commit(
+        "r",
+        "w",
+        T0 + 1,
+        Update(
+            events=[
+                StepCompleted(pos="0", name="s", result=[SECRET, 1.5], at=T0 + 1),
+                StepFailed(pos="1", name="f", error=info, retry_at=T0 + 2, at=T0 + 1),
+                SignalReceived(pos="2", name="sig", payload=sig.payload, at=T0 + 1),
+            ],
+            consume_signal=sig.id,
+        ),
+    )
+    out.append(res)
+    failed = ErrorInfo(
+        type="StepFailedError",
+        message=f"step f failed: {SECRET}",
+        step="f",
+        attempts=2,
+        cause_type="ValueError",
+        cause_message=f"bad {SECRET}",
+    )
+    out.append(
+        await store.commit(
+            "r",
+            "w",
+            T0 + 3,
+            Update(
+                events=[RunFailed(error=failed, at=T0 + 3)],
+                status=RunStatus.FAILED,
+                error=failed.model_dump(),
+            ),
+        )
+    )
+    out.append(
+        await store.commit(
+            "r",
+            None,
+            T0 + 4,
+            Update(status=RunStatus.PENDING, error=None, expect_status=frozenset({"failed"})),
+        )
+    )
+    await store.claim("r", "w", T0 + 4, T0 + 30)
+    out.append(
+        await store.commit(
+            "r",
+            "w",
+            T0 + 5,
+            Update(
+                events=[RunCompleted(output={"done": SECRET}, at=T0 + 5)],
+                status=RunStatus.COMPLETED,
+                output={"done": SECRET},
+            ),
+        )
+    )
+    out.append(await store.get_run("r"))
+    out.append(await store.get_run("missing"))
+    out.append(await store.list_runs(tag="t1"))
+    out.append(await store.load_events("r"))
+    out.append(await store.due_runs(T0 + 100, 10))
+    out.append(await store.next_due_at())
+    return out
+
+
+async def test_every_store_call_round_trips_and_inner_holds_no_plaintext() -> None:
+    plain = await _store_calls(MemoryStore())
+    inner = MemoryStore()
+    assert await _store_calls(CodecStore(inner, codec())) == plain
+    dump = repr(inner._d)
+    assert SECRET not in dump and "aesgcm" in dump
+    raw_events = await inner.load_events("r")
+    assert [e.type for e in raw_events] == [
+        "run_started",
+        "step_completed",
+        "step_failed",
+        "signal_received",
+        "run_failed",
+        "run_completed",
+    ]
+
+
+async def test_isinstance_store_and_scoped_views(tmp_path: Path) -> None:
+    store = CodecStore(SqlStore(f"sqlite:///{tmp_path / 'ns.db'}"), codec())
+    try:
+        assert isinstance(store, Store)
+        a, b = store.scoped("a"), store.scoped("b")
+        assert isinstance(a, CodecStore) and a.namespace == "a" and store.namespace is None
+        created, _ = await a.create_run(_run("r1"), [])
+        assert created.namespace == "a" and created.input == {"s": SECRET}
+        assert await b.get_run("r1") is None
+        assert (await a.get_run("r1")) == created
+        assert (await store.get_run("r1")) == created
+        raw = await store.inner.get_run("r1")
+        assert raw is not None and raw.input["$codec"] == "aesgcm"
+    finally:
+        store.close()
+
+
+# -- AESGCMCodec -------------------------------------------------------------------------
+
+
+def test_codec_round_trip_and_random_nonces() -> None:
+    c = codec()
+    assert isinstance(c, Codec)
+    values = [SECRET, 0, 1.0, -2.5, True, None, [], {}, {"a": [1, {"b": "é"}]}, "x" * 10_000]
+    for v in values:
+        enc = c.encode(v)
+        assert set(enc) == {"$codec", "kid", "data"} and enc["kid"] == "k1"
+        got = c.decode(enc)
+        assert got == v and type(got) is type(v)
+    a, b = c.encode(SECRET), c.encode(SECRET)
+    assert a["data"] != b["data"]  # a fresh nonce per value
+    assert SECRET not in repr(a) and "K1" not in repr(c) and repr(K1) not in repr(c)
+
+
+def test_key_rotation_old_key_decrypts_new_key_encrypts() -> None:
+    old = AESGCMCodec({"2024": K2})
+    rotated = AESGCMCodec({"2024": K2, "2025": K1})
+    assert rotated.current_key_id == "2025" and rotated.key_ids == ("2024", "2025")
+    from_old = old.encode({"v": SECRET})
+    assert from_old["kid"] == "2024"
+    assert rotated.decode(from_old) == {"v": SECRET}
+    from_new = rotated.encode({"v": SECRET})
+    assert from_new["kid"] == "2025"
+    assert rotated.decode(from_new) == {"v": SECRET}
+    # the old deployment cannot read what the new key wrote: one clear error naming the key
+    with pytest.raises(CodecError, match="'2025'") as ei:
+        old.decode(from_new)
+    assert ei.value.key_id == "2025" and isinstance(ei.value, FlowkitError)
+    # a sequence of pairs: the last one is the newest
+    seq = AESGCMCodec([("b", K3), ("2024", K2)])
+    assert seq.current_key_id == "2024" and seq.decode(old.encode(1)) == 1
+
+
+async def test_key_rotation_through_the_store(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'rot.db'}"
+    inner = SqlStore(url)
+    try:
+        v1 = CodecStore(inner, AESGCMCodec({"k1": K1}))
+        await v1.create_run(_run("before"), [])
+        v2 = CodecStore(inner, AESGCMCodec({"k1": K1, "k2": K2}))
+        got = await v2.get_run("before")  # old key still decrypts
+        assert got is not None and got.input == {"s": SECRET}
+        await v2.create_run(_run("after"), [])
+        raw_before, raw_after = await inner.get_run("before"), await inner.get_run("after")
+        assert raw_before is not None and raw_before.input["kid"] == "k1"
+        assert raw_after is not None and raw_after.input["kid"] == "k2"  # new key encrypts
+        assert (await v2.get_run("after")) == replace(got, id="after")
+        # dropping k1 too early: unknown key id -> CodecError naming it
+        v3 = CodecStore(inner, AESGCMCodec({"k2": K2}))
+        assert (await v3.get_run("after")) is not None
+        with pytest.raises(CodecError, match="key id 'k1'") as ei:
+            await v3.get_run("before")
+        assert ei.value.key_id == "k1"
+        with pytest.raises(CodecError, match="'k1'"):
+            await v3.list_runs()
+    finally:
+        inner.close()
+
+
+def test_unknown_key_id_is_one_clear_error() -> None:
+    enc = AESGCMCodec({"gone": K3}).encode("x")
+    with pytest.raises(CodecError) as ei:
+        codec().decode(enc)
+    assert ei.value.key_id == "gone"
+    assert "'gone'" in str(ei.value) and "'k1'" in str(ei.value)
+
+
+def _flip(data: str, i: int) -> str:
+    import base64
+
+    raw = bytearray(base64.b64decode(data))
+    raw[i] ^= 0x01
+    return base64.b64encode(bytes(raw)).decode()
+
+
+@pytest.mark.parametrize("where", ["nonce", "ciphertext", "tag", "kid", "truncated", "b64"])
+def test_tampering_is_detected(where: str) -> None:
+    c = AESGCMCodec({"a": K1, "b": K2})
+    enc = c.encode({"v": SECRET})
+    bad = dict(enc)
+    if where == "nonce":
+        bad["data"] = _flip(enc["data"], 0)
+    elif where == "ciphertext":
+        bad["data"] = _flip(enc["data"], 14)
+    elif where == "tag":
+        bad["data"] = _flip(enc["data"], -1)
+    elif where == "kid":  # re-labelled to another known key: the key id is bound as AAD
+        bad["kid"] = "a"
+    elif where == "truncated":
+        bad["data"] = enc["data"][:16]
+    else:
+        bad["data"] = "not base64!"
+    with pytest.raises(CodecError):
+        c.decode(bad)
+
+
+async def test_tampered_row_raises_codec_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    inner = SqlStore(url)
+    store = CodecStore(inner, codec())
+    try:
+        await store.create_run(_run("r"), [])
+        raw = await inner.get_run("r")
+        assert raw is not None
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        try:
+            from flowkit.stores.sql._schema import runs
+
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.update(runs).values(
+                        input={**raw.input, "data": _flip(raw.input["data"], 20)}
+                    )
+                )
+        finally:
+            engine.dispose()
+        with pytest.raises(CodecError, match="tampered"):
+            await store.get_run("r")
+    finally:
+        store.close()
+
+
+def test_plaintext_is_refused_unless_accepted() -> None:
+    with pytest.raises(CodecError, match="not AES-GCM encoded"):
+        codec().decode({"s": SECRET})
+    lenient = AESGCMCodec({"k1": K1}, accept_plaintext=True)
+    assert lenient.decode({"s": SECRET}) == {"s": SECRET}
+    assert lenient.decode(lenient.encode([1])) == [1]
+
+
+async def test_wrapping_a_plaintext_store_with_accept_plaintext() -> None:
+    inner = MemoryStore()
+    await inner.create_run(_run("old"), [])
+    with pytest.raises(CodecError):
+        await CodecStore(inner, codec()).get_run("old")
+    lenient = CodecStore(inner, AESGCMCodec({"k1": K1}, accept_plaintext=True))
+    got = await lenient.get_run("old")
+    assert got is not None and got.input == {"s": SECRET}
+    await lenient.create_run(_run("new"), [])
+    raw = await inner.get_run("new")
+    assert raw is not None and raw.input["$codec"] == "aesgcm"
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"k": b"short"},
+        {"k": bytes(15)},
+        {"k": bytes(33)},
+        {"k": bytes(64)},
+        {"k": "0" * 32},
+        {"": bytes(32)},
+        {},
+        [],
+        [("a", bytes(32)), ("a", bytes(16))],
+    ],
+)
+def test_bad_keys_are_refused_at_construction(keys: Any) -> None:
+    with pytest.raises(ValueError):
+        AESGCMCodec(keys)
+
+
+def test_valid_key_sizes() -> None:
+    for size in (16, 24, 32):
+        c = AESGCMCodec({"k": os.urandom(size)})
+        assert c.decode(c.encode("x")) == "x"
+
+
+def test_codec_store_needs_a_codec() -> None:
+    with pytest.raises(TypeError):
+        CodecStore(MemoryStore(), object())  # type: ignore[arg-type]
+
+
+# -- singleton admission forwarding ------------------------------------------------------
+
+
+class LaneIn(BaseModel):
+    key: str
+    n: int
+
+
+@workflow(name="codec_lane", singleton=Singleton(key=lambda i: i.key))
+class CodecLane:
+    async def run(self, ctx: WorkflowCtx, input: LaneIn) -> str:
+        got = await ctx.wait_for_signal("go")
+        return f"{input.n}:{got}"
+
+
+async def test_singleton_admits_and_gates_through_codec_store(tmp_path: Path) -> None:
+    inner = SqlStore(f"sqlite:///{tmp_path / 'lane.db'}")
+    store = CodecStore(inner, codec())
+    try:
+        assert getattr(store, "try_admit_singleton", None) is not None
+        async with TestEnv([CodecLane()], store=store) as env:
+            await env.start("codec_lane", {"key": "A", "n": 1}, "first")
+            await env.start("codec_lane", {"key": "A", "n": 2}, "second")
+            await env.start("codec_lane", {"key": "B", "n": 3}, "other")
+            await env.run_until_idle()
+            first, second, other = [await env.get_run(r) for r in ("first", "second", "other")]
+            assert first.admitted and other.admitted and not second.admitted
+            assert second.status is RunStatus.SUSPENDED
+            assert "singleton_gated" in (await env.history("second")).types
+            await env.signal("first", "go", SECRET)
+            assert await env.result("first") == f"1:{SECRET}"
+            await env.run_until_idle()
+            assert (await env.get_run("second")).admitted  # handed over
+            await env.signal("second", "go", "x")
+            await env.signal("other", "go", "y")
+            assert await env.result("second") == "2:x"
+            assert await env.result("other") == "3:y"
+        raw = await inner.get_run("first")
+        assert raw is not None and raw.singleton_key == "A"  # in clear for admission
+        assert raw.output["$codec"] == "aesgcm"
+    finally:
+        store.close()
+
+
+class NoneAdmitStore(MemoryStore):
+    try_admit_singleton = None  # type: ignore[assignment]
+
+
+class AbsentAdmitStore:
+    """Forwards everything but ``try_admit_singleton`` (and ``scoped``) to a MemoryStore."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("try_admit_singleton", "scoped"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("inner_cls", [NoneAdmitStore, AbsentAdmitStore])
+async def test_no_admission_when_inner_lacks_it(inner_cls: type) -> None:
+    store = CodecStore(inner_cls(), codec())
+    assert getattr(store, "try_admit_singleton", None) is None
+    assert not hasattr(store, "try_admit_singleton")
+    if inner_cls is AbsentAdmitStore:
+        assert not hasattr(store, "scoped")
+    async with TestEnv([CodecLane(), Vault()], store=store) as env:
+        with pytest.raises(flowkit.UnsupportedStoreError):
+            await env.start("codec_lane", {"key": "A", "n": 1}, "r1")
+        assert await store.list_runs() == []
+        # non-singleton workflows still run
+        await env.start("vault", {"secret": SECRET}, "v")
+        await env.run_until_idle()
+        await env.signal("v", "approve", 1)
+        assert (await env.result("v"))["secret"] == SECRET
+
+
+# -- a process without the key: the run waits for it, it does not fail ---------------------
+
+
+@workflow(name="codec_echo")
+class CodecEcho:
+    def shout(self, s: str) -> str:
+        return s.upper()
+
+    async def run(self, ctx: WorkflowCtx, input: str) -> str:
+        return await ctx.step(self.shout, input)
+
+
+async def test_worker_missing_a_key_leaves_the_run_until_the_key_is_deployed(
+    tmp_path: Path,
+) -> None:
+    inner = SqlStore(f"sqlite:///{tmp_path / 'keys.db'}")
+    try:
+        clock = VirtualClock(DEFAULT_START)
+        writer = CodecStore(inner, AESGCMCodec({"k1": K1}))
+        client = flowkit.Engine(writer, [CodecEcho()], worker=False, clock=clock)
+        await client.start("codec_echo", SECRET.lower(), "r")
+        # a worker deployed with only the new key cannot read the run: one clear CodecError
+        # on its first store call; nothing but the claim's lease is written
+        new_only = CodecStore(inner, AESGCMCodec({"k2": K2}))
+        now = clock.now()
+        with pytest.raises(CodecError, match="key id 'k1'"):
+            await new_only.claim("r", "worker-with-k2", now, now + 30)
+        with pytest.raises(CodecError, match="key id 'k1'"):
+            await new_only.load_events("r")
+        raw = await inner.get_run("r")
+        assert raw is not None and not raw.status.terminal and raw.output is None
+        assert [e.type for e in await inner.load_events("r")] == ["run_started"]
+        # with both keys the run is recovered once that lease expires; the output is
+        # encrypted with the newest key
+        rotated = CodecStore(inner, AESGCMCodec([("k1", K1), ("k2", K2)]))
+        async with TestEnv([CodecEcho()], store=rotated, start=DEFAULT_START) as env:
+            await env.advance(60)
+            assert await env.result("r") == SECRET
+        raw = await inner.get_run("r")
+        assert raw is not None and raw.status is RunStatus.COMPLETED
+        assert raw.input["kid"] == "k1" and raw.output["kid"] == "k2"
+    finally:
+        inner.close()
+
+
+# -- the store conformance kit passes through the wrapper ---------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", PG])
+async def test_conformance_kit_passes_on_codec_store(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    from flowkit_testing.conformance import CHECKS, run_all
+
+    c = codec()
+    opened: list[SqlStore] = []
+    counter = iter(range(1_000))
+
+    def sql(url: str) -> SqlStore:
+        opened.append(SqlStore(url))
+        return opened[-1]
+
+    def new_url() -> str:
+        return _url(kind, request, tmp_path, f"conf-{next(counter)}.db")
+
+    def make_store() -> CodecStore:
+        return CodecStore(MemoryStore() if kind == "memory" else sql(new_url()), c)
+
+    def make_pair() -> tuple[CodecStore, CodecStore]:
+        if kind == "memory":
+            m = MemoryStore()
+            return CodecStore(m, c), CodecStore(MemoryStore(_data=m._d), c)
+        url = new_url()
+        return CodecStore(sql(url), c), CodecStore(sql(url), c)
+
+    try:
+        ran = await run_all(make_store, make_pair)
+    finally:
+        for s in opened:
+            s.close()
+    assert sorted(ran) == sorted(CHECKS)
+
+
+async def test_conformance_kit_skips_admission_when_inner_lacks_it() -> None:
+    from flowkit_testing.conformance import CHECKS, run_all
+
+    ran = await run_all(lambda: CodecStore(NoneAdmitStore(), codec()))
+    skipped = set(CHECKS) - set(ran)
+    assert skipped and all("try_admit_singleton" in CHECKS[n].requires for n in skipped)
