@@ -7,7 +7,15 @@ from ._context import WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
 from ._engine import Engine
 from ._history import Event, History
-from ._replayer import replay, replay_async
+from ._replayer import (
+    ReplayFailedError,
+    ReplayReport,
+    ReplayResult,
+    replay,
+    replay_async,
+    replay_dir,
+    replay_dir_async,
+)
 from ._run import ADMITTED_TAG, Run, RunStatus
 from .errors import (
     FlowkitError,
@@ -36,6 +44,9 @@ __all__ = [
     "HistoryError",
     "InvalidInputError",
     "NonDeterminismError",
+    "ReplayFailedError",
+    "ReplayReport",
+    "ReplayResult",
     "RetryPolicy",
     "Run",
     "RunCancelledError",
@@ -55,6 +66,8 @@ __all__ = [
     "WorkflowNotFoundError",
     "replay",
     "replay_async",
+    "replay_dir",
+    "replay_dir_async",
     "workflow",
 ]
 

@@ -232,8 +232,6 @@ async def _lanes(store: Any, runs: Sequence[Run]) -> dict[str, str]:
 
 
 async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
-    if args.limit < 0:
-        raise CliError(f"--limit takes a count >= 0 (0: all runs), got {args.limit}")
     status = RunStatus(args.status) if args.status else None
     runs: list[Run] = await store.list_runs(workflow=args.workflow, status=status, tag=args.tag)
     total = len(runs)
@@ -541,6 +539,8 @@ def _one_line(exc: BaseException) -> str:
 def _prepare(args: argparse.Namespace) -> None:
     """Checks and imports that need no database, done before the event loop starts (a user's
     module may run its own event loop when imported)."""
+    if args.cmd == "runs" and args.limit < 0:
+        raise CliError(f"--limit takes a count >= 0 (0: all runs), got {args.limit}")
     if args.cmd == "signal":
         args.payload_value = _payload(args.payload)  # bad JSON fails before the store opens
     if args.cmd == "replay":

@@ -17,7 +17,9 @@
     ├── StepFailedError            ctx.step(): the step's final attempt failed
     ├── SerializationError         ctx.step()/start(): a value cannot be stored as JSON
     ├── HistoryError               History.from_json(): corrupt or foreign history
-    └── LeaseLostError             stores: the caller no longer owns the run's lease
+    ├── LeaseLostError             stores: the caller no longer owns the run's lease
+    └── ReplayFailedError          replay_dir report: some recorded histories no longer replay
+                                   (defined in flowkit._replayer, exported from flowkit)
 """
 
 from __future__ import annotations
