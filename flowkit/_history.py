@@ -194,11 +194,9 @@ class History(Sequence[Event]):
         return iter(self.events)
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, History)
-            and other.run_id == self.run_id
-            and other.events == self.events
-        )
+        if not isinstance(other, History):
+            return NotImplemented
+        return other.run_id == self.run_id and other.events == self.events
 
     def __hash__(self) -> int:
         return hash((self.run_id, self.events))

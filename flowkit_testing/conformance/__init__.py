@@ -12,8 +12,8 @@ imports pytest: run the checks from any test runner, or all at once::
     names = await run_all(lambda: MyStore(fresh_url()), make_pair=my_pair_factory)
 
 ``CHECKS`` maps each check's name to a ``Check`` (``.run(make_store, make_pair)``, ``.kind``,
-``.singleton``, ``.doc``), handy to parametrize one test per check. The kit never closes the
-stores it gets; track them in the factory and close them after the test."""
+``.requires``, ``.singleton``, ``.doc``), handy to parametrize one test per check. The kit
+never closes the stores it gets; track them in the factory and close them after the test."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from ._competing import (
     check_competing_commits,
     check_competing_create_run,
 )
-from ._registry import CHECKS, Check, sort_checks, supports_singleton
+from ._registry import CHECKS, OPTIONAL_METHODS, Check, optional_methods, sort_checks
 from ._runs import (
     check_cancelling_is_sticky,
     check_claim_exclusive,
@@ -41,6 +41,7 @@ from ._runs import (
     check_expect_status_conflict_writes_nothing,
     check_list_runs_order_and_filters,
     check_microsecond_timestamps,
+    check_namespace_scoping,
     check_payloads_round_trip,
     check_queue_cap_rejection_writes_nothing,
     check_renew_lease,
@@ -70,21 +71,27 @@ async def run_all(
     """Run every check (or the named ``checks``) and return the names of those that ran.
 
     Without ``make_pair`` the competing checks run on one store object used twice (still
-    concurrent through ``asyncio.gather``, but not two connections). ``singleton=None``
-    runs the singleton checks when the store has ``try_admit_singleton`` (DESIGN §4.8 lets
-    a store go without it); pass ``True``/``False`` to force. Every selected check runs; if
-    any fail, one ``ConformanceError`` lists them all (chained to the first failure)."""
+    concurrent through ``asyncio.gather``, but not two connections). Checks that need an
+    optional store method (``try_admit_singleton``, ``scoped``) run only when a store from
+    ``make_store`` has it; ``singleton=True``/``False`` forces the singleton checks in or
+    out. Every selected check runs; if any fail, one ``ConformanceError`` lists them all
+    (chained to the first failure)."""
     selected = list(CHECKS) if checks is None else list(checks)
     unknown = [n for n in selected if n not in CHECKS]
     if unknown:
         raise ValueError(f"unknown conformance checks: {', '.join(unknown)}")
-    if singleton is None and any(CHECKS[n].singleton for n in selected):
-        singleton = await supports_singleton(make_store)
+    available = set(OPTIONAL_METHODS)
+    if any(CHECKS[n].requires for n in selected):
+        available = await optional_methods(make_store)
+    if singleton is not None:
+        available.discard("try_admit_singleton")
+        if singleton:
+            available.add("try_admit_singleton")
     ran: list[str] = []
     failures: list[tuple[str, BaseException]] = []
     for name in selected:
         chk = CHECKS[name]
-        if chk.singleton and not singleton:
+        if not set(chk.requires) <= available:
             continue
         ran.append(name)
         try:
@@ -134,6 +141,7 @@ __all__ = [
     "check_expect_status_conflict_writes_nothing",
     "check_list_runs_order_and_filters",
     "check_microsecond_timestamps",
+    "check_namespace_scoping",
     "check_notify_wakes_oldest_waiters",
     "check_payloads_round_trip",
     "check_queue_cap_rejection_writes_nothing",

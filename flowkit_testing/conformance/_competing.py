@@ -122,7 +122,7 @@ async def check_competing_commits(factory: PairFactory) -> None:
         )
 
 
-@check(kind="pair", singleton=True)
+@check(kind="pair", requires=["try_admit_singleton"])
 async def check_competing_admissions(factory: PairFactory) -> None:
     """Two instances admitting different waiters of one key at once never exceed the limit,
     and the slots still go to the oldest waiters; a waiter inserted ahead during the race,

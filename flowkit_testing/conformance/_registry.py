@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
@@ -18,20 +18,28 @@ from ._support import (
 CheckFn = Callable[[Any], Awaitable[None]]
 F = TypeVar("F", bound=CheckFn)
 
+OPTIONAL_METHODS = ("try_admit_singleton", "scoped")
+"""Store methods the contract lets a store leave out (absent or ``None``)."""
+
 
 @dataclass(frozen=True)
 class Check:
     """One conformance check.
 
     ``kind`` says what ``func`` takes: ``"store"`` checks take ``make_store``, ``"pair"``
-    checks take ``make_pair`` (two store objects over the same data). ``singleton`` checks
-    need ``try_admit_singleton``."""
+    checks take ``make_pair`` (two store objects over the same data). ``requires`` names the
+    optional store methods the check needs (``try_admit_singleton``, ``scoped``)."""
 
     name: str
     func: CheckFn
     kind: Literal["store", "pair"]
-    singleton: bool
+    requires: tuple[str, ...]
     doc: str
+
+    @property
+    def singleton(self) -> bool:
+        """Whether the check needs ``try_admit_singleton``."""
+        return "try_admit_singleton" in self.requires
 
     async def run(self, make_store: StoreFactory, make_pair: PairFactory | None = None) -> None:
         """Run the check; a pair check without ``make_pair`` gets one store object twice."""
@@ -45,9 +53,15 @@ CHECKS: dict[str, Check] = {}
 """Every check, by name, in the order they run."""
 
 
-def check(*, kind: Literal["store", "pair"] = "store", singleton: bool = False) -> Callable[[F], F]:
+def check(
+    *, kind: Literal["store", "pair"] = "store", requires: Iterable[str] = ()
+) -> Callable[[F], F]:
     """Register the decorated ``check_<name>`` function as ``CHECKS["<name>"]``; the
     function returned prefixes its ``ConformanceError`` messages with the check's name."""
+    needs = tuple(requires)
+    unknown = set(needs) - set(OPTIONAL_METHODS)
+    if unknown:
+        raise ValueError(f"unknown optional store methods {sorted(unknown)}")
 
     def register(fn: F) -> F:
         name = fn.__name__.removeprefix("check_")
@@ -65,20 +79,21 @@ def check(*, kind: Literal["store", "pair"] = "store", singleton: bool = False) 
                 raise
 
         doc = (fn.__doc__ or "").strip()
-        CHECKS[name] = Check(name, wrapper, kind, singleton, doc)
+        CHECKS[name] = Check(name, wrapper, kind, needs, doc)
         return cast(F, wrapper)
 
     return register
 
 
 def sort_checks() -> None:
-    """Order ``CHECKS``: plain store checks, singleton ones, then the competing ones
-    (definition order within each group)."""
-    ordered = sorted(CHECKS.values(), key=lambda c: (c.kind == "pair", c.singleton))
+    """Order ``CHECKS``: plain store checks, those needing optional methods, then the
+    competing ones (definition order within each group)."""
+    ordered = sorted(CHECKS.values(), key=lambda c: (c.kind == "pair", bool(c.requires)))
     CHECKS.clear()
     CHECKS.update((c.name, c) for c in ordered)
 
 
-async def supports_singleton(factory: StoreFactory) -> bool:
+async def optional_methods(factory: StoreFactory) -> set[str]:
+    """The optional methods a store from ``factory`` has."""
     store = await make_store(factory)
-    return getattr(store, "try_admit_singleton", None) is not None
+    return {m for m in OPTIONAL_METHODS if getattr(store, m, None) is not None}

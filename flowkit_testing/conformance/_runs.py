@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from flowkit import ADMITTED_TAG, History
 from flowkit._history import (
@@ -12,7 +13,12 @@ from flowkit._history import (
     TimerFired,
     TimerStarted,
 )
-from flowkit.errors import LeaseLostError, RunNotFoundError, SingletonQueueFullError
+from flowkit.errors import (
+    LeaseLostError,
+    RunIdTakenError,
+    RunNotFoundError,
+    SingletonQueueFullError,
+)
 from flowkit.stores.base import ConflictError, QueueCap, Update
 
 from ._registry import check
@@ -812,4 +818,59 @@ async def check_payloads_round_trip(factory: StoreFactory) -> None:
     expect(
         all(isinstance(f, float) for f in floats),
         f"floats must come back as floats: {floats!r}",
+    )
+
+
+# -- namespaces ------------------------------------------------------------------------------
+
+
+@check(requires=["scoped"])
+async def check_namespace_scoping(factory: StoreFactory) -> None:
+    """``store.scoped(ns)`` sees, claims and signals only the runs of ``ns`` and stamps its
+    namespace on the runs it creates; run ids stay unique across namespaces
+    (``RunIdTakenError``); the unscoped store sees everything. With singleton support, a
+    scoped store's keys are its own while the unscoped store shares keys across namespaces."""
+    base: Any = await make_store(factory)
+    a, b = base.scoped("A"), base.scoped("B")
+    ra = await a.create_run(mk("ra"), started(mk("ra")))
+    expect(ra[1] and ra[0].namespace == "A", f"a scoped create_run must stamp 'A': {ra[0]!r}")
+    await put(b, dataclasses.replace(mk("rb", t=T0 + 1), namespace="B"))
+    await put(base, mk("rn", t=T0 + 2))
+    expect_eq([r.id for r in await a.list_runs()], ["ra"], "list_runs of namespace A")
+    expect_eq([r.id for r in await base.list_runs()], ["ra", "rb", "rn"], "unscoped list_runs")
+    expect_eq(await a.get_run("rb"), None, "get_run of another namespace's run")
+    expect_eq(await a.get_run("rn"), None, "get_run of an unscoped run from namespace A")
+    expect_eq(await a.claim("rb", "w", T0, T0 + 1), None, "claim of another namespace's run")
+    expect_eq(await a.due_runs(T0 + 5, 10), ["ra"], "due_runs of namespace A")
+    await expect_raises(
+        RunNotFoundError, a.load_events("rb"), "load_events of another namespace's run"
+    )
+    await expect_raises(
+        RunNotFoundError,
+        a.deliver_signal("rb", "go", None, T0),
+        "deliver_signal to another namespace's run",
+    )
+    await expect_raises(
+        RunIdTakenError, b.create_run(mk("ra"), []), "create_run of an id taken in namespace A"
+    )
+    existing, created = await base.create_run(mk("ra"), [])
+    expect(
+        not created and existing.namespace == "A",
+        "an unscoped create_run of an existing id must return it",
+    )
+    expect_eq((await a.create_run(mk("ra"), []))[0], existing, "a scoped idempotent create_run")
+    if getattr(base, "try_admit_singleton", None) is None:
+        return
+    tag = tag_of("k")
+    await put(a, dataclasses.replace(mk("sa", key="k", t=T0), namespace="A"))
+    await put(b, dataclasses.replace(mk("sb", key="k", t=T0 + 1), namespace="B"))
+    expect(await b.try_admit_singleton("sb", tag, "wf", 1, T0 + 1), "'sb' denied in B")
+    expect(
+        await a.try_admit_singleton("sa", tag, "wf", 1, T0 + 1),
+        "'sa' denied in A although the key's holder 'sb' is in namespace B",
+    )
+    await put(base, mk("sn", key="k", t=T0 - 1))
+    expect(
+        not await base.try_admit_singleton("sn", tag, "wf", 2, T0 + 1),
+        "the unscoped store admitted a third run to two slots held across namespaces",
     )

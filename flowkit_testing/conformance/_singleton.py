@@ -47,7 +47,7 @@ def parked(before: Run, got: Run, wake_at: float) -> Run:
     )
 
 
-@check(singleton=True)
+@check(requires=["try_admit_singleton"])
 async def check_admission_fifo_keeps_holders(factory: StoreFactory) -> None:
     """Free slots go to waiters by ``(created_at, id)``; an existing holder keeps its slot
     (a later start with the same timestamp and a smaller id cannot displace it) and is
@@ -100,7 +100,7 @@ async def check_admission_fifo_keeps_holders(factory: StoreFactory) -> None:
     )
 
 
-@check(singleton=True)
+@check(requires=["try_admit_singleton"])
 async def check_admission_respects_limit(factory: StoreFactory) -> None:
     """With ``limit`` n, exactly the n oldest waiters are admitted whatever order they ask
     in; a released slot goes to the next oldest."""
@@ -126,7 +126,7 @@ async def check_admission_respects_limit(factory: StoreFactory) -> None:
     expect_eq(sorted(await admitted_ids(s, "k")), ["w1", "w2", "w4"], "holders after a release")
 
 
-@check(singleton=True)
+@check(requires=["try_admit_singleton"])
 async def check_admission_skips_cancelling_and_terminal(factory: StoreFactory) -> None:
     """A ``cancelling`` or settled run is never admitted nor parked, and does not queue
     ahead of waiters; an admitted run that is cancelling keeps its slot until it settles."""
@@ -163,7 +163,7 @@ async def check_admission_skips_cancelling_and_terminal(factory: StoreFactory) -
     )
 
 
-@check(singleton=True)
+@check(requires=["try_admit_singleton"])
 async def check_denial_parks_waiter(factory: StoreFactory) -> None:
     """A denied waiter becomes ``suspended`` with ``wake_at=retry_wake_at`` (nothing else
     changes, the lease included); without ``retry_wake_at`` nothing changes; a holder is
@@ -196,7 +196,7 @@ async def check_denial_parks_waiter(factory: StoreFactory) -> None:
     expect_eq(await s.due_runs(T0 + 3, 10), ["h", "b", "a"], "due_runs after the denials")
 
 
-@check(singleton=True)
+@check(requires=["try_admit_singleton"])
 async def check_admission_marker_persisted(factory: StoreFactory) -> None:
     """``True`` means the marker is already stored; a holder keeps it while running,
     suspended, blocked or after its lease expired."""
@@ -232,7 +232,7 @@ async def check_admission_marker_persisted(factory: StoreFactory) -> None:
     expect((await get(s, "a")).admitted, "the holder lost its marker")
 
 
-@check(singleton=True)
+@check(requires=["try_admit_singleton"])
 async def check_notify_wakes_oldest_waiters(factory: StoreFactory) -> None:
     """A commit with ``Notify`` stamps ``wake_at=now`` on the oldest gated waiters that the
     free slots can take (one with ``limit=None``), skipping cancelling runs and other keys,

@@ -1,0 +1,279 @@
+"""The store conformance kit (``flowkit_testing.conformance``): every check passes on
+MemoryStore, SqlStore on SQLite files, SqlStore on a throwaway PostgreSQL (tests/pg.py) and
+CodecStore (AES-GCM) over SqlStore on SQLite, one pytest test per check; deliberately broken
+stores fail the checks that guard what they break; ``run_all`` reports; and the kit never
+imports pytest."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowkit import singleton as sg
+from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
+from flowkit.stores.base import Store, Update
+from flowkit_testing.conformance import CHECKS, ConformanceError, run_all
+
+try:
+    from pg import PostgresUnavailable, fresh_database, start_postgres
+except ImportError:  # tests/ imported as a package
+    from tests.pg import PostgresUnavailable, fresh_database, start_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = pytest.param("postgres", marks=pytest.mark.postgres)
+KEY = bytes(range(32))
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[str]:
+    """One PostgreSQL server per module; skipped (or failed, with FLOWKIT_REQUIRE_POSTGRES=1)
+    when no PostgreSQL binaries are installed."""
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(start_postgres())
+        except PostgresUnavailable as exc:
+            if os.environ.get("FLOWKIT_REQUIRE_POSTGRES") == "1":
+                pytest.fail(f"PostgreSQL required but unavailable: {exc}")
+            pytest.skip(f"PostgreSQL unavailable: {exc}")
+        yield url
+
+
+class Backend:
+    """Store factories for the kit: every call gets fresh, empty data (a new SQLite file, a
+    new PostgreSQL database); ``make_pair`` gives two store objects over one database."""
+
+    def __init__(self, kind: str, new_url: Any = None) -> None:
+        self.kind = kind
+        self._new_url = new_url
+        self._opened: list[SqlStore] = []
+
+    def _sql(self, url: str) -> Store:
+        store = SqlStore(url)
+        self._opened.append(store)
+        if self.kind == "codec":  # each store object with its own codec (another process)
+            return CodecStore(store, AESGCMCodec([("k1", KEY)]))
+        return store
+
+    def make_store(self) -> Store:
+        if self.kind == "memory":
+            return MemoryStore()
+        return self._sql(self._new_url())
+
+    async def make_pair(self) -> tuple[Store, Store]:
+        if self.kind == "memory":
+            m = MemoryStore()
+            return m, MemoryStore(_data=m._d)  # a second object over the same data
+        url = self._new_url()
+        return self._sql(url), self._sql(url)
+
+    def close(self) -> None:
+        for store in self._opened:
+            store.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", PG, "codec"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    kind = request.param
+    new_url: Any = None
+    if kind in ("sqlite", "codec"):
+        n = itertools.count()
+        new_url = lambda: f"sqlite:///{tmp_path / f'conformance-{next(n)}.db'}"  # noqa: E731
+    elif kind == "postgres":
+        server = request.getfixturevalue("pg_server")
+        new_url = lambda: fresh_database(server, "flowkit_conf")  # noqa: E731
+    b = Backend(kind, new_url)
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+async def test_store_conforms(backend: Backend, name: str) -> None:
+    await CHECKS[name].run(backend.make_store, backend.make_pair)
+
+
+# -- the kit itself --------------------------------------------------------------------------
+
+
+def test_registry_covers_every_check_function() -> None:
+    import flowkit_testing.conformance as kit
+
+    funcs = {n.removeprefix("check_") for n in kit.__all__ if n.startswith("check_")}
+    assert funcs == set(CHECKS)
+    assert all(CHECKS[n].doc for n in CHECKS)
+    kinds = {n: CHECKS[n].kind for n in CHECKS}
+    assert {n for n, k in kinds.items() if k == "pair"} == {
+        "competing_create_run",
+        "competing_claims",
+        "competing_commits",
+        "competing_admissions",
+    }
+    # plain checks first, then those needing optional methods, then the competing ones
+    order = [(c.kind == "pair", bool(c.requires)) for c in CHECKS.values()]
+    assert order == sorted(order)
+    assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {"namespace_scoping"}
+
+
+async def test_run_all_returns_every_check_name() -> None:
+    async def make_store() -> Store:  # async factories work too
+        return MemoryStore()
+
+    assert await run_all(make_store) == list(CHECKS)
+    assert await run_all(MemoryStore, checks=["renew_lease", "claim_exclusive"]) == [
+        "renew_lease",
+        "claim_exclusive",
+    ]
+    with pytest.raises(ValueError, match="no_such_check"):
+        await run_all(MemoryStore, checks=["no_such_check"])
+
+
+class NoSingletonStore(MemoryStore):
+    """A store without singleton support (allowed: DESIGN §4.8), nor namespaces."""
+
+    try_admit_singleton = None  # type: ignore[assignment]
+    scoped = None  # type: ignore[assignment]
+
+
+async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> None:
+    ran = await run_all(NoSingletonStore)
+    assert ran == [n for n, c in CHECKS.items() if not c.requires]
+    assert "admission_respects_limit" not in ran and "namespace_scoping" not in ran
+    assert "competing_claims" in ran
+    with pytest.raises(ConformanceError, match="admission_respects_limit"):
+        await run_all(NoSingletonStore, singleton=True, checks=["admission_respects_limit"])
+    assert "admission_respects_limit" not in await run_all(MemoryStore, singleton=False)
+
+
+def test_the_kit_does_not_import_pytest() -> None:
+    code = (
+        "import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"
+        "import asyncio\n"
+        "from flowkit.stores import MemoryStore\n"
+        "from flowkit_testing.conformance import run_all\n"
+        "print(len(asyncio.run(run_all(MemoryStore))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(len(CHECKS))
+
+
+# -- broken stores fail the checks that guard what they break --------------------------------
+
+
+class AdmitsOneTooMany(MemoryStore):
+    """Hands out ``limit + 1`` slots."""
+
+    async def try_admit_singleton(
+        self, run_id: str, tag: str, workflow: str, limit: int, retry_wake_at: float | None = None
+    ) -> bool:
+        return await super().try_admit_singleton(run_id, tag, workflow, limit + 1, retry_wake_at)
+
+
+class ForgetsFencing(MemoryStore):
+    """Lets anyone commit, whoever holds the lease."""
+
+    async def commit(self, run_id: str, owner: str | None, now: float, update: Update) -> Any:
+        return await super().commit(
+            run_id, None, now, dataclasses.replace(update, ignore_lease=True)
+        )
+
+
+class RacyAdmission(MemoryStore):
+    """Reads the key's runs, yields to the loop, then writes: not serialized per key."""
+
+    async def try_admit_singleton(
+        self, run_id: str, tag: str, workflow: str, limit: int, retry_wake_at: float | None = None
+    ) -> bool:
+        runs = self._sharing(workflow, tag)
+        tags = sg.admission_tags(runs, run_id, tag, workflow, limit)
+        await asyncio.sleep(0)
+        run = self._get(run_id)
+        if tags is not None:
+            self._put(dataclasses.replace(run, tags=tuple(tags)))
+            return True
+        patch = sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at)
+        if patch:
+            self._put(dataclasses.replace(run, **patch))
+        return False
+
+
+class ForgetsStickyCancel(MemoryStore):
+    """Lets a non-terminal status replace ``cancelling``."""
+
+    async def commit(self, run_id: str, owner: str | None, now: float, update: Update) -> Any:
+        was = self._get(run_id).status
+        res = await super().commit(run_id, owner, now, update)
+        if was.value == "cancelling" and update.status is not None and update.status.active:
+            run = dataclasses.replace(res.run, status=update.status)
+            self._put(run)
+            res = dataclasses.replace(res, run=run)
+        return res
+
+
+def _pair_of(cls: type[MemoryStore]) -> Any:
+    def pair() -> tuple[Store, Store]:
+        m = cls()
+        return m, cls(_data=m._d)
+
+    return pair
+
+
+BROKEN = [
+    pytest.param(
+        AdmitsOneTooMany,
+        {"admission_respects_limit", "admission_fifo_keeps_holders", "competing_admissions"},
+        "admitted",
+        id="admits-one-too-many",
+    ),
+    pytest.param(
+        ForgetsFencing,
+        {"commit_lease_fencing", "competing_claims"},
+        "LeaseLostError",
+        id="forgets-fencing",
+    ),
+    pytest.param(RacyAdmission, {"competing_admissions"}, "admissions racing", id="racy-admission"),
+    pytest.param(
+        ForgetsStickyCancel, {"cancelling_is_sticky"}, "cancelling", id="forgets-sticky-cancel"
+    ),
+]
+
+
+@pytest.mark.parametrize(("store_cls", "must_fail", "hint"), BROKEN)
+async def test_broken_store_fails_the_relevant_checks(
+    store_cls: type[MemoryStore], must_fail: set[str], hint: str
+) -> None:
+    failed: dict[str, str] = {}
+    for name, chk in CHECKS.items():
+        try:
+            await chk.run(store_cls, _pair_of(store_cls))
+        except ConformanceError as exc:
+            failed[name] = str(exc)
+    assert must_fail <= set(failed), failed
+    for name in must_fail:
+        assert failed[name].startswith(f"{name}: "), failed[name]
+    assert any(hint in failed[n] for n in must_fail), failed
+    assert len(failed) < len(CHECKS) // 2, f"the kit should pinpoint the bug: {sorted(failed)}"
+    with pytest.raises(ConformanceError) as ei:
+        await run_all(store_cls, _pair_of(store_cls))
+    report = str(ei.value)
+    assert f"{len(failed)} of {len(CHECKS)} store conformance checks failed" in report
+    assert all(f"  - {name}: " in report for name in failed)
+
+
+async def test_a_fenced_off_commit_message_is_clear() -> None:
+    with pytest.raises(ConformanceError) as ei:
+        await CHECKS["commit_lease_fencing"].run(ForgetsFencing)
+    msg = str(ei.value)
+    assert msg.startswith("commit_lease_fencing: commit by an instance that never held")
+    assert "expected LeaseLostError" in msg
