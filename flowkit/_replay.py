@@ -10,23 +10,40 @@ cannot satisfy (a timer not yet due, a signal not yet sent, a retry backoff) the
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import hashlib
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import _serde
+from ._activation_parts import (
+    _BRANCH,
+    Cancelled,
+    Completed,
+    Diverged,
+    Evicted,
+    Failed,
+    Host,
+    Outcome,
+    ReplayStub,
+    Suspended,
+    _Branch,
+    _ControlFlow,
+    _describe,
+    _Diverged,
+    _Evicted,
+    _Park,
+    _seed,
+    _silence,
+    error_info,
+)
+from ._calls import StepCalls
 from ._context import WorkflowCtx
-from ._definition import RetryPolicy, WorkflowDefinition
+from ._definition import WorkflowDefinition
 from ._history import (
     ErrorInfo,
     Event,
     RunRetried,
     RunStarted,
-    SignalReceived,
-    StepCompleted,
     StepFailed,
     TimerFired,
     TimerStarted,
@@ -35,150 +52,25 @@ from .errors import (
     LeaseLostError,
     NonDeterminismError,
     SerializationError,
-    SignalTimeout,
-    StepFailedError,
 )
-from .stores.base import ConflictError, InboxSignal
+from .stores.base import ConflictError
+
+__all__ = [
+    "Activation",
+    "Cancelled",
+    "Completed",
+    "Diverged",
+    "Evicted",
+    "Failed",
+    "Host",
+    "Outcome",
+    "ReplayStub",
+    "Suspended",
+    "error_info",
+]
 
 
-class _ControlFlow(BaseException):
-    """Base of internal control-flow signals; a user's ``except Exception`` cannot swallow them."""
-
-
-class _Evicted(_ControlFlow):
-    """The activation is being torn down (suspension, lease lost, replay end)."""
-
-
-class _Diverged(_ControlFlow):
-    """The body diverged from its history; carries the ``NonDeterminismError``."""
-
-
-class ReplayStub:
-    """Stands in for services a workflow got through its constructor when ``replay`` is
-    given a class it cannot construct: replay never calls steps, so any attribute path will
-    do, and such steps are matched by position and kind only."""
-
-    ANY_NAME = "<replay-stub>"
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-
-    def __getattr__(self, name: str) -> ReplayStub:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return ReplayStub(f"{self._path}.{name}")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"replay never executes steps ({self._path} was called)")
-
-
-class Host(Protocol):
-    """What an activation needs from the engine: time, durable appends, the signal inbox."""
-
-    def now(self) -> float: ...
-
-    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
-        """Append events under the lease; returns whether cancellation was requested."""
-        ...
-
-    async def peek_signal(self, name: str) -> InboxSignal | None: ...
-
-
-# -- outcomes --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Completed:
-    output: Any
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: ErrorInfo
-
-
-@dataclass(frozen=True)
-class Cancelled:
-    pass
-
-
-@dataclass(frozen=True)
-class Suspended:
-    wake_at: float | None
-    signals: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Diverged:
-    error: NonDeterminismError
-
-
-@dataclass(frozen=True)
-class Evicted:
-    pass
-
-
-Outcome = Completed | Failed | Cancelled | Suspended | Diverged | Evicted
-
-
-@dataclass
-class _Branch:
-    prefix: str
-    now_at: float
-    rng: random.Random
-    counter: int = 0
-
-    def next_pos(self) -> str:
-        self.counter += 1
-        return f"{self.prefix}{self.counter}"
-
-
-@dataclass
-class _Park:
-    deadline: float | None
-    signal: str | None
-    fut: asyncio.Future[None]
-
-
-@dataclass
-class _Group:
-    remaining: int
-    parent_unblocked: bool = False
-
-
-_BRANCH: contextvars.ContextVar[tuple[Activation, _Branch] | None] = contextvars.ContextVar(
-    "flowkit_branch", default=None
-)
-
-
-def _seed(run_id: str) -> int:
-    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big")
-
-
-def _describe(ev: Event) -> str:
-    name = getattr(ev, "name", None)
-    text = f"{ev.type}#{ev.seq}"
-    if name:
-        digest = getattr(ev, "args_digest", None)
-        text += f"({name!r}" + (f", args {digest}" if digest else "") + ")"
-    pos = getattr(ev, "pos", None)
-    return text + (f" at position {pos}" if pos is not None else "")
-
-
-def error_info(
-    exc: BaseException, step: str | None = None, attempts: int | None = None
-) -> ErrorInfo:
-    if isinstance(exc, StepFailedError):
-        return ErrorInfo(
-            type="StepFailedError",
-            message=str(exc),
-            step=exc.step,
-            attempts=exc.attempts,
-            cause_type=exc.error_type,
-            cause_message=exc.message,
-        )
-    return ErrorInfo(type=type(exc).__name__, message=str(exc), step=step, attempts=attempts)
-
-
-class Activation:
+class Activation(StepCalls):
     """One execution of a body against a run's history; ``run()`` returns an ``Outcome``."""
 
     def __init__(
@@ -391,299 +283,6 @@ class Activation:
             self._blocked -= 1
             self._parks.remove(park)
 
-    # -- ctx calls ---------------------------------------------------------------------
-    def step(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str | None,
-        retry: RetryPolicy | None,
-    ) -> Coroutine[Any, Any, Any]:
-        if not callable(fn):
-            raise TypeError(f"ctx.step needs a callable, got {fn!r}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError("retry= takes a flowkit.RetryPolicy")
-        pos = self._branch().next_pos()
-        if name is None and isinstance(fn, ReplayStub):
-            name = ReplayStub.ANY_NAME  # an injected service stubbed out by replay()
-        return self._step(pos, fn, args, kwargs, name or _serde.step_name(fn), retry)
-
-    async def _step(
-        self,
-        pos: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        retry: RetryPolicy | None,
-    ) -> Any:
-        self._check_alive()
-        adapter = _serde.ANY_ADAPTER if isinstance(fn, ReplayStub) else _serde.return_adapter(fn)
-        dg: list[str] = []
-
-        def args_digest() -> str:
-            if not dg:
-                dg.append(_serde.digest(args, kwargs))
-            return dg[0]
-
-        evs = self._take(pos, (StepCompleted, StepFailed), "step", name, args_digest)
-        failures = [e for e in evs if isinstance(e, StepFailed)]
-        for ev in evs:
-            if isinstance(ev, StepCompleted):
-                self._observe(ev)
-                return _serde.from_json(ev.result, adapter)
-        if failures:
-            last = failures[-1]
-            self._observe(last)
-            if last.cancelled:
-                raise asyncio.CancelledError()
-            if last.retry_at is None:
-                raise StepFailedError(name, last.error.type, last.error.message, last.attempt)
-            if last.retry_at > self.host.now():
-                await self._park(last.retry_at)
-        attempt = len(failures) + 1
-        while True:
-            self._check_alive()
-            if self.replay_only:
-                raise self._stop_replay(pos, f"step({name!r})")
-            try:
-                result = await self._execute(fn, args, kwargs)
-            except asyncio.CancelledError:
-                if not self._cancel_requested or self._tearing_down:
-                    raise
-                info = ErrorInfo(
-                    type="CancelledError", message="cancelled", step=name, attempts=attempt
-                )
-                await self._record(
-                    [
-                        StepFailed(
-                            pos=pos,
-                            args_digest=args_digest(),
-                            name=name,
-                            attempt=attempt,
-                            error=info,
-                            cancelled=True,
-                            at=self.host.now(),
-                        )
-                    ]
-                )
-                raise
-            except _ControlFlow:
-                raise
-            except Exception as exc:
-                now = self.host.now()
-                if retry is not None and retry.retries(exc, attempt):
-                    retry_at = round(now + retry.delay_before(attempt + 1), 6)
-                    info = error_info(exc, name, attempt)
-                    await self._record(
-                        [
-                            StepFailed(
-                                pos=pos,
-                                args_digest=args_digest(),
-                                name=name,
-                                attempt=attempt,
-                                error=info,
-                                retry_at=retry_at,
-                                at=now,
-                            )
-                        ]
-                    )
-                    if retry_at > self.host.now():
-                        await self._park(retry_at)
-                    attempt += 1
-                    continue
-                info = error_info(exc, name, attempt)
-                await self._record(
-                    [
-                        StepFailed(
-                            pos=pos,
-                            name=name,
-                            attempt=attempt,
-                            error=info,
-                            at=now,
-                            args_digest=args_digest(),
-                        )
-                    ]
-                )
-                raise StepFailedError(name, info.type, info.message, attempt) from exc
-            try:
-                data = _serde.to_json(result, adapter, what=f"result of step {name!r}")
-            except SerializationError as exc:
-                info = error_info(exc, name, attempt)
-                await self._record(
-                    [
-                        StepFailed(
-                            pos=pos,
-                            args_digest=args_digest(),
-                            name=name,
-                            attempt=attempt,
-                            error=info,
-                            at=self.host.now(),
-                        )
-                    ]
-                )
-                raise StepFailedError(name, info.type, info.message, attempt) from exc
-            await self._record(
-                [
-                    StepCompleted(
-                        pos=pos,
-                        args_digest=args_digest(),
-                        name=name,
-                        attempt=attempt,
-                        result=data,
-                        at=self.host.now(),
-                    )
-                ]
-            )
-            return _serde.from_json(data, adapter)
-
-    async def _execute(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        value = fn(*args, **kwargs)
-        if not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future):
-            if isinstance(value, Awaitable):
-                value = _await(value)
-            else:
-                return value
-        task = asyncio.ensure_future(value)
-        self._step_tasks.add(task)
-        try:
-            return await task
-        finally:
-            self._step_tasks.discard(task)
-
-    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
-        if not isinstance(seconds, int | float) or seconds < 0 or seconds != seconds:
-            raise ValueError(f"ctx.sleep needs seconds >= 0, got {seconds!r}")
-        pos = self._branch().next_pos()
-        return self._sleep(pos, None, float(seconds))
-
-    def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]:
-        pos = self._branch().next_pos()
-        return self._sleep(pos, fire_at, None)
-
-    async def _sleep(self, pos: str, fire_at: float | None, seconds: float | None) -> None:
-        self._check_alive()
-        evs = self._take(pos, (TimerStarted, TimerFired), "sleep", "sleep")
-        started = next((e for e in evs if isinstance(e, TimerStarted)), None)
-        fired = next((e for e in evs if isinstance(e, TimerFired)), None)
-        if fired is not None:
-            self._observe(fired)
-            return
-        if started is None:
-            if self._cancel_requested:
-                raise asyncio.CancelledError()
-            now = self.host.now()
-            target = round(fire_at if fire_at is not None else now + (seconds or 0.0), 6)
-            started = TimerStarted(pos=pos, fire_at=target, at=now)
-            await self._record([started])
-        if started.fire_at > self.host.now():
-            await self._park(started.fire_at)
-        await self._record([TimerFired(pos=pos, at=self.host.now())])
-
-    def wait_for_signal(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]:
-        if not isinstance(name, str) or not name:
-            raise ValueError("signal name must be a non-empty string")
-        if timeout is not None and (timeout < 0 or timeout != timeout):
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-        pos = self._branch().next_pos()
-        return self._wait_signal(pos, name, timeout)
-
-    async def _wait_signal(self, pos: str, name: str, timeout: float | None) -> Any:
-        self._check_alive()
-        evs = self._take(pos, (SignalReceived, TimerStarted, TimerFired), "wait_for_signal", name)
-        for ev in evs:
-            if isinstance(ev, SignalReceived):
-                self._observe(ev)
-                return ev.payload
-        timer = next((e for e in evs if isinstance(e, TimerStarted)), None)
-        fired = next((e for e in evs if isinstance(e, TimerFired)), None)
-        if fired is not None:
-            self._observe(fired)
-            raise SignalTimeout(name, timeout if timeout is not None else 0.0)
-        while True:
-            self._check_alive()
-            try:
-                sig = await self.host.peek_signal(name)
-            except Exception as exc:
-                self._store_error = exc
-                self.evict()
-                raise _Evicted() from exc
-            if sig is not None:
-                try:
-                    await self._record(
-                        [
-                            SignalReceived(
-                                pos=pos, name=name, payload=sig.payload, at=self.host.now()
-                            )
-                        ],
-                        consume_signal=sig.id,
-                    )
-                except ConflictError:
-                    continue  # consumed by a racing activation; look again
-                return sig.payload
-            now = self.host.now()
-            if self._cancel_requested:
-                raise asyncio.CancelledError()
-            if timeout is not None and timer is None:
-                timer = TimerStarted(
-                    pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
-                )
-                await self._record([timer])
-            if timer is not None and timer.fire_at <= now:
-                await self._record([TimerFired(pos=pos, at=now)])
-                raise SignalTimeout(name, timeout if timeout is not None else 0.0)
-            await self._park(timer.fire_at if timer else None, name)
-
-    async def gather(self, aws: tuple[Awaitable[Any], ...]) -> list[Any]:
-        parent = self._branch()
-        g = parent.next_pos()
-        group = _Group(remaining=len(aws))
-        if not aws:
-            return []
-        children = [
-            _Branch(
-                prefix=f"{g}.{i}/",
-                now_at=parent.now_at,
-                rng=random.Random(parent.rng.getrandbits(64)),
-            )
-            for i in range(len(aws))
-        ]
-        tasks = []
-        self._live += len(aws)
-        for child, aw in zip(children, aws, strict=True):
-            tasks.append(asyncio.ensure_future(self._child(child, aw, group)))
-        self._blocked += 1
-        try:
-            await asyncio.wait(tasks)
-        finally:
-            if not group.parent_unblocked:
-                group.parent_unblocked = True
-                self._blocked -= 1
-        for child in children:
-            parent.now_at = max(parent.now_at, child.now_at)
-        # Read every child's outcome (so none is reported as never retrieved), then raise the
-        # first failure by argument order, so a replay raises the same one.
-        outcomes = [asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks]
-        for exc in outcomes:
-            if exc is not None:
-                raise exc
-        return [t.result() for t in tasks]
-
-    async def _child(self, branch: _Branch, aw: Awaitable[Any], group: _Group) -> Any:
-        _BRANCH.set((self, branch))
-        try:
-            return await aw
-        finally:
-            self._live -= 1
-            group.remaining -= 1
-            if group.remaining == 0 and not group.parent_unblocked:
-                group.parent_unblocked = True
-                self._blocked -= 1
-            self._check_stuck()
-
     # -- the activation ----------------------------------------------------------------
     async def _body(self) -> Any:
         root = _Branch(prefix="", now_at=self._start_at, rng=random.Random(_seed(self.run_id)))
@@ -769,12 +368,3 @@ class Activation:
         except SerializationError as err:
             return Failed(error_info(err))
         return Completed(data)
-
-
-async def _await(aw: Awaitable[Any]) -> Any:
-    return await aw
-
-
-def _silence(task: asyncio.Task[Any]) -> None:
-    if task.done() and not task.cancelled():
-        task.exception()
