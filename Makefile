@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint bench bench-smoke clean venv
+.PHONY: demo test lint bench bench-smoke bench-dbos clean venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,8 +30,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check flowkit flowkit_testing tests samples bench
 	$(BIN)/mypy
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[bench]"
+	touch $@
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py
+
+bench-dbos: $(BENCH_STAMP)
+	$(BIN)/python bench/dbos_bench.py
 
 bench-smoke: $(STAMP)
 	$(BIN)/python bench/run.py --smoke

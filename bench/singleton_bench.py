@@ -6,6 +6,7 @@ Run: ``python bench/run.py`` (``--smoke`` for a tiny, CI-sized pass)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import statistics
 import time
@@ -129,7 +130,7 @@ async def handover(notify: bool, runs: int) -> list[float]:
             await engine.result(rid, timeout=120)
         # release instants: the store clock is wall time here; convert via event `at` deltas
         lat = []
-        for prev, nxt in zip(ids, ids[1:], strict=False):
+        for prev, nxt in itertools.pairwise(ids):
             hist = await engine.history(prev)
             released_at = next(e.at for e in hist if e.type == "singleton_released")
             nxt_hist = await engine.history(nxt)

@@ -1,0 +1,630 @@
+"""SqlStore benchmarks: the raw commit limit, durable step throughput, and singleton handover.
+
+On a SQLite file (WAL, ``BEGIN IMMEDIATE``) in a temporary directory and on a throwaway
+PostgreSQL over a unix socket (``tests/pg.py``; skipped with a note when its binaries are
+missing). Figures are ratios against a baseline measured in the same run, never absolute claims:
+
+1. raw limit: single-row ``INSERT`` + ``COMMIT`` per second through SqlStore's own engine and
+   transaction path (``Database.tx``: pool checkout, ``BEGIN IMMEDIATE`` on SQLite, pre-ping on
+   PostgreSQL), plus the same loop on the bare driver connection for reference;
+2. durable steps: workflows of 3 trivial steps through a real ``Engine`` (``SystemClock``),
+   one after another and 32 at a time; steps/s as a ratio to (1), taken in slices that
+   alternate with (1) so both see the same machine; store calls per workflow and their cost
+   (a counting proxy in front of the store), SQL transactions and statements per workflow (a
+   short pass with SQLAlchemy event counters);
+3. handover on SQLite: release -> next same-key run's first step, notify-on-release vs the
+   waiters' ~1 s timer (``Engine(..., notify_on_release=False)``);
+4. context, not a target: a denied admission re-check behind N waiters of the *same* key.
+
+Admission under backlog on every store lives in ``singleton_bench`` (``admission_stores`` below
+supplies the SQL stores). Run: ``python bench/run.py`` (``--smoke``: tiny, CI-sized), or this
+file alone; ``--profile sqlite|postgres [--concurrency N]`` prints a cProfile of the workload."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import cProfile
+import inspect
+import itertools
+import math
+import pstats
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # for tests.pg (the throwaway PostgreSQL)
+
+from flowkit import Engine, Run, Singleton, SystemClock, WorkflowCtx, workflow  # noqa: E402
+from flowkit.stores import MemoryStore  # noqa: E402
+from flowkit.stores.sql import SqlStore  # noqa: E402
+from flowkit.stores.sql import _rows as sql_rows  # noqa: E402
+from flowkit.stores.sql._schema import runs as runs_table  # noqa: E402
+
+POLL = 0.05  # the engines' poll_interval: small, but dispatch (not polling) drives the work
+CONCURRENCY = 32
+STEPS = 3
+HANDOVER_WF = "bench-handover"
+WRITE_CALLS = ("create_run", "claim", "commit", "try_admit_singleton", "renew_lease")
+
+# -- backends ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str | None]:
+    """A throwaway PostgreSQL (``tests/pg.py``): its server URL, or ``None`` with a note."""
+    try:
+        from tests.pg import PostgresUnavailable, start_postgres
+    except ImportError as exc:
+        print(f"note: PostgreSQL skipped (cannot import tests.pg: {exc})")
+        yield None
+        return
+    server = start_postgres()
+    try:
+        url = server.__enter__()
+    except (PostgresUnavailable, RuntimeError) as exc:
+        print(f"note: PostgreSQL skipped ({exc})")
+        yield None
+        return
+    try:
+        yield url
+    finally:
+        server.__exit__(None, None, None)
+
+
+_db_counter = itertools.count()
+
+
+def sqlite_url(tmp: Path) -> str:
+    """A fresh SQLite file in ``tmp``."""
+    return f"sqlite:///{tmp}/bench-{next(_db_counter)}.db"
+
+
+def postgres_url(server_url: str) -> str:
+    """A fresh database on the throwaway server."""
+    from tests.pg import fresh_database
+
+    return fresh_database(server_url, prefix="flowkit_bench")
+
+
+def backends(tmp: Path, pg_url: str | None) -> dict[str, Callable[[], str]]:
+    """Name -> factory of a fresh, empty database URL."""
+    out: dict[str, Callable[[], str]] = {"sqlite": lambda: sqlite_url(tmp)}
+    if pg_url is not None:
+        out["postgres"] = lambda: postgres_url(pg_url)
+    return out
+
+
+async def bulk_load(store: SqlStore, runs: list[Run]) -> None:
+    """Insert runs in one transaction with exactly the row format of ``create_run``."""
+    with store._db.tx() as conn:
+        conn.execute(sa.insert(runs_table), [sql_rows.run_values(r) for r in runs])
+
+
+async def _create_each(store: Any, runs: list[Run]) -> None:
+    for run in runs:
+        await store.create_run(run, [])
+
+
+def admission_stores(tmp: Path, pg_url: str | None) -> list[Any]:
+    """The stores ``singleton_bench`` measures admission on: memory, SQLite, PostgreSQL."""
+    from singleton_bench import AdmissionStore
+
+    out = [AdmissionStore("memory", MemoryStore, claims_scale=10)]
+    for name, new_url in backends(tmp, pg_url).items():
+        out.append(AdmissionStore(name, lambda f=new_url: SqlStore(f()), bulk_load))
+    return out
+
+
+# -- 1. raw commit limit -----------------------------------------------------------------
+
+_raw_meta = sa.MetaData()
+_raw = sa.Table(
+    "flowkit_bench_raw",
+    _raw_meta,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    sa.Column("body", sa.Text(), nullable=False),
+)
+# about the size of a step_completed event body
+_BODY = '{"type":"step_completed","seq":3,"at":1767225600.123456,"pos":"1","name":"step_a",' + (
+    '"attempt":1,"result":1}'
+)
+
+
+def raw_commit_rate(store: SqlStore, n: int) -> float:
+    """Single-row INSERT + COMMIT per second on SqlStore's own engine and transaction path."""
+    db = store._db
+    db.ensure_schema()
+    _raw_meta.create_all(db.engine)
+    stmt = sa.insert(_raw)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        with db.tx() as conn:
+            conn.execute(stmt, {"body": _BODY})
+    return n / (time.perf_counter() - t0)
+
+
+def driver_commit_rate(store: SqlStore, n: int) -> float:
+    """The same loop on one bare DBAPI connection of that engine (no SQLAlchemy, no pool)."""
+    db = store._db
+    _raw_meta.create_all(db.engine)
+    pooled = db.engine.raw_connection()  # connect-time setup applied (WAL, busy timeout)
+    try:
+        dbapi: Any = pooled.driver_connection
+        t0 = time.perf_counter()
+        if db.dialect == "sqlite":
+            cur = dbapi.cursor()
+            for _ in range(n):
+                cur.execute("BEGIN IMMEDIATE")
+                cur.execute("INSERT INTO flowkit_bench_raw (body) VALUES (?)", (_BODY,))
+                cur.execute("COMMIT")
+        else:
+            for _ in range(n):
+                dbapi.execute("INSERT INTO flowkit_bench_raw (body) VALUES (%s)", (_BODY,))
+                dbapi.commit()
+        return n / (time.perf_counter() - t0)
+    finally:
+        pooled.close()
+
+
+def server_info(store: SqlStore) -> str:
+    with store._db.tx(write=False) as conn:
+        if store._db.dialect == "sqlite":
+            sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()
+            mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+            return f"SQLite {sqlite3.sqlite_version}, journal_mode={mode}, synchronous={sync}"
+        ver = conn.exec_driver_sql("SHOW server_version").scalar()
+        fsync = conn.exec_driver_sql("SHOW fsync").scalar()
+        sc = conn.exec_driver_sql("SHOW synchronous_commit").scalar()
+        return f"PostgreSQL {ver}, fsync={fsync}, synchronous_commit={sc} (tests/pg.py)"
+
+
+# -- 2. durable step throughput ----------------------------------------------------------
+
+
+async def step_a(x: int) -> int:
+    return x + 1
+
+
+async def step_b(x: int) -> int:
+    return x * 2
+
+
+async def step_c(x: int) -> int:
+    return x - 1
+
+
+@workflow(name="bench-three-steps")
+class ThreeSteps:
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> int:
+        x = await ctx.step(step_a, input["x"])
+        x = await ctx.step(step_b, x)
+        return await ctx.step(step_c, x)
+
+
+class CountingStore:
+    """A thin proxy that forwards everything to ``inner`` and counts the async calls (and
+    the wall time spent inside them: SqlStore blocks the event loop for each call)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        calls, seconds = self.calls, self.seconds
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            t0 = time.perf_counter()
+            try:
+                return await attr(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - t0
+
+        setattr(self, name, counted)  # later lookups skip __getattr__
+        return counted
+
+
+class SqlCounter:
+    """SQLAlchemy engine events: transactions (write = ``BEGIN IMMEDIATE`` on SQLite, every
+    non-read-only transaction on PostgreSQL), commits and statements (``BEGIN`` excluded)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.n: collections.Counter[str] = collections.Counter()
+        self._hooks = [
+            ("begin", self._begin),
+            ("commit", self._commit),
+            ("before_cursor_execute", self._stmt),
+        ]
+        for name, fn in self._hooks:
+            sa.event.listen(engine, name, fn)
+
+    def _begin(self, conn: sa.Connection) -> None:
+        ro = conn.get_execution_options().get("flowkit_read_only", False)
+        self.n["read_tx" if ro else "write_tx"] += 1
+
+    def _commit(self, conn: sa.Connection) -> None:
+        self.n["commits"] += 1
+
+    def _stmt(self, conn: Any, cur: Any, statement: str, *args: Any) -> None:
+        if not statement.lstrip().upper().startswith("BEGIN"):
+            self.n["statements"] += 1
+
+    def remove(self) -> None:
+        for name, fn in self._hooks:
+            sa.event.remove(self.engine, name, fn)
+
+
+async def run_workflows(engine: Engine, n: int, concurrency: int, prefix: str) -> float:
+    """``n`` workflows (start -> result), ``concurrency`` in flight; the seconds taken."""
+    ids = iter(range(n))
+
+    async def client() -> None:
+        for i in ids:
+            run = await engine.start(ThreeSteps, {"x": i}, f"{prefix}-{i:06d}")
+            assert await engine.result(run.id, timeout=120) == (i + 1) * 2 - 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return time.perf_counter() - t0
+
+
+MODES = {"sequential": 1, f"concurrent{CONCURRENCY}": CONCURRENCY}
+
+
+class _Tally:
+    """Workflows, seconds and the proxy's per-call counts/time of one mode, over slices."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.wall = 0.0
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.slice_rates: list[float] = []
+
+    async def measure(
+        self, engine: Engine, proxy: CountingStore, n: int, conc: int, p: str
+    ) -> None:
+        calls, seconds = proxy.calls.copy(), proxy.seconds.copy()
+        dt = await run_workflows(engine, n, conc, p)
+        self.n += n
+        self.wall += dt
+        self.calls.update(proxy.calls - calls)
+        self.seconds.update(proxy.seconds - seconds)
+        self.slice_rates.append(n * STEPS / dt)
+
+    def report(self, raw: float, raw_slices: list[float]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "workflows_per_s": self.n / self.wall,
+            "steps_per_s": self.n * STEPS / self.wall,
+            "steps_ratio_to_raw": self.n * STEPS / self.wall / raw,
+            "store_calls": {k: v / self.n for k, v in sorted(self.calls.items())},
+            "seconds_per_call": {k: self.seconds[k] / v for k, v in sorted(self.calls.items())},
+            "store_share_of_wall": sum(self.seconds.values()) / self.wall,
+        }
+        out["store_write_calls"] = (
+            sum(v for k, v in self.calls.items() if k in WRITE_CALLS) / self.n
+        )
+        out["store_read_calls"] = (
+            sum(v for k, v in self.calls.items() if k not in WRITE_CALLS) / self.n
+        )
+        if raw_slices:  # paired per slice: both measured within seconds of each other
+            ratios = sorted(a / b for a, b in zip(self.slice_rates, raw_slices, strict=True))
+            out["slice_ratio_min_median_max"] = [ratios[0], statistics.median(ratios), ratios[-1]]
+        return out
+
+
+async def sql_counts(
+    engine: Engine, store: SqlStore, n: int, conc: int, p: str
+) -> dict[str, float]:
+    """Transactions and statements per workflow (SQLAlchemy events, a separate short pass)."""
+    sql = SqlCounter(store._db.engine)
+    try:
+        await run_workflows(engine, n, conc, p)
+    finally:
+        sql.remove()
+    return {k: v / n for k, v in sql.n.items()}
+
+
+async def bench_backend(new_url: Callable[[], str] | None, smoke: bool) -> dict[str, Any]:
+    """(1) and (2) on one backend (``new_url=None``: MemoryStore, the engine-only ceiling).
+
+    One engine runs for the whole backend; the figures are taken in ``slices`` rounds of raw
+    commits, sequential workflows and concurrent workflows, so each ratio compares figures
+    measured seconds apart (disk and CPU contention on a shared machine come and go)."""
+    slices = 2 if smoke else 12
+    n_raw, n_seq, n_conc = (100, 10, CONCURRENCY) if smoke else (250, 40, 4 * CONCURRENCY)
+    n_count = 10 if smoke else 64
+    store: Any = MemoryStore() if new_url is None else SqlStore(new_url())
+    sql = isinstance(store, SqlStore)
+    proxy = CountingStore(store)  # ~1 us per call: noise next to a transaction
+    engine = Engine(proxy, [ThreeSteps()], clock=SystemClock(), poll_interval=POLL)
+    raw_t = driver_t = 0.0
+    raw_slices: list[float] = []
+    tallies = {mode: _Tally() for mode in MODES}
+    out: dict[str, Any] = {}
+    async with engine:
+        await run_workflows(engine, 10, 1, "warm")  # schema, statement caches, pool
+        if sql:
+            raw_commit_rate(store, 20)
+            driver_commit_rate(store, 20)
+        for s in range(slices):
+            if sql:
+                dt = n_raw / raw_commit_rate(store, n_raw)
+                raw_t += dt
+                raw_slices.append(n_raw / dt)
+                driver_t += n_raw / driver_commit_rate(store, n_raw)
+            for mode, conc in MODES.items():
+                n = n_seq if conc == 1 else n_conc
+                await tallies[mode].measure(engine, proxy, n, conc, f"{mode}-{s}")
+        raw = slices * n_raw / raw_t if sql else math.nan
+        if sql:
+            out["server"] = server_info(store)
+            out["raw_commits_per_s"] = raw
+            out["raw_commits_per_s_slices"] = raw_slices
+            out["driver_commits_per_s"] = slices * n_raw / driver_t
+        for mode, conc in MODES.items():
+            out[mode] = tallies[mode].report(raw, raw_slices)
+            if sql:
+                out[mode].update(await sql_counts(engine, store, n_count, conc, f"cnt-{mode}"))
+    if sql:
+        store.close()
+    return out
+
+
+# -- 3. handover latency (SQLite) ---------------------------------------------------------
+
+
+async def first_step() -> None:
+    return None
+
+
+@workflow(name=HANDOVER_WF, singleton=Singleton(key=lambda inp: f"k{inp['k']}"))
+class Handover:
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> None:
+        await ctx.step(first_step)
+        await ctx.step(asyncio.sleep, 0.005, name="work")
+
+
+async def handover(url: str, notify: bool, keys: int, per_key: int) -> list[float]:
+    """Seconds from a holder's ``singleton_released`` to the next same-key run's first
+    ``step_completed`` (both event ``at`` values: the engine's SystemClock)."""
+    store = SqlStore(url)
+    engine = Engine(
+        store, [Handover()], clock=SystemClock(), notify_on_release=notify, poll_interval=POLL
+    )
+    lat: list[float] = []
+    async with engine:
+        by_key: dict[int, list[str]] = {k: [] for k in range(keys)}
+        for i in range(per_key):
+            for k in range(keys):
+                rid = f"k{k}-r{i:03d}"
+                await engine.start(HANDOVER_WF, {"k": k}, rid)
+                by_key[k].append(rid)
+        for rids in by_key.values():
+            for rid in rids:
+                await engine.result(rid, timeout=30 + 3 * per_key)
+        for rids in by_key.values():
+            hist = {rid: list(await engine.history(rid)) for rid in rids}
+
+            def at(rid: str, kind: str, h: dict[str, list[Any]] = hist) -> float:
+                return float(next(e.at for e in h[rid] if e.type == kind))
+
+            order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
+            for prev, nxt in itertools.pairwise(order):
+                lat.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
+    store.close()
+    return lat
+
+
+def _p95(xs: list[float]) -> float:
+    return sorted(xs)[max(0, math.ceil(len(xs) * 0.95) - 1)]
+
+
+# -- 4. context: admission on a key with a deep queue ----------------------------------------
+
+
+async def same_key_admission(
+    make: Callable[[], Any], load: Callable[[Any, list[Run]], Any], depths: list[int], calls: int
+) -> dict[int, float]:
+    """Mean seconds of a *denied* ``try_admit_singleton`` by a run queued behind ``depth``
+    waiters of its own key (what every gated waiter pays on each ~1 s re-check). Not a target:
+    it shows what the backlog-on-other-keys figure of ``singleton_bench`` does not."""
+    from singleton_bench import WF, _run
+
+    out: dict[int, float] = {}
+    t = 1_700_000_000.0
+    for depth in depths:
+        store = make()
+        runs = [_run("holder", "hot", t, admitted=True)]
+        runs += [_run(f"w{i:06d}", "hot", t + 1 + i * 1e-6) for i in range(depth)]
+        runs.append(_run("late", "hot", t + 100))
+        await load(store, runs)
+        t0 = time.perf_counter()
+        for i in range(calls):
+            assert not await store.try_admit_singleton("late", "singleton:hot", WF, 1, t + 200 + i)
+        out[depth] = (time.perf_counter() - t0) / calls
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    return out
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def _print_backend(name: str, r: dict[str, Any], mem: dict[str, Any] | None) -> None:
+    sql = "raw_commits_per_s" in r
+    if sql:
+        raw = r["raw_commits_per_s"]
+        print(f"  {name}: {r['server']}")
+        print(
+            f"    raw limit (1-row INSERT+COMMIT via SqlStore's engine): {raw:8.0f} commits/s"
+            f"  = 1.00x baseline;  bare driver: {r['driver_commits_per_s'] / raw:5.2f}x"
+        )
+    else:
+        print(f"  {name}: no database (engine CPU only; the ceiling of any store)")
+    for mode, conc in MODES.items():
+        m = r[mode]
+        label = "sequential" if conc == 1 else f"{conc} concurrent"
+        line = (
+            f"    {label:<13}: {m['workflows_per_s']:7.1f} workflows/s"
+            f" {m['steps_per_s']:8.1f} steps/s"
+        )
+        if sql:
+            lo, _mid, hi = m["slice_ratio_min_median_max"]
+            line += (
+                f"   steps/s / raw commits/s: {m['steps_ratio_to_raw']:5.2f}x"
+                f" (slices {lo:.2f}-{hi:.2f})"
+            )
+        if mem is not None:
+            line += f"   vs memory: {m['steps_per_s'] / mem[mode]['steps_per_s']:5.2f}x"
+        print(line)
+        calls = " ".join(f"{k}={v:.2f}" for k, v in m["store_calls"].items())
+        print(f"      per workflow: {calls}")
+        if sql:
+            print(
+                f"      per workflow: {m['write_tx']:.2f} write tx, {m.get('read_tx', 0):.2f}"
+                f" read tx, {m['statements']:.1f} SQL statements"
+                f" ({m['write_tx'] / STEPS:.2f} write tx per step)"
+            )
+            cost = " ".join(
+                f"{k}={v * raw:.1f}x"
+                for k, v in m["seconds_per_call"].items()
+                if m["store_calls"][k] >= 0.5
+            )
+            print(
+                f"      time per call in raw commits: {cost};"
+                f" store calls take {m['store_share_of_wall']:.0%} of the wall time"
+            )
+
+
+async def main(smoke: bool, pg_url: str | None, tmp: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    print("durable step throughput (workflows of 3 trivial steps, SystemClock):")
+    mem = await bench_backend(None, smoke)
+    _print_backend("memory", mem, None)
+    results["memory"] = mem
+    for name, new_url in backends(tmp, pg_url).items():
+        r = await bench_backend(new_url, smoke)
+        _print_backend(name, r, mem)
+        results[name] = r
+    if pg_url is None:
+        results["postgres"] = {"skipped": "PostgreSQL binaries unavailable"}
+    keys = 2 if smoke else 3
+    notify = await handover(sqlite_url(tmp), True, keys, 3 if smoke else 10)
+    timer = await handover(sqlite_url(tmp), False, keys, 2 if smoke else 4)
+    print(f"handover latency on SQLite ({keys} keys), release -> next same-key first step:")
+    print(
+        f"  notify-on-release: mean {statistics.mean(notify) * 1e3:7.2f} ms"
+        f"  p95 {_p95(notify) * 1e3:7.2f} ms  (n={len(notify)})"
+    )
+    print(
+        f"  timer fallback   : mean {statistics.mean(timer) * 1e3:7.2f} ms"
+        f"  p95 {_p95(timer) * 1e3:7.2f} ms  (n={len(timer)})"
+    )
+    print(f"  timer / notify mean ratio: {statistics.mean(timer) / statistics.mean(notify):.0f}x")
+    depths = [0, 100] if smoke else [0, 100, 1_000, 10_000]
+    print("context: a denied re-check by a waiter queued behind N waiters of its own key:")
+    results["same_key_denied_admission_us"] = {}
+    for st in admission_stores(tmp, pg_url):
+        same = await same_key_admission(
+            st.make, st.load or _create_each, depths, 5 if smoke else 20
+        )
+        results["same_key_denied_admission_us"][st.name] = {
+            str(k): v * 1e6 for k, v in same.items()
+        }
+        line = "  ".join(f"{k}: {v / same[0]:6.1f}x" for k, v in same.items())
+        print(f"  {st.name:<9} ({same[0] * 1e6:7.1f} us with none ahead) {line}")
+    results["handover_sqlite"] = {
+        "keys": keys,
+        "notify_ms": [x * 1e3 for x in notify],
+        "timer_ms": [x * 1e3 for x in timer],
+    }
+    return results
+
+
+# -- profile -----------------------------------------------------------------------------
+
+_LAYERS = (
+    ("database driver + I/O (sqlite3/psycopg C calls, socket waits)", ("sqlite3", "psycopg")),
+    ("SQLAlchemy (statement building, compile cache, result rows)", ("/sqlalchemy/",)),
+    ("flowkit SqlStore (stores/sql)", ("/flowkit/stores/sql/",)),
+    ("flowkit engine (replay, worker, history models)", ("/flowkit/",)),
+    ("pydantic / orjson", ("pydantic", "orjson")),
+)
+
+
+def _layer(func: tuple[str, int, str]) -> str:
+    where = f"{func[0]}:{func[2]}"
+    for label, needles in _LAYERS:
+        if any(s in where for s in needles):
+            return label
+    return "asyncio, stdlib, other"
+
+
+async def profile(backend: str, n: int, concurrency: int) -> None:
+    """cProfile of ``n`` workflows: the share of time by layer, then the top functions."""
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flowkit-bench-")))
+        pg = stack.enter_context(postgres_server()) if backend == "postgres" else None
+        factory = backends(tmp, pg).get(backend)
+        if factory is None:
+            print(f"no {backend} backend available")
+            return
+        store = SqlStore(factory())
+        engine = Engine(store, [ThreeSteps()], clock=SystemClock(), poll_interval=POLL)
+        async with engine:
+            await run_workflows(engine, 20, 1, "warm")
+            prof = cProfile.Profile()
+            prof.enable()
+            seconds = await run_workflows(engine, n, concurrency, "prof")
+            prof.disable()
+        store.close()
+    st = pstats.Stats(prof)
+    by_layer: collections.Counter[str] = collections.Counter()
+    for func, (_cc, _nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        by_layer[_layer(func)] += tt
+    total = sum(by_layer.values())
+    print(f"{backend}: {n} workflows, {concurrency} at a time, in {seconds:.2f} s under cProfile")
+    for label, tt in by_layer.most_common():
+        print(f"  {tt / total:6.1%}  {label}")
+    st.sort_stats("tottime").print_stats(20)
+    st.sort_stats("cumulative").print_stats(r"flowkit", 25)
+
+
+def _cli() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    parser.add_argument("--profile", choices=("sqlite", "postgres"), help="cProfile only")
+    parser.add_argument("--concurrency", type=int, default=1, help="with --profile")
+    args = parser.parse_args()
+    if args.profile:
+        asyncio.run(profile(args.profile, 300, args.concurrency))
+        return 0
+    with (
+        tempfile.TemporaryDirectory(prefix="flowkit-bench-") as tmp,
+        postgres_server() as pg,
+    ):
+        asyncio.run(main(args.smoke, pg, Path(tmp)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())
