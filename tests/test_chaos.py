@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from flowkit import ADMITTED_TAG, History, RunStatus, Singleton, WorkflowCtx, workflow
 from flowkit_testing import FaultPlan, InjectedFault, TestEnv
+from flowkit_testing.strategies import fault_plans, seeds
 
 
 @dataclass
@@ -50,11 +50,13 @@ def make_workflow(audit: Audit) -> object:
     return Chaos()
 
 
-async def chaos(seed: int, runs: int, keys: int, fault_rate: float) -> list[str]:
+async def chaos(
+    seed: int, runs: int, keys: int, fault_rate: float, plan: FaultPlan | None = None
+) -> list[str]:
     """Run one chaos scenario; assert every invariant; return the histories as JSON."""
     rng = random.Random(seed)
     audit = Audit()
-    plan = FaultPlan(rate=fault_rate)
+    plan = plan or FaultPlan(rate=fault_rate)
     async with TestEnv([make_workflow(audit)], instances=3, seed=seed, faults=plan) as env:
         audit.env = env
         ids = [f"run-{i:04d}" for i in range(runs)]
@@ -132,9 +134,9 @@ async def test_chaos_replays_exactly_from_its_seed() -> None:
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), rate=st.sampled_from([0.0, 0.02, 0.08]))
-async def test_chaos_hypothesis(seed: int, rate: float) -> None:
-    await chaos(seed, runs=30, keys=3, fault_rate=rate)
+@given(seed=seeds(), plan=fault_plans(max_rate=0.08))
+async def test_chaos_hypothesis(seed: int, plan: FaultPlan | None) -> None:
+    await chaos(seed, runs=30, keys=3, fault_rate=0.0, plan=plan)
 
 
 @pytest.mark.chaos
