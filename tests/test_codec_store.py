@@ -5,9 +5,7 @@ key rotation, unknown keys and tampering, and forwarding of ``try_admit_singleto
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,9 +33,9 @@ from flowkit.stores.sql import SqlStore
 from flowkit_testing import DEFAULT_START, TestEnv, VirtualClock
 
 try:
-    from pg import PostgresUnavailable, fresh_database, start_postgres
+    from pg import fresh_database
 except ImportError:  # tests/ imported as a package
-    from tests.pg import PostgresUnavailable, fresh_database, start_postgres
+    from tests.pg import fresh_database
 
 SECRET = "TOP-SECRET-PAYLOAD-42"
 T0 = 1_767_225_600.0
@@ -45,20 +43,6 @@ K1 = bytes(range(32))
 K2 = bytes(range(100, 116))  # AES-128
 K3 = bytes(range(50, 74))  # AES-192
 PG = pytest.param("postgres", marks=pytest.mark.postgres)
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    """One PostgreSQL server per module; skipped (or failed, with FLOWKIT_REQUIRE_POSTGRES=1)
-    when no PostgreSQL binaries are installed (the pattern of tests/test_sql_store.py)."""
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(start_postgres())
-        except PostgresUnavailable as exc:
-            if os.environ.get("FLOWKIT_REQUIRE_POSTGRES") == "1":
-                pytest.fail(f"PostgreSQL required but unavailable: {exc}")
-            pytest.skip(f"PostgreSQL unavailable: {exc}")
-        yield url
 
 
 def _url(kind: str, request: pytest.FixtureRequest, tmp_path: Path, name: str) -> str:

@@ -7,10 +7,8 @@ imports pytest."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,27 +23,13 @@ from flowkit.stores.base import Store, Update
 from flowkit_testing.conformance import CHECKS, ConformanceError, run_all
 
 try:
-    from pg import PostgresUnavailable, fresh_database, start_postgres
+    from pg import fresh_database
 except ImportError:  # tests/ imported as a package
-    from tests.pg import PostgresUnavailable, fresh_database, start_postgres
+    from tests.pg import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = pytest.param("postgres", marks=pytest.mark.postgres)
 KEY = bytes(range(32))
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    """One PostgreSQL server per module; skipped (or failed, with FLOWKIT_REQUIRE_POSTGRES=1)
-    when no PostgreSQL binaries are installed."""
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(start_postgres())
-        except PostgresUnavailable as exc:
-            if os.environ.get("FLOWKIT_REQUIRE_POSTGRES") == "1":
-                pytest.fail(f"PostgreSQL required but unavailable: {exc}")
-            pytest.skip(f"PostgreSQL unavailable: {exc}")
-        yield url
 
 
 class Backend:

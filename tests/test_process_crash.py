@@ -10,14 +10,12 @@ the test counts executions across processes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +26,15 @@ from flowkit.stores.sql import SqlStore
 
 try:
     import crash_worker
-    from pg import PostgresUnavailable, fresh_database, start_postgres
+    from pg import fresh_database
 except ImportError:  # tests/ imported as a package
     from tests import crash_worker
-    from tests.pg import PostgresUnavailable, fresh_database, start_postgres
+    from tests.pg import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(crash_worker.__file__).resolve()
 RUN_ID = "crash-run"
 PG = pytest.param("postgres", marks=pytest.mark.postgres)
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    """One PostgreSQL server per module; skipped (or failed, with FLOWKIT_REQUIRE_POSTGRES=1)
-    when no PostgreSQL binaries are installed (the pattern of tests/test_sql_store.py)."""
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(start_postgres())
-        except PostgresUnavailable as exc:
-            if os.environ.get("FLOWKIT_REQUIRE_POSTGRES") == "1":
-                pytest.fail(f"PostgreSQL required but unavailable: {exc}")
-            pytest.skip(f"PostgreSQL unavailable: {exc}")
-        yield url
 
 
 def lines(path: Path) -> list[str]:

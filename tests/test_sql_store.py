@@ -6,10 +6,8 @@ an end-to-end TestEnv run on SQLite, and multi-process singleton races."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import itertools
-import os
 import random
 import sys
 import time
@@ -43,9 +41,9 @@ from flowkit.stores.sql import (
 from flowkit_testing import TestEnv, VirtualClock
 
 try:
-    from pg import PostgresUnavailable, fresh_database, start_postgres
+    from pg import fresh_database
 except ImportError:  # tests/ imported as a package
-    from tests.pg import PostgresUnavailable, fresh_database, start_postgres
+    from tests.pg import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -54,20 +52,6 @@ TAG = "singleton:k"
 PG = pytest.param("postgres", marks=pytest.mark.postgres)
 
 # -- backends ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    """One PostgreSQL server per module; skipped (or failed, with FLOWKIT_REQUIRE_POSTGRES=1)
-    when no PostgreSQL binaries are installed."""
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(start_postgres())
-        except PostgresUnavailable as exc:
-            if os.environ.get("FLOWKIT_REQUIRE_POSTGRES") == "1":
-                pytest.fail(f"PostgreSQL required but unavailable: {exc}")
-            pytest.skip(f"PostgreSQL unavailable: {exc}")
-        yield url
 
 
 @dataclass
