@@ -132,6 +132,25 @@ class StepCalls:
             if last.retry_at > self.host.now():
                 await self._park(last.retry_at)
         attempt = len(failures) + 1
+
+        async def failed(
+            info: ErrorInfo, retry_at: float | None = None, cancelled: bool = False
+        ) -> None:
+            await self._record(
+                [
+                    StepFailed(
+                        pos=pos,
+                        name=name,
+                        attempt=attempt,
+                        error=info,
+                        retry_at=retry_at,
+                        cancelled=cancelled,
+                        args_digest=args_digest(),
+                        at=self.host.now(),
+                    )
+                ]
+            )
+
         while True:
             self._check_alive()
             if self.replay_only:
@@ -141,77 +160,31 @@ class StepCalls:
             except asyncio.CancelledError:
                 if not self._cancel_requested or self._tearing_down:
                     raise
-                info = ErrorInfo(
-                    type="CancelledError", message="cancelled", step=name, attempts=attempt
-                )
-                await self._record(
-                    [
-                        StepFailed(
-                            pos=pos,
-                            args_digest=args_digest(),
-                            name=name,
-                            attempt=attempt,
-                            error=info,
-                            cancelled=True,
-                            at=self.host.now(),
-                        )
-                    ]
+                await failed(
+                    ErrorInfo(
+                        type="CancelledError", message="cancelled", step=name, attempts=attempt
+                    ),
+                    cancelled=True,
                 )
                 raise
             except _ControlFlow:
                 raise
             except Exception as exc:
-                now = self.host.now()
+                info = error_info(exc, name, attempt)
                 if retry is not None and retry.retries(exc, attempt):
-                    retry_at = round(now + retry.delay_before(attempt + 1), 6)
-                    info = error_info(exc, name, attempt)
-                    await self._record(
-                        [
-                            StepFailed(
-                                pos=pos,
-                                args_digest=args_digest(),
-                                name=name,
-                                attempt=attempt,
-                                error=info,
-                                retry_at=retry_at,
-                                at=now,
-                            )
-                        ]
-                    )
+                    retry_at = round(self.host.now() + retry.delay_before(attempt + 1), 6)
+                    await failed(info, retry_at=retry_at)
                     if retry_at > self.host.now():
                         await self._park(retry_at)
                     attempt += 1
                     continue
-                info = error_info(exc, name, attempt)
-                await self._record(
-                    [
-                        StepFailed(
-                            pos=pos,
-                            name=name,
-                            attempt=attempt,
-                            error=info,
-                            at=now,
-                            args_digest=args_digest(),
-                        )
-                    ]
-                )
+                await failed(info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             try:
                 data = _serde.to_json(result, adapter, what=f"result of step {name!r}")
             except SerializationError as exc:
                 info = error_info(exc, name, attempt)
-                await self._record(
-                    [
-                        StepFailed(
-                            pos=pos,
-                            args_digest=args_digest(),
-                            name=name,
-                            attempt=attempt,
-                            error=info,
-                            at=self.host.now(),
-                        )
-                    ]
-                )
+                await failed(info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             await self._record(
                 [
