@@ -135,6 +135,19 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def has_capacity(self) -> bool:
+        """Whether a run started here now could be executed at once."""
+        return self._running and len(self._active) < self.engine.max_concurrency
+
+    def run_claimed(self, run: Run, events: Sequence[Event]) -> None:
+        """Execute a run this instance created already claimed (no claim, no history read)."""
+        if not self._running or run.id in self._active:
+            return
+        self._active[run.id] = None
+        task = asyncio.ensure_future(self._activate(run.id, (run, list(events))))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def cancel_local(self, run_id: str) -> bool:
         act = self._active.get(run_id)
         if act is not None:
@@ -197,15 +210,18 @@ class Worker:
                     act.request_cancel()
 
     # -- one activation ----------------------------------------------------------------
-    async def _activate(self, run_id: str) -> None:
+    async def _activate(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
         try:
             async with self._sem:
                 eng = self.engine
                 try:
-                    now = eng.clock.now()
-                    run = await self.store.claim(run_id, self.owner, now, now + eng.lease_ttl)
-                    if run is not None:
-                        await self._drive(run)
+                    if claimed is not None:
+                        await self._drive(*claimed)
+                    else:
+                        now = eng.clock.now()
+                        run = await self.store.claim(run_id, self.owner, now, now + eng.lease_ttl)
+                        if run is not None:
+                            await self._drive(run)
                 except (LeaseLostError, ConflictError):
                     log.info("run %s taken over by another instance", run_id)
                 except Exception:
@@ -235,14 +251,15 @@ class Worker:
             eng._wake_at(new.wake_at)
         return new
 
-    async def _drive(self, run: Run) -> None:
+    async def _drive(self, run: Run, events: list[Event] | None = None) -> None:
         eng = self.engine
         entry = eng.registry.get(run.workflow)
         if entry is None:  # a worker without this workflow: leave it for another one
             await self.store.commit(run.id, self.owner, eng.clock.now(), Update(release_lease=True))
             return
         defn, instance = entry
-        events = await self.store.load_events(run.id)
+        if events is None:
+            events = await self.store.load_events(run.id)
         cancelling = run.status is RunStatus.CANCELLING
         admitted = False
         notify: Notify | None = None
