@@ -69,6 +69,10 @@ class StepCalls:
 
         def _observe(self, ev: Event) -> None: ...
 
+        def _defer(self, event: Event) -> None: ...
+
+        async def _flush(self) -> None: ...
+
         async def _record(
             self, events: Sequence[Event], consume_signal: int | None = None
         ) -> None: ...
@@ -155,6 +159,7 @@ class StepCalls:
             self._check_alive()
             if self.replay_only:
                 raise self._stop_replay(pos, f"step({name!r})")
+            await self._flush()  # earlier outcomes are durable before this side effect
             try:
                 result = await self._execute(fn, args, kwargs)
             except asyncio.CancelledError:
@@ -186,17 +191,15 @@ class StepCalls:
                 info = error_info(exc, name, attempt)
                 await failed(info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
-            await self._record(
-                [
-                    StepCompleted(
-                        pos=pos,
-                        args_digest=args_digest(),
-                        name=name,
-                        attempt=attempt,
-                        result=data,
-                        at=self.host.now(),
-                    )
-                ]
+            self._defer(
+                StepCompleted(
+                    pos=pos,
+                    args_digest=args_digest(),
+                    name=name,
+                    attempt=attempt,
+                    result=data,
+                    at=self.host.now(),
+                )
             )
             return _serde.from_json(data, adapter)
 

@@ -119,6 +119,7 @@ class Activation(StepCalls):
         self._stuck_parks: list[_Park] = []
         self._body_task: asyncio.Task[Any] | None = None
         self._store_error: Exception | None = None
+        self.pending: list[Event] = []  # recorded outcomes not yet written (see _defer)
 
     def _forget_final_failures(self) -> None:
         """After ``run_retried`` a step's failures no longer count: it runs again."""
@@ -246,13 +247,17 @@ class Activation(StepCalls):
         if self.replay_only:
             ev = events[0]
             raise self._stop_replay(getattr(ev, "pos", "?"), ev.type)
+        # Take the deferred events now: a concurrent branch recording meanwhile must neither
+        # write them twice nor lose one it defers while this write is in flight.
+        batch, self.pending = self.pending, []
         try:
-            cancel = await self.host.record(events, consume_signal)
+            cancel = await self.host.record([*batch, *events], consume_signal)
         except LeaseLostError:
             self.evict()
             raise _Evicted() from None
         except ConflictError:
             if consume_signal is not None:
+                self.pending[:0] = batch  # nothing was written: keep them for the next write
                 raise  # the signal went to a racing activation: the caller looks again
             self.evict()
             raise _Evicted() from None
@@ -262,10 +267,21 @@ class Activation(StepCalls):
             self._store_error = exc
             self.evict()
             raise _Evicted() from exc
-        for ev in events:
+        for ev in events:  # only the caller's: deferred events were observed by their branch
             self._observe(ev)
         if cancel:
             self.request_cancel()
+
+    def _defer(self, event: Event) -> None:
+        """Record ``event`` with the next write instead of a write of its own: it is flushed
+        before any further side effect (the next step function) and otherwise travels in the
+        activation's final commit. A crash before the flush re-runs just that step."""
+        self.pending.append(event)
+        self._observe(event)
+
+    async def _flush(self) -> None:
+        if self.pending:
+            await self._record([])
 
     async def _park(self, deadline: float | None, signal: str | None = None) -> None:
         """Wait durably. Never returns within this activation: it raises ``CancelledError``

@@ -312,16 +312,22 @@ class Worker:
         )
         self._active[run.id] = act
         outcome = await act.run()
-        await self._settle(run, outcome, admitted, notify)
+        await self._settle(run, outcome, admitted, notify, act.pending)
 
     async def _settle(
-        self, run: Run, outcome: Outcome, admitted: bool, notify: Notify | None
+        self,
+        run: Run,
+        outcome: Outcome,
+        admitted: bool,
+        notify: Notify | None,
+        pending: Sequence[Event] = (),
     ) -> None:
+        """Commit the activation's outcome, together with its deferred step records."""
         eng = self.engine
         now = eng.clock.now()
-        release: list[Event] = []
+        release: list[Event] = [*pending]
         if admitted and run.singleton_key is not None:
-            release = [SingletonReleased(key=run.singleton_key, at=now)]
+            release.append(SingletonReleased(key=run.singleton_key, at=now))
         match outcome:
             case Completed(output):
                 await self._commit(
@@ -357,6 +363,7 @@ class Worker:
                 await self._commit(
                     run,
                     Update(
+                        events=pending,
                         status=RunStatus.SUSPENDED,
                         wake_at=wake_at,
                         waiting_signals=signals,
@@ -369,6 +376,7 @@ class Worker:
                 await self._commit(
                     run,
                     Update(
+                        events=pending,
                         status=RunStatus.BLOCKED,
                         error={"type": "NonDeterminismError", "message": str(err)},
                         wake_at=round(now + eng.blocked_retry, 6),
