@@ -278,7 +278,7 @@ class Engine:
                             notify=notify,
                         ),
                     )
-                    self.bus.settled(run_id)
+                    self.bus.settled(run_id, res.run)
                     for wid in res.woken:
                         self._wake(wid)
                     return res.run
@@ -339,6 +339,9 @@ class Engine:
                     if run.status.terminal:
                         return self._outcome(run)
                     await asyncio.wait({fut}, timeout=0.5)
+                    settled = fut.result() if fut.done() else None
+                    if isinstance(settled, Run) and settled.status.terminal:
+                        return self._outcome(settled)  # the settling commit's own snapshot
                 finally:
                     self.bus.discard(run_id, fut)
 

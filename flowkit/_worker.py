@@ -241,7 +241,7 @@ class Worker:
             eng._wake(wid)
         new = res.run
         if new.status.terminal:
-            eng.bus.settled(run.id)
+            eng.bus.settled(run.id, new)
         elif new.lease_owner is None and (
             new.status in (RunStatus.CANCELLING, RunStatus.PENDING, RunStatus.RUNNING)
             or (new.wake_at is not None and new.wake_at <= eng.clock.now())
