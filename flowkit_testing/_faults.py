@@ -105,11 +105,14 @@ class Rule:
 @dataclass
 class FaultPlan:
     """Seeded random faults: each write operation fails with probability ``rate``, before or
-    after the write (chosen by the seed too)."""
+    after the write (chosen by the seed too); with ``crash_rate`` an instance also dies at a
+    named crash point (see ``CRASH_POINTS``) with that probability each time it passes one."""
 
     rate: float = 0.0
     ops: tuple[str, ...] = WRITE_OPS
     phases: tuple[Phase, ...] = ("before", "after")
+    crash_rate: float = 0.0
+    crash_points: tuple[str, ...] = ("before_step_record", "after_step_record", "after_claim")
 
 
 class InstanceStore:
@@ -158,8 +161,19 @@ class InstanceStore:
                     raise InstanceCrashed(f"{op} ({phase})")
                 raise InjectedFault(f"injected fault in {op} ({phase})")
         plan: FaultPlan | None = env.fault_plan
-        if plan is not None and plan.rate > 0 and op in plan.ops and phase in plan.phases:
-            rng: random.Random = env.rng
-            if rng.random() < plan.rate / len(plan.phases):
-                env.fired.append((self.index, op, phase, "fault", _run_of(args)))
-                raise InjectedFault(f"seeded fault in {op} ({phase})")
+        if plan is None:
+            return
+        rng: random.Random = env.rng
+        if plan.crash_rate > 0:
+            for point in plan.crash_points:
+                p_op, p_phase, p_match = CRASH_POINTS[point]
+                hit = p_op == op and p_phase == phase and p_match(args, kwargs)
+                if hit and rng.random() < plan.crash_rate:  # the seed draws only at a point
+                    env.fired.append((self.index, op, phase, "crash", _run_of(args)))
+                    self.crashed = True
+                    env._crash_soon(self.index)
+                    raise InstanceCrashed(f"seeded crash at {point}")
+        eligible = plan.rate > 0 and op in plan.ops and phase in plan.phases
+        if eligible and rng.random() < plan.rate / len(plan.phases):
+            env.fired.append((self.index, op, phase, "fault", _run_of(args)))
+            raise InjectedFault(f"seeded fault in {op} ({phase})")

@@ -28,6 +28,7 @@ def fault_plans(max_rate: float = 0.1) -> st.SearchStrategy[FaultPlan | None]:
         rate=st.floats(min_value=0.0, max_value=max_rate, allow_nan=False),
         ops=st.lists(st.sampled_from(WRITE_OPS), min_size=1, unique=True).map(tuple),
         phases=st.sampled_from([("before",), ("after",), ("before", "after")]),
+        crash_rate=st.sampled_from([0.0, 0.0, 0.02, 0.05]),
     )
     return st.one_of(st.none(), plan)
 

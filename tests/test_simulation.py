@@ -10,7 +10,7 @@ import pytest
 
 from flowkit import RunStatus, WorkflowCtx, workflow
 from flowkit.stores import SqlStore
-from flowkit_testing import FaultPlan, InjectedFault, Rule, TestEnv
+from flowkit_testing import FaultPlan, InjectedFault, InstanceCrashed, Rule, TestEnv
 
 
 @workflow(name="three-steps")
@@ -132,3 +132,33 @@ async def test_same_seed_same_histories_on_a_sqlite_file(tmp_path: Path) -> None
         runs.append(await _history_dump(seed=5, faults=0.05, store=store))
     assert runs[0] == runs[1]
     assert runs[0] == await _history_dump(seed=5, faults=0.05)  # and equal to MemoryStore
+
+
+async def test_seeded_crash_plan_kills_at_crash_points_and_recovery_finishes() -> None:
+    wf = ThreeSteps()
+    plan = FaultPlan(crash_rate=0.3, crash_points=("before_step_record", "after_step_record"))
+    async with TestEnv([wf], instances=3, seed=3, faults=plan) as env:
+        for i in range(6):
+            while True:  # the instance may die while serving the start: try another
+                live = [j for j in range(3) if j not in env.crashed]
+                if not live:
+                    await env.restart(0)
+                    continue
+                try:
+                    await env.engines[live[0]].start("three-steps", None, f"r{i}")
+                    break
+                except InstanceCrashed:
+                    continue
+        crashes = [f for f in env.fired if f[3] == "crash"]
+        assert crashes, "the seed should have crashed some instance"
+        env.fault_plan = None
+        for j in list(env.crashed):
+            await env.restart(j)
+        await env.run_until_idle()
+        for i in range(6):
+            assert await env.engines[0].result(f"r{i}", timeout=5) == "abc"
+    # a run re-executes at most one step per crash: the one computed but not yet durable
+    for i in range(6):
+        extra = sum(wf.calls[(f"r{i}", n)] for n in "abc") - 3
+        assert 0 <= extra <= len(crashes), (i, extra)
+    assert all(wf.calls[(f"r{i}", n)] >= 1 for i in range(6) for n in "abc")
