@@ -72,9 +72,9 @@ async def chaos(
                     break
                 run_id = pending[0]
                 live = [i for i in range(3) if i not in env.crashed]
-                if not live:  # seeded crashes took every instance down
+                if not live:  # seeded crashes took every instance down: bring one back
                     await env.restart(rng.randrange(3))
-                    live = [i for i in range(3) if i not in env.crashed]
+                    continue  # (it may die again at once; the next round looks again)
                 try:
                     await env.engines[rng.choice(live)].start(
                         "chaos", {"key": rng.randrange(keys), "sleep": rng.randint(1, 4)}, run_id
