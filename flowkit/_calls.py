@@ -50,7 +50,7 @@ class StepCalls:
     _step_tasks: set[asyncio.Task[Any]]
     _live: int
     _blocked: int
-    _store_error: Exception | None
+    store_error: Exception | None
 
     if TYPE_CHECKING:
 
@@ -273,7 +273,7 @@ class StepCalls:
             try:
                 sig = await self.host.peek_signal(name)
             except Exception as exc:
-                self._store_error = exc
+                self.store_error = exc
                 self.evict()
                 raise _Evicted() from exc
             if sig is not None:

@@ -23,7 +23,7 @@ from ._history import (
     RunStarted,
     SingletonReleased,
 )
-from ._run import ADMITTED_TAG, RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._worker import Worker
 from .errors import (
     InvalidInputError,
@@ -134,7 +134,8 @@ class Engine:
         if self._worker is not None:
             self._worker.dispatch(run_id)
 
-    def _wake_at(self, when: float) -> None:
+    def _poke(self) -> None:
+        """A run got a future wake time: let the poller recompute its next deadline."""
         if self._worker is not None:
             self._worker.poke()
 
@@ -388,7 +389,3 @@ class Engine:
         """The run's ``History``."""
         await self._get(run_id)
         return History(run_id, await self.store.load_events(run_id))
-
-    @property
-    def admitted_tag(self) -> str:
-        return ADMITTED_TAG

@@ -118,7 +118,7 @@ class Activation(StepCalls):
         self._divergence: NonDeterminismError | None = None
         self._stuck_parks: list[_Park] = []
         self._body_task: asyncio.Task[Any] | None = None
-        self._store_error: Exception | None = None
+        self.store_error: Exception | None = None
         self.pending: list[Event] = []  # recorded outcomes not yet written (see _defer)
 
     def _forget_final_failures(self) -> None:
@@ -264,7 +264,7 @@ class Activation(StepCalls):
         except Exception as exc:
             # The store failed: nothing more may run on a history we could not extend. The
             # activation stops; the lease expires and recovery replays the run.
-            self._store_error = exc
+            self.store_error = exc
             self.evict()
             raise _Evicted() from exc
         for ev in events:  # only the caller's: deferred events were observed by their branch

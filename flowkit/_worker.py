@@ -248,7 +248,7 @@ class Worker:
         ):
             self._again.add(run.id)
         elif new.wake_at is not None:
-            eng._wake_at(new.wake_at)
+            eng._poke()
         return new
 
     async def _drive(self, run: Run, events: list[Event] | None = None) -> None:
@@ -312,6 +312,12 @@ class Worker:
         )
         self._active[run.id] = act
         outcome = await act.run()
+        if isinstance(outcome, Evicted) and act.store_error is not None:
+            log.warning(
+                "run %s: the store failed mid-activation (%r); it will be recovered",
+                run.id,
+                act.store_error,
+            )
         await self._settle(run, outcome, admitted, notify, act.pending)
 
     async def _settle(
