@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +56,8 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for tests.pg (the throwaway PostgreSQL)
+
+from store_bench import postgres_server  # noqa: E402  (one way to start the server)
 
 from flowkit import Engine, Singleton, SystemClock, WorkflowCtx, workflow  # noqa: E402
 from flowkit.stores.sql import SqlStore  # noqa: E402
@@ -111,28 +113,6 @@ def postgres_url(server_url: str) -> str:
     from tests.pg import fresh_database
 
     return fresh_database(server_url, prefix="dbos_bench")
-
-
-@contextlib.contextmanager
-def postgres_server() -> Iterator[str | None]:
-    """A throwaway PostgreSQL (``tests/pg.py``): its server URL, or ``None`` with a note."""
-    try:
-        from tests.pg import PostgresUnavailable, start_postgres
-    except ImportError as exc:
-        print(f"note: PostgreSQL skipped (cannot import tests.pg: {exc})")
-        yield None
-        return
-    server = start_postgres()
-    try:
-        url = server.__enter__()
-    except (PostgresUnavailable, RuntimeError) as exc:
-        print(f"note: PostgreSQL skipped ({exc})")
-        yield None
-        return
-    try:
-        yield url
-    finally:
-        server.__exit__(None, None, None)
 
 
 def describe(engine: sa.Engine) -> str:
