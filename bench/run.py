@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import dbos_bench
+import replay_bench
 import singleton_bench
 import store_bench
 
@@ -47,6 +48,7 @@ def main() -> int:
         results["singleton"] = asyncio.run(singleton_bench.main(args.smoke, stores))
         results["store"] = asyncio.run(store_bench.main(args.smoke, pg_url, Path(tmp)))
         results["dbos"] = asyncio.run(dbos_bench.main(args.smoke, pg_url, Path(tmp)))
+        results["replay"] = asyncio.run(replay_bench.main(args.smoke))
     results["seconds"] = time.perf_counter() - t0
     results["machine"]["loadavg_at_end"] = os.getloadavg()
     out = Path(__file__).parent / "results"
