@@ -7,6 +7,16 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles: "dev" (the default) explores new examples on every run; "ci" (set by
+# .ci/run) is derandomized so a CI result is reproducible, with the same example budgets that
+# each test declares for itself.
+settings.register_profile("dev", deadline=None)
+settings.register_profile(
+    "ci", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 try:
     from pg import PostgresUnavailable, start_postgres
