@@ -26,7 +26,7 @@ import base64
 import binascii
 import dataclasses
 import os
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -282,27 +282,24 @@ class CodecStore:
             return self.codec.decode(stored)
         return self._dec(value)  # not encoded: the codec decides (plaintext or error)
 
-    def _enc_error(self, error: Any) -> Any:
+    @staticmethod
+    def _map_error(error: Any, text: Callable[[Any], Any]) -> Any:
+        """Apply ``text`` to the free-text fields of a run's error (type names stay clear)."""
         if error is None:
             return None
         if not isinstance(error, dict):
-            return self._enc_text(error)
+            return text(error)
         out = dict(error)
         for k in _ERROR_TEXT_FIELDS:
             if k in out:
-                out[k] = self._enc_text(out[k])
+                out[k] = text(out[k])
         return out
 
+    def _enc_error(self, error: Any) -> Any:
+        return self._map_error(error, self._enc_text)
+
     def _dec_error(self, error: Any) -> Any:
-        if error is None:
-            return None
-        if not isinstance(error, dict):
-            return self._dec_text(error)
-        out = dict(error)
-        for k in _ERROR_TEXT_FIELDS:
-            if k in out:
-                out[k] = self._dec_text(out[k])
-        return out
+        return self._map_error(error, self._dec_text)
 
     def _enc_info(self, info: ErrorInfo) -> ErrorInfo:
         return info.model_copy(
