@@ -94,6 +94,9 @@ runs = sa.Table(
     sa.Column("lease_owner", sa.String(255)),
     sa.Column("lease_expires", _TIME),
     sa.Column("waiting_signals", _json(), nullable=False),
+    # the seq of the run's last event: the next append needs no max(seq) query, and the row
+    # is locked by every commit anyway
+    sa.Column("last_seq", sa.Integer(), nullable=False, default=0),
     # due timers: the poller's scan of suspended/blocked runs by wake time
     sa.Index("ix_flowkit_runs_due", "status", "wake_at"),
     # singleton admission and queue caps read only the active runs of one key

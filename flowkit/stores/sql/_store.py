@@ -71,9 +71,14 @@ class SqlStore:
 
     # -- helpers ----------------------------------------------------------------------
     def _fetch(self, conn: sa.Connection, run_id: str, *, lock: bool = False) -> Run | None:
-        q = sa.select(runs).where(R.id == run_id, rows.visible(self.namespace))
-        row = conn.execute(q.with_for_update() if lock else q).first()
+        row = self._fetch_row(conn, run_id, lock=lock)
         return None if row is None else rows.to_run(row)
+
+    def _fetch_row(
+        self, conn: sa.Connection, run_id: str, *, lock: bool = False
+    ) -> sa.Row[Any] | None:
+        q = sa.select(runs).where(R.id == run_id, rows.visible(self.namespace))
+        return conn.execute(q.with_for_update() if lock else q).first()
 
     def _get(self, conn: sa.Connection, run_id: str, *, lock: bool = False) -> Run:
         run = self._fetch(conn, run_id, lock=lock)
@@ -81,8 +86,8 @@ class SqlStore:
             raise RunNotFoundError(run_id)
         return run
 
-    def _write(self, conn: sa.Connection, old: Run, new: Run) -> None:
-        changes = rows.changed_values(old, new)
+    def _write(self, conn: sa.Connection, old: Run, new: Run, **extra: Any) -> None:
+        changes = rows.changed_values(old, new) | extra
         if changes:
             conn.execute(sa.update(runs).where(R.id == old.id).values(**changes))
 
@@ -90,15 +95,14 @@ class SqlStore:
         q = rows.sharing_sql(self._dialect, workflow, tag, self.namespace)
         return [r for r in map(rows.to_run, conn.execute(q)) if tag in r.tags]
 
-    def _append(self, conn: sa.Connection, run_id: str, evs: Sequence[Event]) -> tuple[int, ...]:
+    def _append(
+        self, conn: sa.Connection, run_id: str, last_seq: int, evs: Sequence[Event]
+    ) -> tuple[int, ...]:
+        """Insert ``evs`` after ``last_seq`` (read from the locked run row); the primary key
+        ``(run_id, seq)`` still refuses a second writer of the same position."""
         if not evs:
             return ()
-        last = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0)).where(
-                events.c.run_id == run_id
-            )
-        ).scalar_one()
-        new_rows = rows.event_rows(run_id, int(last) + 1, evs)
+        new_rows = rows.event_rows(run_id, last_seq + 1, evs)
         conn.execute(sa.insert(events), new_rows)
         return tuple(r["seq"] for r in new_rows)
 
@@ -124,8 +128,10 @@ class SqlStore:
                         )
                 if self.namespace is not None and run.namespace is None:
                     run = dataclasses.replace(run, namespace=self.namespace)
-                conn.execute(sa.insert(runs).values(**rows.run_values(run)))
-                self._append(conn, run.id, events)
+                conn.execute(
+                    sa.insert(runs).values(**rows.run_values(run), last_seq=len(events))
+                )
+                self._append(conn, run.id, 0, events)
         except sa.exc.IntegrityError:
             # A concurrent create of the same id won the insert (PostgreSQL): idempotent.
             with self._tx(write=False) as conn:
@@ -212,7 +218,11 @@ class SqlStore:
         with self._tx() as conn:
             if n is not None:  # advisory lock before any row lock: the admission lock order
                 self._db.lock_key(conn, n.workflow, n.tag)
-            run = self._get(conn, run_id, lock=True)
+            row = self._fetch_row(conn, run_id, lock=True)
+            if row is None:
+                raise RunNotFoundError(run_id)
+            run = rows.to_run(row)
+            last_seq = int(row._mapping["last_seq"])
             if owner is not None:
                 if run.lease_owner != owner:
                     raise LeaseLostError(run_id)
@@ -241,8 +251,11 @@ class SqlStore:
                     ).scalars()
                 )
             new = apply_update(run, update, now, inbox_names=names)
-            self._write(conn, run, new)
-            seqs = self._append(conn, run_id, update.events)
+            if update.events:
+                self._write(conn, run, new, last_seq=last_seq + len(update.events))
+            else:
+                self._write(conn, run, new)
+            seqs = self._append(conn, run_id, last_seq, update.events)
             woken: list[str] = []
             if n is not None:
                 sharing = self._sharing(conn, n.workflow, n.tag)
