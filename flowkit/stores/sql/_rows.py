@@ -105,12 +105,12 @@ def visible(namespace: str | None) -> sa.ColumnElement[bool]:
     return sa.true() if namespace is None else R.namespace == namespace
 
 
-def leased_sql(now: float) -> sa.ColumnElement[bool]:
+def leased_sql(now: Any) -> sa.ColumnElement[bool]:
     """``Run.leased(now)``."""
     return sa.and_(R.lease_owner.is_not(None), R.lease_expires.is_not(None), R.lease_expires > now)
 
 
-def claimable_sql(now: float) -> sa.ColumnElement[bool]:
+def claimable_sql(now: Any) -> sa.ColumnElement[bool]:
     """Mirror of ``memory.claimable``: active, no live lease, and pending/running, or
     cancelling without a wake time, or a wake time that has come."""
     return sa.and_(

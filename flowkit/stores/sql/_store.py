@@ -42,6 +42,9 @@ from ._schema import events, runs, signals
 R = runs.c
 
 
+_INSERT_EVENTS = sa.insert(events)
+
+
 class SqlStore:
     """A durable store on SQLAlchemy 2 (see ``flowkit.stores.base.Store`` for the contract).
 
@@ -57,6 +60,41 @@ class SqlStore:
         self.namespace = namespace
         self._dialect = self._db.dialect
         self._tx = self._db.tx
+        # Built once: the hot statements skip construction and cache-key work on every call.
+        self._q_run = sa.select(runs).where(
+            R.id == sa.bindparam("run_id"), rows.visible(self.namespace)
+        )
+        self._q_run_locked = self._q_run.with_for_update()
+        now = sa.bindparam("now", type_=R.updated_at.type)
+        self._claim_stmt = (
+            sa.update(runs)
+            .where(
+                R.id == sa.bindparam("run_id"),
+                rows.visible(self.namespace),
+                rows.claimable_sql(now),
+            )
+            .values(
+                status=sa.case(
+                    (R.status == RunStatus.CANCELLING.value, R.status),
+                    else_=RunStatus.RUNNING.value,
+                ),
+                wake_at=None,
+                lease_owner=sa.bindparam("owner"),
+                lease_expires=sa.bindparam("until", type_=R.lease_expires.type),
+                updated_at=now,
+            )
+            .returning(*runs.c)
+        )
+        self._renew_stmt = (
+            sa.update(runs)
+            .where(
+                R.id == sa.bindparam("run_id"),
+                R.lease_owner == sa.bindparam("owner"),
+                R.status.in_(rows.ACTIVE),
+            )
+            .values(lease_expires=sa.bindparam("until", type_=R.lease_expires.type))
+            .returning(*runs.c)
+        )
 
     def scoped(self, namespace: str) -> SqlStore:
         """A view over the same database that reads and writes only ``namespace``."""
@@ -77,8 +115,8 @@ class SqlStore:
     def _fetch_row(
         self, conn: sa.Connection, run_id: str, *, lock: bool = False
     ) -> sa.Row[Any] | None:
-        q = sa.select(runs).where(R.id == run_id, rows.visible(self.namespace))
-        return conn.execute(q.with_for_update() if lock else q).first()
+        q = self._q_run_locked if lock else self._q_run
+        return conn.execute(q, {"run_id": run_id}).first()
 
     def _get(self, conn: sa.Connection, run_id: str, *, lock: bool = False) -> Run:
         run = self._fetch(conn, run_id, lock=lock)
@@ -103,7 +141,7 @@ class SqlStore:
         if not evs:
             return ()
         new_rows = rows.event_rows(run_id, last_seq + 1, evs)
-        conn.execute(sa.insert(events), new_rows)
+        conn.execute(_INSERT_EVENTS, new_rows)
         return tuple(r["seq"] for r in new_rows)
 
     # -- the contract ------------------------------------------------------------------
@@ -128,9 +166,7 @@ class SqlStore:
                         )
                 if self.namespace is not None and run.namespace is None:
                     run = dataclasses.replace(run, namespace=self.namespace)
-                conn.execute(
-                    sa.insert(runs).values(**rows.run_values(run), last_seq=len(events))
-                )
+                conn.execute(sa.insert(runs).values(**rows.run_values(run), last_seq=len(events)))
                 self._append(conn, run.id, 0, events)
         except sa.exc.IntegrityError:
             # A concurrent create of the same id won the insert (PostgreSQL): idempotent.
@@ -181,34 +217,15 @@ class SqlStore:
             return [rows.to_event(r) for r in conn.execute(q)]
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
-        status = sa.case(
-            (R.status == RunStatus.CANCELLING.value, R.status), else_=RunStatus.RUNNING.value
-        )
-        stmt = (
-            sa.update(runs)
-            .where(R.id == run_id, rows.visible(self.namespace), rows.claimable_sql(now))
-            .values(
-                status=status,
-                wake_at=None,
-                lease_owner=owner,
-                lease_expires=lease_expires,
-                updated_at=now,
-            )
-            .returning(*runs.c)
-        )
+        params = {"run_id": run_id, "owner": owner, "until": lease_expires, "now": now}
         with self._tx() as conn:
-            row = conn.execute(stmt).first()
+            row = conn.execute(self._claim_stmt, params).first()
         return None if row is None else rows.to_run(row)
 
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
-        stmt = (
-            sa.update(runs)
-            .where(R.id == run_id, R.lease_owner == owner, R.status.in_(rows.ACTIVE))
-            .values(lease_expires=lease_expires)
-            .returning(*runs.c)
-        )
+        params = {"run_id": run_id, "owner": owner, "until": lease_expires}
         with self._tx() as conn:
-            row = conn.execute(stmt).first()
+            row = conn.execute(self._renew_stmt, params).first()
         return None if row is None else rows.to_run(row)
 
     async def commit(
