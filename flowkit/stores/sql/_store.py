@@ -43,6 +43,8 @@ R = runs.c
 
 
 _INSERT_EVENTS = sa.insert(events)
+_INSERT_RUN = sa.insert(runs)
+_ANY_RUN = sa.select(runs).where(runs.c.id == sa.bindparam("run_id"))  # in any namespace
 
 
 class SqlStore:
@@ -152,7 +154,7 @@ class SqlStore:
             with self._tx() as conn:
                 if queue_cap is not None:
                     self._db.lock_key(conn, queue_cap.workflow, queue_cap.tag)
-                row = conn.execute(sa.select(runs).where(R.id == run.id)).first()
+                row = conn.execute(_ANY_RUN, {"run_id": run.id}).first()
                 if row is not None:
                     return self._existing(row), False
                 if queue_cap is not None:
@@ -166,12 +168,12 @@ class SqlStore:
                         )
                 if self.namespace is not None and run.namespace is None:
                     run = dataclasses.replace(run, namespace=self.namespace)
-                conn.execute(sa.insert(runs).values(**rows.run_values(run), last_seq=len(events)))
+                conn.execute(_INSERT_RUN, {**rows.run_values(run), "last_seq": len(events)})
                 self._append(conn, run.id, 0, events)
         except sa.exc.IntegrityError:
             # A concurrent create of the same id won the insert (PostgreSQL): idempotent.
             with self._tx(write=False) as conn:
-                row = conn.execute(sa.select(runs).where(R.id == run.id)).first()
+                row = conn.execute(_ANY_RUN, {"run_id": run.id}).first()
             if row is None:
                 raise
             return self._existing(row), False
