@@ -57,7 +57,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for tests.pg (the throwaway PostgreSQL)
 
-from store_bench import postgres_server  # noqa: E402  (one way to start the server)
+from store_bench import (  # noqa: E402  (one workflow, proxy and server for both benches)
+    CountingStore,
+    ThreeSteps,
+    postgres_server,
+)
 
 from flowkit import Engine, Singleton, SystemClock, WorkflowCtx, workflow  # noqa: E402
 from flowkit.stores.sql import SqlStore  # noqa: E402
@@ -184,52 +188,9 @@ class SqlCounter:
             sa.event.remove(self.engine, name, fn)
 
 
-class CountingStore:
-    """Forwards everything to ``inner`` and counts its async calls by name."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if not asyncio.iscoroutinefunction(attr):
-            return attr
-        calls = self.calls
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
-            return await attr(*args, **kwargs)
-
-        setattr(self, name, counted)  # later lookups skip __getattr__
-        return counted
-
-
-# -- the workloads, flowkit side -------------------------------------------------------------
-
-
-async def step_a(x: int) -> int:
-    return x + 1
-
-
-async def step_b(x: int) -> int:
-    return x * 2
-
-
-async def step_c(x: int) -> int:
-    return x - 1
-
-
 def expected(x: int) -> int:
+    """What ``ThreeSteps`` (and the DBOS twin below) return for ``x``."""
     return (x + 1) * 2 - 1
-
-
-@workflow(name="bench-dbos-three-steps")
-class ThreeSteps:
-    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> int:
-        x = await ctx.step(step_a, input["x"])
-        x = await ctx.step(step_b, x)
-        return await ctx.step(step_c, x)
 
 
 class Probe:

@@ -335,31 +335,28 @@ class CodecStore:
     def _maybe_run_out(self, run: Run | None) -> Run | None:
         return None if run is None else self._run_out(run)
 
-    def _event_in(self, ev: Event) -> Event:
+    @staticmethod
+    def _map_event(
+        ev: Event, value: Callable[[Any], Any], info: Callable[[ErrorInfo], ErrorInfo]
+    ) -> Event:
+        """Apply ``value`` to the event's payload field (``info`` to its error), if any."""
         if isinstance(ev, RunStarted):
-            return ev.model_copy(update={"input": self._enc(ev.input)})
+            return ev.model_copy(update={"input": value(ev.input)})
         if isinstance(ev, StepCompleted):
-            return ev.model_copy(update={"result": self._enc(ev.result)})
+            return ev.model_copy(update={"result": value(ev.result)})
         if isinstance(ev, SignalReceived):
-            return ev.model_copy(update={"payload": self._enc(ev.payload)})
+            return ev.model_copy(update={"payload": value(ev.payload)})
         if isinstance(ev, RunCompleted):
-            return ev.model_copy(update={"output": self._enc(ev.output)})
+            return ev.model_copy(update={"output": value(ev.output)})
         if isinstance(ev, StepFailed | RunFailed):
-            return ev.model_copy(update={"error": self._enc_info(ev.error)})
+            return ev.model_copy(update={"error": info(ev.error)})
         return ev
 
+    def _event_in(self, ev: Event) -> Event:
+        return self._map_event(ev, self._enc, self._enc_info)
+
     def _event_out(self, ev: Event) -> Event:
-        if isinstance(ev, RunStarted):
-            return ev.model_copy(update={"input": self._dec(ev.input)})
-        if isinstance(ev, StepCompleted):
-            return ev.model_copy(update={"result": self._dec(ev.result)})
-        if isinstance(ev, SignalReceived):
-            return ev.model_copy(update={"payload": self._dec(ev.payload)})
-        if isinstance(ev, RunCompleted):
-            return ev.model_copy(update={"output": self._dec(ev.output)})
-        if isinstance(ev, StepFailed | RunFailed):
-            return ev.model_copy(update={"error": self._dec_info(ev.error)})
-        return ev
+        return self._map_event(ev, self._dec, self._dec_info)
 
     # -- the contract (see flowkit.stores.base.Store) --------------------------------------
     async def create_run(
