@@ -1,6 +1,6 @@
 """Bundled stores and the store protocol."""
 
-from .base import CommitResult, ConflictError, InboxSignal, Notify, QueueCap, Store, Update
+from .base import CommitResult, ConflictError, HandOff, InboxSignal, Notify, QueueCap, Store, Update
 from .codec import AESGCMCodec, Codec, CodecError, CodecStore
 from .memory import MemoryStore
 from .sql import SqlStore
@@ -12,6 +12,7 @@ __all__ = [
     "CodecStore",
     "CommitResult",
     "ConflictError",
+    "HandOff",
     "InboxSignal",
     "MemoryStore",
     "Notify",

@@ -54,11 +54,29 @@ class QueueCap:
 @dataclass(frozen=True)
 class Notify:
     """Notify-on-release, applied in the same transaction as a terminal commit: stamp
-    ``wake_at=now`` on the oldest gated waiters of ``(workflow, tag)`` that free slots can take."""
+    ``wake_at=now`` on the oldest gated waiters of ``(workflow, tag)`` that free slots can take.
+
+    With ``claim_owner`` (and a known ``limit``) a store may *hand the slot over* instead: a
+    waiter that is claimable at ``now`` is admitted (``flowkit.singleton.admission_tags``) and
+    claimed for ``claim_owner`` until ``lease_expires`` in the same transaction, and returned
+    in ``CommitResult.handed``. The releasing engine then runs it at once, so a handover costs
+    no further transaction and no cross-process wake-up. A waiter some other claimer holds is
+    left to admit itself."""
 
     workflow: str
     tag: str
     limit: int | None  # None: unknown to the releasing engine; wake the oldest waiter
+    claim_owner: str | None = None
+    lease_expires: float = 0.0
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """A waiter that a release handed its slot to: admitted and leased to the releasing
+    engine in the releasing transaction, with its history, ready to execute."""
+
+    run: Run
+    events: tuple[Event, ...]
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,7 @@ class CommitResult:
     run: Run
     seqs: tuple[int, ...] = ()
     woken: tuple[str, ...] = field(default=())
+    handed: tuple[HandOff, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -186,6 +205,7 @@ __all__ = [
     "UNSET",
     "CommitResult",
     "ConflictError",
+    "HandOff",
     "InboxSignal",
     "Notify",
     "QueueCap",

@@ -20,7 +20,9 @@ from .base import (
     UNSET,
     CommitResult,
     ConflictError,
+    HandOff,
     InboxSignal,
+    Notify,
     QueueCap,
     Update,
 )
@@ -182,16 +184,18 @@ class MemoryStore:
         self._put(new)
         seqs = self._append(run_id, update.events)
         woken: list[str] = []
+        handed: list[HandOff] = []
         if update.notify is not None:
             n = update.notify
-            for wid in _sg.waiters_to_wake(
-                self._sharing(n.workflow, n.tag), n.tag, n.workflow, n.limit
-            ):
-                w = self._d.runs[wid]
+            for w, admitted in plan_release(self._sharing(n.workflow, n.tag), n, now):
+                if admitted is not None:
+                    self._put(admitted)
+                    handed.append(HandOff(admitted, tuple(self._d.events.get(w.id, ()))))
+                    continue
                 if w.status is RunStatus.SUSPENDED:
                     self._put(dataclasses.replace(w, wake_at=now))
-                woken.append(wid)
-        return CommitResult(new, seqs, tuple(woken))
+                woken.append(w.id)
+        return CommitResult(new, seqs, tuple(woken), tuple(handed))
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None
@@ -283,6 +287,46 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
             waiting_signals=(),
         )
     return dataclasses.replace(run, **changes)
+
+
+def plan_release(sharing: Sequence[Run], n: Notify, now: float) -> list[tuple[Run, Run | None]]:
+    """Notify-on-release inside the releasing transaction, for every store: each waiter the
+    freed slots go to, oldest first, paired with its admitted and claimed snapshot when the
+    slot is handed over (``n.claim_owner`` set, the limit known, the waiter not leased),
+    else ``None`` (stamp ``wake_at=now``; it admits itself). A store that can lose the race
+    for a waiter's row (PostgreSQL) applies the claim conditionally and wakes it on a miss."""
+    runs = list(sharing)
+    plan: list[tuple[Run, Run | None]] = []
+    for wid in _sg.waiters_to_wake(runs, n.tag, n.workflow, n.limit):
+        w = next(r for r in runs if r.id == wid)
+        tags = None
+        if n.claim_owner is not None and n.limit is not None and hand_off_ok(w, now):
+            tags = _sg.admission_tags(runs, wid, n.tag, n.workflow, n.limit)
+        if tags is None:
+            plan.append((w, None))
+            continue
+        admitted = dataclasses.replace(
+            w,
+            tags=tuple(tags),
+            status=RunStatus.RUNNING,
+            wake_at=None,
+            lease_owner=n.claim_owner,
+            lease_expires=n.lease_expires,
+            updated_at=now,
+        )
+        runs = [admitted if r.id == wid else r for r in runs]
+        plan.append((w, admitted))
+    return plan
+
+
+def hand_off_ok(run: Run, now: float) -> bool:
+    """A waiter a release may claim: not cancelling, no live lease (its wake time, the gate's
+    re-check, is what the release brings forward)."""
+    return run.status in (
+        RunStatus.PENDING,
+        RunStatus.RUNNING,
+        RunStatus.SUSPENDED,
+    ) and not run.leased(now)
 
 
 def claimable(run: Run, now: float) -> bool:
