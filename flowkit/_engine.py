@@ -336,9 +336,12 @@ class Engine:
             while True:
                 fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
                 try:
-                    run = await self._get(run_id)
-                    if run.status.terminal:
-                        return self._outcome(run)
+                    if self._worker is None or not self._worker.executing(run_id):
+                        # Executing here: its settling commit resolves ``fut`` with the
+                        # snapshot, so only a run elsewhere (or parked) needs a read.
+                        run = await self._get(run_id)
+                        if run.status.terminal:
+                            return self._outcome(run)
                     await asyncio.wait({fut}, timeout=0.5)
                     settled = fut.result() if fut.done() else None
                     if isinstance(settled, Run) and settled.status.terminal:

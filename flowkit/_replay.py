@@ -85,6 +85,7 @@ class Activation(StepCalls):
         cancel_requested: bool = False,
         attempt: int = 1,
         replay_only: bool = False,
+        unwritten: Sequence[Event] = (),
     ) -> None:
         self.replay_only = replay_only
         self.replay_stopped_at: str | None = None
@@ -119,7 +120,11 @@ class Activation(StepCalls):
         self._stuck_parks: list[_Park] = []
         self._body_task: asyncio.Task[Any] | None = None
         self.store_error: Exception | None = None
-        self.pending: list[Event] = []  # recorded outcomes not yet written (see _defer)
+        # Events not yet written: deferred outcomes (see _defer) and, first, ``unwritten``
+        # bookkeeping the caller hands over (e.g. ``singleton_admitted``, whose fact is
+        # already durable on the run row): those ride with the next write but never force one.
+        self.pending: list[Event] = list(unwritten)
+        self._must_flush = False
 
     def _forget_final_failures(self) -> None:
         """After ``run_retried`` a step's failures no longer count: it runs again."""
@@ -250,6 +255,7 @@ class Activation(StepCalls):
         # Take the deferred events now: a concurrent branch recording meanwhile must neither
         # write them twice nor lose one it defers while this write is in flight.
         batch, self.pending = self.pending, []
+        must_flush, self._must_flush = self._must_flush, False
         try:
             cancel = await self.host.record([*batch, *events], consume_signal)
         except LeaseLostError:
@@ -258,6 +264,7 @@ class Activation(StepCalls):
         except ConflictError:
             if consume_signal is not None:
                 self.pending[:0] = batch  # nothing was written: keep them for the next write
+                self._must_flush = self._must_flush or must_flush
                 raise  # the signal went to a racing activation: the caller looks again
             self.evict()
             raise _Evicted() from None
@@ -277,10 +284,11 @@ class Activation(StepCalls):
         before any further side effect (the next step function) and otherwise travels in the
         activation's final commit. A crash before the flush re-runs just that step."""
         self.pending.append(event)
+        self._must_flush = True
         self._observe(event)
 
     async def _flush(self) -> None:
-        if self.pending:
+        if self._must_flush:
             await self._record([])
 
     async def _park(self, deadline: float | None, signal: str | None = None) -> None:

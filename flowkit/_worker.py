@@ -7,6 +7,7 @@ only randomness (gate jitter) from its RNG."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,9 @@ class Worker:
         self.owner = engine.instance_id
         self._active: dict[str, Activation | None] = {}
         self._again: set[str] = set()
+        # Runs handed to this instance while a stale activation of theirs was still winding
+        # down here: executed as soon as it has gone (their lease is already ours).
+        self._handed_later: dict[str, tuple[Run, list[Event]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._poke = asyncio.Event()
@@ -139,9 +143,17 @@ class Worker:
         """Whether a run started here now could be executed at once."""
         return self._running and len(self._active) < self.engine.max_concurrency
 
+    def executing(self, run_id: str) -> bool:
+        """Whether ``run_id`` is being claimed or executed by this instance right now."""
+        return run_id in self._active
+
     def run_claimed(self, run: Run, events: Sequence[Event]) -> None:
-        """Execute a run this instance created already claimed (no claim, no history read)."""
-        if not self._running or run.id in self._active:
+        """Execute a run this instance already holds the lease of: one it created claimed, or
+        one a release handed over (no claim, no history read)."""
+        if not self._running:
+            return
+        if run.id in self._active:
+            self._handed_later[run.id] = (run, list(events))
             return
         self._active[run.id] = None
         task = asyncio.ensure_future(self._activate(run.id, (run, list(events))))
@@ -230,13 +242,30 @@ class Worker:
                     log.exception("activation of run %s failed; it will be recovered", run_id)
         finally:
             self._active.pop(run_id, None)
+        later = self._handed_later.pop(run_id, None)
+        if later is not None:
+            self.run_claimed(*later)
+            return
         if run_id in self._again and self._running:
             self._again.discard(run_id)
             self.dispatch(run_id)
 
     async def _commit(self, run: Run, update: Update) -> Run:
         eng = self.engine
-        res = await self.store.commit(run.id, self.owner, eng.clock.now(), update)
+        now = eng.clock.now()
+        n = update.notify
+        if n is not None and self._running and len(self._active) <= eng.max_concurrency:
+            # Hand the freed slot straight to the next waiter: the store admits and leases it
+            # to us in this very transaction, and we execute it at once.
+            update = dataclasses.replace(
+                update,
+                notify=dataclasses.replace(
+                    n, claim_owner=self.owner, lease_expires=now + eng.lease_ttl
+                ),
+            )
+        res = await self.store.commit(run.id, self.owner, now, update)
+        for h in res.handed:
+            self.run_claimed(h.run, h.events)
         for wid in res.woken:
             eng._wake(wid)
         new = res.run
@@ -262,6 +291,7 @@ class Worker:
             events = await self.store.load_events(run.id)
         cancelling = run.status is RunStatus.CANCELLING
         admitted = False
+        unwritten: list[Event] = []
         notify: Notify | None = None
         key = run.singleton_key
         if key is not None:
@@ -292,13 +322,13 @@ class Worker:
                     return
             admitted = True
             if gate.needs_admitted_event(events):
-                await self._commit(
-                    run, Update(events=[SingletonAdmitted(key=key, at=eng.clock.now())])
-                )
+                # The admission itself is durable on the run row; its history record rides
+                # with the activation's next write instead of costing one of its own.
+                unwritten.append(SingletonAdmitted(key=key, at=eng.clock.now()))
         try:
             value = defn.input_adapter.validate_python(run.input)
         except ValidationError as exc:  # the stored input no longer fits the current code
-            await self._settle(run, Failed(error_info(exc)), admitted, notify)
+            await self._settle(run, Failed(error_info(exc)), admitted, notify, unwritten)
             return
         act = Activation(
             defn,
@@ -309,6 +339,7 @@ class Worker:
             _Host(self, run.id),
             cancel_requested=cancelling,
             attempt=run.attempt,
+            unwritten=unwritten,
         )
         self._active[run.id] = act
         outcome = await act.run()

@@ -111,17 +111,18 @@ async def test_one_release_with_two_free_slots_stamps_two_waiters_due_now() -> N
 
 
 class SpyStore(MemoryStore):
-    """Records, after every commit that carries a notify, the woken waiters' wake times."""
+    """Records, after every commit that carries a notify, the woken waiters' wake times and
+    the waiters the release handed its slot to (admitted and leased in the same commit)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.notified: list[tuple[float, dict[str, float | None]]] = []
+        self.notified: list[tuple[float, dict[str, float | None], list[str]]] = []
 
     async def commit(self, run_id, owner, now, update):  # type: ignore[no-untyped-def]
         res = await super().commit(run_id, owner, now, update)
         if update.notify is not None:
             stamps = {w: (await self.get_run(w)).wake_at for w in res.woken}
-            self.notified.append((now, stamps))
+            self.notified.append((now, stamps, [h.run.id for h in res.handed]))
         return res
 
 
@@ -140,10 +141,10 @@ async def test_worker_less_client_cancelling_a_holder_leaves_the_waiter_due_now(
 
         await env.advance(0)  # a worker polls (no time passes)
         assert (await get(env, "h")).status is RunStatus.CANCELLED
-        # the settling commit stamped the waiter due now, atomically with the release
-        (at, stamps) = store.notified[-1]
+        # the settling commit handed the slot to the waiter, atomically with the release
+        (at, stamps, handed) = store.notified[-1]
         assert at == now
-        assert stamps == {"w": now}
+        assert (stamps, handed) == ({}, ["w"])
         assert await holders(env) == ["w"]
         (adm,) = await events_of(env, "w", "singleton_admitted")
         assert adm.at == now
@@ -347,3 +348,91 @@ async def test_retried_run_reclaims_a_free_slot() -> None:
         t = await types(env, "f")
         assert t[t.index("run_retried") + 1] == "singleton_admitted"
         assert lane.entered == ["f"]  # the completed first step replayed, not re-run
+
+
+# -- hand-off: the release admits and leases the next waiter in the same commit ------------
+
+
+class CallLog(MemoryStore):
+    """A MemoryStore that logs the calls a hand-over could cost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    async def commit(self, run_id, owner, now, update):  # type: ignore[no-untyped-def]
+        res = await super().commit(run_id, owner, now, update)
+        self.calls.append(("commit", run_id))
+        self.calls.extend(("handed", h.run.id) for h in res.handed)
+        return res
+
+    async def claim(self, run_id, owner, now, lease_expires):  # type: ignore[no-untyped-def]
+        self.calls.append(("claim", run_id))
+        return await super().claim(run_id, owner, now, lease_expires)
+
+    async def try_admit_singleton(self, run_id, *args):  # type: ignore[no-untyped-def]
+        self.calls.append(("try_admit", run_id))
+        return await super().try_admit_singleton(run_id, *args)
+
+    async def load_events(self, run_id):  # type: ignore[no-untyped-def]
+        self.calls.append(("load_events", run_id))
+        return await super().load_events(run_id)
+
+
+async def test_release_hands_the_slot_over_without_another_transaction() -> None:
+    lane = make_lane()
+    store = CallLog()
+    async with TestEnv([lane], store=store) as env:
+        await env.start("lane", inp("A", "event"), "h")
+        await env.start("lane", inp("A", "none"), "w")
+        await assert_gated(env, "w")
+        store.calls.clear()
+        lane.gates["h"].set()
+        await env.settle()
+        assert (await get(env, "w")).status is RunStatus.COMPLETED
+        # h's release commit handed w over; w then ran straight into its own commits
+        handed_at = store.calls.index(("handed", "w"))
+        assert store.calls[handed_at - 1] == ("commit", "h")
+        after = store.calls[handed_at + 1 :]
+        assert after and all(c == ("commit", "w") for c in after), after
+        t = await types(env, "w")
+        # the admission record rides with w's first write, ahead of its first step
+        assert t.index("singleton_admitted") < t.index("step_completed")
+        assert t.count("singleton_admitted") == 1
+        assert lane.entered == ["h", "w"]
+
+
+async def test_the_releasing_instance_takes_over_a_waiter_gated_elsewhere() -> None:
+    lane = make_lane()
+    async with TestEnv([lane], instances=2) as env:
+        await env.engines[0].start("lane", inp("A", "event"), "h")
+        await env.engines[1].start("lane", inp("A", "event"), "w")
+        await env.settle()
+        await assert_gated(env, "w")
+        lane.gates["h"].set()
+        await env.settle()
+        w = await get(env, "w")
+        assert (w.status, w.admitted) == (RunStatus.RUNNING, True)
+        assert w.lease_owner == env.engines[0].instance_id  # no cross-instance wake-up needed
+        assert lane.entered == ["h", "w"]
+        lane.gates["w"].set()
+        await env.settle()
+        assert (await get(env, "w")).status is RunStatus.COMPLETED
+
+
+async def test_a_full_instance_wakes_the_waiter_instead_of_taking_it() -> None:
+    lane = make_lane()
+    store = CallLog()
+    async with TestEnv([lane], instances=2, store=store) as env:
+        full = env.engines[0]
+        await full.start("lane", inp("A", "event"), "h")
+        await full.start("lane", inp("B", "event"), "x")
+        await env.engines[1].start("lane", inp("A", "event"), "w")
+        await env.settle()
+        full.max_concurrency = 1  # x keeps it full after h leaves: no room for the waiter
+        lane.gates["h"].set()
+        await env.settle()
+        assert ("handed", "w") not in store.calls
+        assert ("claim", "w") in store.calls  # woken due now, then claimed like any due run
+        assert (await get(env, "w")).admitted
+        assert lane.entered == ["h", "x", "w"]

@@ -91,12 +91,15 @@ class SingletonMachine(RuleBasedStateMachine):
         waiting when it was admitted stay below the limit: free slots go to the oldest
         waiters. (Runs created at ``me``'s admission instant are left out: same-instant order
         is not observable.)"""
+        # The admission is durable as the run row's marker; its ``singleton_admitted`` record
+        # rides with the run's next write, so while the first step runs it may not be there.
+        row = await self.store.get_run(me.id)
+        if row is None or ADMITTED_TAG not in row.tags:
+            self.violations.append(f"{me.id} executes without holding a singleton slot")
+            return
         events = await self.store.load_events(me.id)
         admitted_at = [e.at for e in events if e.type == "singleton_admitted"]
-        if not admitted_at:
-            self.violations.append(f"{me.id} executes without a singleton_admitted event")
-            return
-        t = admitted_at[-1]
+        t = admitted_at[-1] if admitted_at else self.env.clock.now()
         assert me.singleton_tag is not None
         peers = [
             r

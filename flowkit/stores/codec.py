@@ -43,7 +43,7 @@ from .._history import (
 )
 from .._run import Run, RunStatus
 from ..errors import FlowkitError
-from .base import UNSET, CommitResult, InboxSignal, QueueCap, Update
+from .base import UNSET, CommitResult, HandOff, InboxSignal, QueueCap, Update
 
 STRING_PREFIX = "$codec:"
 """Marks an encoded value stored in a string-typed field (error messages)."""
@@ -400,7 +400,11 @@ class CodecStore:
             error=update.error if update.error is UNSET else self._enc_error(update.error),
         )
         res: CommitResult = await self.inner.commit(run_id, owner, now, encoded)
-        return dataclasses.replace(res, run=self._run_out(res.run))
+        handed = tuple(
+            HandOff(self._run_out(h.run), tuple(self._event_out(e) for e in h.events))
+            for h in res.handed
+        )
+        return dataclasses.replace(res, run=self._run_out(res.run), handed=handed)
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None

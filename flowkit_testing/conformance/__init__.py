@@ -54,6 +54,7 @@ from ._singleton import (
     check_admission_respects_limit,
     check_admission_skips_cancelling_and_terminal,
     check_denial_parks_waiter,
+    check_notify_hands_the_slot_over,
     check_notify_wakes_oldest_waiters,
 )
 from ._support import ConformanceError, PairFactory, StoreFactory
@@ -142,6 +143,7 @@ __all__ = [
     "check_list_runs_order_and_filters",
     "check_microsecond_timestamps",
     "check_namespace_scoping",
+    "check_notify_hands_the_slot_over",
     "check_notify_wakes_oldest_waiters",
     "check_payloads_round_trip",
     "check_queue_cap_rejection_writes_nothing",

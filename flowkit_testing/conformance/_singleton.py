@@ -279,3 +279,54 @@ async def check_notify_wakes_oldest_waiters(factory: StoreFactory) -> None:
     expect_eq(await s.get_run("ok2"), ok2, "a waiter of another key must not be woken")
     none = await s.commit("ok2", None, T0 + 7, Update(notify=Notify(WF, tag_of("k9"), 1)))
     expect_eq(none.woken, (), "a Notify of a key without waiters")
+
+
+@check(requires=["try_admit_singleton"])
+async def check_notify_hands_the_slot_over(factory: StoreFactory) -> None:
+    """With ``Notify.claim_owner`` a release may hand its slot to the oldest waiter: admitted
+    (marker), ``running``, leased to ``claim_owner`` until ``lease_expires``, ``wake_at``
+    cleared, returned in ``CommitResult.handed`` with its history, and no longer claimable by
+    anyone else. A store that does not hand over must wake it as ``Notify`` without an owner
+    does. A waiter leased by another claimer is never handed over, and later waiters are
+    untouched."""
+    s = await make_store(factory)
+    await put(s, mk("h", key="k", t=T0))
+    await put(s, mk("w1", key="k", t=T0 + 1))
+    await put(s, mk("w2", key="k", t=T0 + 2))
+    expect(await s.try_admit_singleton("h", TAG, WF, 1, T0 + 1), "'h' denied")
+    for rid in ("w1", "w2"):
+        expect(not await s.try_admit_singleton(rid, TAG, WF, 1, T0 + 50), f"{rid!r} admitted")
+    w2 = await get(s, "w2")
+    n = Notify(WF, TAG, 1, claim_owner="me", lease_expires=T0 + 100)
+    res = await s.commit(
+        "h", None, T0 + 3, Update(events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED, notify=n)
+    )
+    if res.handed:
+        expect_eq([h.run.id for h in res.handed], ["w1"], "handed over by h's release")
+        (hand,) = res.handed
+        got = await get(s, "w1")
+        expect_eq(hand.run, got, "CommitResult.handed snapshot must equal get_run")
+        expect_eq(
+            (got.status, got.lease_owner, got.lease_expires, got.wake_at, got.admitted),
+            (S.RUNNING, "me", T0 + 100, None, True),
+            "the handed-over waiter's state",
+        )
+        expect_eq(list(hand.events), await s.load_events("w1"), "handed-over history")
+        expect("w1" not in res.woken, "a handed-over waiter is not also reported woken")
+        expect(await s.claim("w1", "other", T0 + 4, T0 + 60) is None, "handed run re-claimed")
+    else:
+        expect_eq(res.woken, ("w1",), "woken by h's release (no hand-off)")
+        expect_eq((await get(s, "w1")).wake_at, T0 + 3, "the woken waiter is due now")
+    expect_eq(await s.get_run("w2"), w2, "a later waiter must not be touched")
+
+    s = await make_store(factory)
+    await put(s, mk("h", key="k", t=T0))
+    await put(s, mk("w1", key="k", t=T0 + 1))
+    expect(await s.try_admit_singleton("h", TAG, WF, 1, T0 + 1), "'h' denied")
+    expect(await s.claim("w1", "x", T0 + 2, T0 + 60) is not None, "'w1' not claimable")
+    w1 = await get(s, "w1")
+    res = await s.commit(
+        "h", None, T0 + 3, Update(events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED, notify=n)
+    )
+    expect_eq(res.handed, (), "a waiter leased by another claimer was handed over")
+    expect_eq(await s.get_run("w1"), w1, "a waiter leased by another claimer must not change")
