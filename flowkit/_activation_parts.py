@@ -103,8 +103,16 @@ Outcome = Completed | Failed | Cancelled | Suspended | Diverged | Evicted
 class _Branch:
     prefix: str
     now_at: float
-    rng: random.Random
+    seed: int
     counter: int = 0
+    _rng: random.Random | None = None
+
+    @property
+    def rng(self) -> random.Random:
+        """The branch's deterministic RNG, seeded on first use (most bodies never draw)."""
+        if self._rng is None:
+            self._rng = random.Random(self.seed)
+        return self._rng
 
     def next_pos(self) -> str:
         self.counter += 1

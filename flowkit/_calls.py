@@ -6,7 +6,6 @@ recorded events, parking) through the methods declared below."""
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -312,7 +311,7 @@ class StepCalls:
             _Branch(
                 prefix=f"{g}.{i}/",
                 now_at=parent.now_at,
-                rng=random.Random(parent.rng.getrandbits(64)),
+                seed=parent.rng.getrandbits(64),
             )
             for i in range(len(aws))
         ]

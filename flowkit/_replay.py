@@ -10,7 +10,6 @@ cannot satisfy (a timer not yet due, a signal not yet sent, a retry backoff) the
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -112,7 +111,8 @@ class Activation(StepCalls):
         self._blocked = 0
         self._parks: list[_Park] = []
         self._step_tasks: set[asyncio.Task[Any]] = set()
-        self._done = asyncio.Event()
+        self._is_done = False  # the body settled or got stuck (see _mark_done)
+        self._done_fut: asyncio.Future[None] | None = None
         self._cancel_requested = cancel_requested
         self._tearing_down = False
         self._evicted = False
@@ -174,7 +174,7 @@ class Activation(StepCalls):
         body and its running steps are cancelled, as a dying process would lose them."""
         self._evicted = True
         self._tearing_down = True
-        self._done.set()
+        self._mark_done()
         for t in list(self._step_tasks):
             t.cancel()
         if self._body_task is not None and not self.replay_only:
@@ -187,20 +187,26 @@ class Activation(StepCalls):
         self.evict()
         return _Evicted()
 
+    def _mark_done(self) -> None:
+        self._is_done = True
+        fut = self._done_fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     def _check_alive(self) -> None:
         if self._tearing_down:
             raise _Evicted()
 
     def _check_stuck(self) -> None:
         if self._live > 0 and self._blocked >= self._live and self._parks:
-            self._done.set()
+            self._mark_done()
 
     def _diverge(
         self, pos: str, recorded: str | None, call: str | None, detail: str = ""
     ) -> _Diverged:
         if self._divergence is None:
             self._divergence = NonDeterminismError(pos, recorded, call, detail, self._window(pos))
-        self._done.set()
+        self._mark_done()
         return _Diverged(self._divergence)
 
     def _window(self, pos: str, width: int = 2) -> tuple[str, ...]:
@@ -309,26 +315,27 @@ class Activation(StepCalls):
 
     # -- the activation ----------------------------------------------------------------
     async def _body(self) -> Any:
-        root = _Branch(prefix="", now_at=self._start_at, rng=random.Random(_seed(self.run_id)))
+        root = _Branch(prefix="", now_at=self._start_at, seed=_seed(self.run_id))
         _BRANCH.set((self, root))
         try:
             return await self.instance.run(WorkflowCtx(self), self.input_value)
         finally:
             self._live -= 1
-            self._done.set()
+            self._mark_done()
 
     async def run(self) -> Outcome:
         """Execute the body until it settles or gets stuck; never raises for body errors."""
         self._live = 1
-        body = self._body_task = asyncio.ensure_future(self._body())
-        done_wait = asyncio.ensure_future(self._done.wait())
+        loop = asyncio.get_running_loop()
+        done = self._done_fut = loop.create_future()
+        body = self._body_task = loop.create_task(self._body())
+        body.add_done_callback(lambda _: self._mark_done())
         try:
-            await asyncio.wait({body, done_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not self._is_done:
+                await done
         except asyncio.CancelledError:
             self.evict()  # our worker is going away: so does the body
             raise
-        finally:
-            done_wait.cancel()
         self._stuck_parks = list(self._parks)
         if not body.done():
             await self._teardown(body)
