@@ -1,8 +1,9 @@
 """Run every benchmark; ``--smoke`` runs tiny sizes (CI keeps it from rotting).
 
 One throwaway PostgreSQL (tests/pg.py; skipped with a note when its binaries are missing) and
-one temporary directory of SQLite files serve every bench. Results are printed and written as
-JSON under bench/results/ (ignored by git)."""
+one temporary directory of SQLite files serve every bench (handover_bench also starts two worker
+processes on them). Results are printed and written as JSON under bench/results/ (ignored by
+git), with the seconds each bench took under ``bench_seconds``."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import dbos_bench
+import handover_bench
 import replay_bench
 import singleton_bench
 import store_bench
@@ -29,7 +33,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    results = {
+    results: dict[str, Any] = {
         "machine": {
             "python": platform.python_version(),
             "platform": platform.platform(),
@@ -45,10 +49,18 @@ def main() -> int:
         store_bench.postgres_server() as pg_url,
     ):
         stores = store_bench.admission_stores(Path(tmp), pg_url)
-        results["singleton"] = asyncio.run(singleton_bench.main(args.smoke, stores))
-        results["store"] = asyncio.run(store_bench.main(args.smoke, pg_url, Path(tmp)))
-        results["dbos"] = asyncio.run(dbos_bench.main(args.smoke, pg_url, Path(tmp)))
-        results["replay"] = asyncio.run(replay_bench.main(args.smoke))
+        benches: dict[str, Callable[[], Coroutine[Any, Any, dict[str, Any]]]] = {
+            "singleton": lambda: singleton_bench.main(args.smoke, stores),
+            "store": lambda: store_bench.main(args.smoke, pg_url, Path(tmp)),
+            "handover_xproc": lambda: handover_bench.main(args.smoke, pg_url, Path(tmp)),
+            "dbos": lambda: dbos_bench.main(args.smoke, pg_url, Path(tmp)),
+            "replay": lambda: replay_bench.main(args.smoke),
+        }
+        results["bench_seconds"] = {}
+        for name, bench in benches.items():
+            t = time.perf_counter()
+            results[name] = asyncio.run(bench())
+            results["bench_seconds"][name] = time.perf_counter() - t
     results["seconds"] = time.perf_counter() - t0
     results["machine"]["loadavg_at_end"] = os.getloadavg()
     out = Path(__file__).parent / "results"

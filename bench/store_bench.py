@@ -8,10 +8,12 @@ missing). Figures are ratios against a baseline measured in the same run, never 
    transaction path (``Database.tx``: pool checkout, ``BEGIN IMMEDIATE`` on SQLite, pre-ping on
    PostgreSQL), plus the same loop on the bare driver connection for reference;
 2. durable steps: workflows of 3 trivial steps through a real ``Engine`` (``SystemClock``),
-   one after another and 32 at a time; steps/s as a ratio to (1), taken in slices that
-   alternate with (1) so both see the same machine; store calls per workflow and their cost
-   (a counting proxy in front of the store), SQL transactions and statements per workflow (a
-   short pass with SQLAlchemy event counters);
+   one after another and 32 at a time; and long workflows of 40 trivial steps the same two
+   ways, where run creation and completion are amortized and each step costs about one
+   transaction of its own (the one-step-per-transaction workload). Steps/s as a ratio to (1),
+   taken in slices that alternate with (1) so both see the same machine; store calls per
+   workflow and their cost (a counting proxy in front of the store), SQL transactions and
+   statements per workflow (a short pass with SQLAlchemy event counters);
 3. handover on SQLite: release -> next same-key run's first step, notify-on-release vs the
    waiters' ~1 s timer (``Engine(..., notify_on_release=False)``);
 4. context, not a target: a denied admission re-check behind N waiters of the *same* key.
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,7 @@ from flowkit.stores.sql._schema import runs as runs_table  # noqa: E402
 POLL = 0.05  # the engines' poll_interval: small, but dispatch (not polling) drives the work
 CONCURRENCY = 32
 STEPS = 3
+LONG_STEPS = 40
 HANDOVER_WF = "bench-handover"
 WRITE_CALLS = ("create_run", "claim", "commit", "try_admit_singleton", "renew_lease")
 
@@ -213,6 +217,31 @@ class ThreeSteps:
         return await ctx.step(step_c, x)
 
 
+@workflow(name="bench-long-steps")
+class LongSteps:
+    """``LONG_STEPS`` trivial steps: each step's record is written before the next step runs,
+    so a step costs one transaction; the run's create and completion are spread over all."""
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> int:
+        x = input["x"]
+        for _ in range(LONG_STEPS):
+            x = await ctx.step(step_a, x)
+        return x
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A workflow to drive, its steps per run, and what run ``i`` returns."""
+
+    workflow: type
+    steps: int
+    expected: Callable[[int], int]
+
+
+THREE = Workload(ThreeSteps, STEPS, lambda i: (i + 1) * 2 - 1)
+LONG = Workload(LongSteps, LONG_STEPS, lambda i: i + LONG_STEPS)
+
+
 class CountingStore:
     """A thin proxy that forwards everything to ``inner`` and counts the async calls (and
     the wall time spent inside them: SqlStore blocks the event loop for each call)."""
@@ -271,27 +300,35 @@ class SqlCounter:
             sa.event.remove(self.engine, name, fn)
 
 
-async def run_workflows(engine: Engine, n: int, concurrency: int, prefix: str) -> float:
+async def run_workflows(
+    engine: Engine, n: int, concurrency: int, prefix: str, wl: Workload = THREE
+) -> float:
     """``n`` workflows (start -> result), ``concurrency`` in flight; the seconds taken."""
     ids = iter(range(n))
 
     async def client() -> None:
         for i in ids:
-            run = await engine.start(ThreeSteps, {"x": i}, f"{prefix}-{i:06d}")
-            assert await engine.result(run.id, timeout=120) == (i + 1) * 2 - 1
+            run = await engine.start(wl.workflow, {"x": i}, f"{prefix}-{i:06d}")
+            assert await engine.result(run.id, timeout=120) == wl.expected(i)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     return time.perf_counter() - t0
 
 
-MODES = {"sequential": 1, f"concurrent{CONCURRENCY}": CONCURRENCY}
+MODES: dict[str, tuple[Workload, int]] = {
+    "sequential": (THREE, 1),
+    f"concurrent{CONCURRENCY}": (THREE, CONCURRENCY),
+    f"long{LONG_STEPS}_sequential": (LONG, 1),
+    f"long{LONG_STEPS}_concurrent{CONCURRENCY}": (LONG, CONCURRENCY),
+}
 
 
 class _Tally:
     """Workflows, seconds and the proxy's per-call counts/time of one mode, over slices."""
 
-    def __init__(self) -> None:
+    def __init__(self, wl: Workload) -> None:
+        self.wl = wl
         self.n = 0
         self.wall = 0.0
         self.calls: collections.Counter[str] = collections.Counter()
@@ -302,18 +339,20 @@ class _Tally:
         self, engine: Engine, proxy: CountingStore, n: int, conc: int, p: str
     ) -> None:
         calls, seconds = proxy.calls.copy(), proxy.seconds.copy()
-        dt = await run_workflows(engine, n, conc, p)
+        dt = await run_workflows(engine, n, conc, p, self.wl)
         self.n += n
         self.wall += dt
         self.calls.update(proxy.calls - calls)
         self.seconds.update(proxy.seconds - seconds)
-        self.slice_rates.append(n * STEPS / dt)
+        self.slice_rates.append(n * self.wl.steps / dt)
 
     def report(self, raw: float, raw_slices: list[float]) -> dict[str, Any]:
+        steps = self.n * self.wl.steps
         out: dict[str, Any] = {
+            "steps_per_workflow": self.wl.steps,
             "workflows_per_s": self.n / self.wall,
-            "steps_per_s": self.n * STEPS / self.wall,
-            "steps_ratio_to_raw": self.n * STEPS / self.wall / raw,
+            "steps_per_s": steps / self.wall,
+            "steps_ratio_to_raw": steps / self.wall / raw,
             "store_calls": {k: v / self.n for k, v in sorted(self.calls.items())},
             "seconds_per_call": {k: self.seconds[k] / v for k, v in sorted(self.calls.items())},
             "store_share_of_wall": sum(self.seconds.values()) / self.wall,
@@ -331,12 +370,12 @@ class _Tally:
 
 
 async def sql_counts(
-    engine: Engine, store: SqlStore, n: int, conc: int, p: str
+    engine: Engine, store: SqlStore, n: int, conc: int, p: str, wl: Workload
 ) -> dict[str, float]:
     """Transactions and statements per workflow (SQLAlchemy events, a separate short pass)."""
     sql = SqlCounter(store._db.engine)
     try:
-        await run_workflows(engine, n, conc, p)
+        await run_workflows(engine, n, conc, p, wl)
     finally:
         sql.remove()
     return {k: v / n for k, v in sql.n.items()}
@@ -346,18 +385,25 @@ async def bench_backend(new_url: Callable[[], str] | None, smoke: bool) -> dict[
     """(1) and (2) on one backend (``new_url=None``: MemoryStore, the engine-only ceiling).
 
     One engine runs for the whole backend; the figures are taken in ``slices`` rounds of raw
-    commits, sequential workflows and concurrent workflows, so each ratio compares figures
-    measured seconds apart (disk and CPU contention on a shared machine come and go)."""
+    commits followed by every mode (3-step and 40-step workflows, sequential and concurrent),
+    so each ratio compares figures measured seconds apart (disk and CPU contention on a shared
+    machine come and go)."""
     slices = 2 if smoke else 12
-    n_raw, n_seq, n_conc = (100, 10, CONCURRENCY) if smoke else (250, 40, 4 * CONCURRENCY)
-    n_count = 10 if smoke else 64
+    n_raw = 100 if smoke else 250
+    # by mode (the order of MODES): workflows per slice, and in the SQL-counting pass
+    per_mode = (
+        [(10, 10), (CONCURRENCY, 10), (1, 1), (2, 2)]
+        if smoke
+        else [(40, 64), (4 * CONCURRENCY, 64), (8, 4), (CONCURRENCY, CONCURRENCY)]
+    )
+    sizes = dict(zip(MODES, per_mode, strict=True))
     store: Any = MemoryStore() if new_url is None else SqlStore(new_url())
     sql = isinstance(store, SqlStore)
     proxy = CountingStore(store)  # ~1 us per call: noise next to a transaction
-    engine = Engine(proxy, [ThreeSteps()], clock=SystemClock(), poll_interval=POLL)
+    engine = Engine(proxy, [ThreeSteps(), LongSteps()], clock=SystemClock(), poll_interval=POLL)
     raw_t = driver_t = 0.0
     raw_slices: list[float] = []
-    tallies = {mode: _Tally() for mode in MODES}
+    tallies = {mode: _Tally(wl) for mode, (wl, _conc) in MODES.items()}
     out: dict[str, Any] = {}
     async with engine:
         await run_workflows(engine, 10, 1, "warm")  # schema, statement caches, pool
@@ -370,8 +416,8 @@ async def bench_backend(new_url: Callable[[], str] | None, smoke: bool) -> dict[
                 raw_t += dt
                 raw_slices.append(n_raw / dt)
                 driver_t += n_raw / driver_commit_rate(store, n_raw)
-            for mode, conc in MODES.items():
-                n = n_seq if conc == 1 else n_conc
+            for mode, (_wl, conc) in MODES.items():
+                n = sizes[mode][0]
                 await tallies[mode].measure(engine, proxy, n, conc, f"{mode}-{s}")
         raw = slices * n_raw / raw_t if sql else math.nan
         if sql:
@@ -379,10 +425,11 @@ async def bench_backend(new_url: Callable[[], str] | None, smoke: bool) -> dict[
             out["raw_commits_per_s"] = raw
             out["raw_commits_per_s_slices"] = raw_slices
             out["driver_commits_per_s"] = slices * n_raw / driver_t
-        for mode, conc in MODES.items():
+        for mode, (wl, conc) in MODES.items():
             out[mode] = tallies[mode].report(raw, raw_slices)
             if sql:
-                out[mode].update(await sql_counts(engine, store, n_count, conc, f"cnt-{mode}"))
+                n = sizes[mode][1]
+                out[mode].update(await sql_counts(engine, store, n, conc, f"cnt-{mode}", wl))
     if sql:
         store.close()
     return out
@@ -480,11 +527,11 @@ def _print_backend(name: str, r: dict[str, Any], mem: dict[str, Any] | None) -> 
         )
     else:
         print(f"  {name}: no database (engine CPU only; the ceiling of any store)")
-    for mode, conc in MODES.items():
+    for mode, (wl, conc) in MODES.items():
         m = r[mode]
-        label = "sequential" if conc == 1 else f"{conc} concurrent"
+        label = f"{wl.steps:2d} steps, " + ("sequential" if conc == 1 else f"{conc} in flight")
         line = (
-            f"    {label:<13}: {m['workflows_per_s']:7.1f} workflows/s"
+            f"    {label:<22}: {m['workflows_per_s']:7.1f} workflows/s"
             f" {m['steps_per_s']:8.1f} steps/s"
         )
         if sql:
@@ -498,12 +545,15 @@ def _print_backend(name: str, r: dict[str, Any], mem: dict[str, Any] | None) -> 
         print(line)
         calls = " ".join(f"{k}={v:.2f}" for k, v in m["store_calls"].items())
         print(f"      per workflow: {calls}")
-        if sql:
+        if sql and "write_tx" not in m:
+            print("      per workflow: no SQLAlchemy transactions seen (SQL counts n/a)")
+        elif sql:
             print(
                 f"      per workflow: {m['write_tx']:.2f} write tx, {m.get('read_tx', 0):.2f}"
-                f" read tx, {m['statements']:.1f} SQL statements"
-                f" ({m['write_tx'] / STEPS:.2f} write tx per step)"
+                f" read tx, {m.get('statements', 0):.1f} SQL statements"
+                f" ({m['write_tx'] / wl.steps:.2f} write tx per step)"
             )
+        if sql:
             cost = " ".join(
                 f"{k}={v * raw:.1f}x"
                 for k, v in m["seconds_per_call"].items()
@@ -517,7 +567,10 @@ def _print_backend(name: str, r: dict[str, Any], mem: dict[str, Any] | None) -> 
 
 async def main(smoke: bool, pg_url: str | None, tmp: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    print("durable step throughput (workflows of 3 trivial steps, SystemClock):")
+    print(
+        f"durable step throughput (workflows of {STEPS} trivial steps, and of {LONG_STEPS}:"
+        " one transaction per step; SystemClock):"
+    )
     mem = await bench_backend(None, smoke)
     _print_backend("memory", mem, None)
     results["memory"] = mem

@@ -1,0 +1,475 @@
+"""Singleton handover across two worker processes, on one SQLite file and on PostgreSQL.
+
+The workload: ``keys * per_key`` runs of a singleton workflow (``Singleton(key, limit=1)``),
+spread round-robin over the keys, each run one step that sleeps 10 ms. A client engine
+(``Engine(..., worker=False)``) creates them all first, so they wait ``pending``. Then two worker
+processes (``--workers N`` for another count; this file with ``--worker``:
+``Engine(SqlStore(url), [XprocHandover()])`` with the Engine's defaults, inside
+``async with engine:``) start at the same instant and compete for them.
+
+Every figure comes from the runs' histories. Their ``at`` values are the workers'
+``SystemClock``, i.e. ``time.time()`` (rounded to the microsecond), the same kernel clock in
+both processes, so they compare across processes. The step returns its process id and its
+start and end times, which says which process ran the run (one activation here; a run that an
+eviction moved would show the process of the step that counted). Per key, the runs in created
+order (``created_at``, id), which is the order admission promises:
+
+* max overlap: the most runs of one key between ``singleton_admitted`` and ``singleton_released``
+  at once (must be 1), and the same from the steps' own start/end times;
+* handover latency of each consecutive pair: the holder's ``singleton_released`` ``at`` to the
+  next run's first ``step_completed`` ``at``. That includes the next run's 10 ms step, so the
+  gap to the step's *start* is shown too. Pairs are split into same-process (both runs ran in
+  one worker) and cross-process;
+* wall time from the start signal to the last ``run_completed``, against the ideal of
+  ``per_key`` steps of 10 ms back to back.
+
+Run ``python bench/handover_bench.py`` (``--smoke``: tiny, SQLite only), or through
+``bench/run.py``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from store_bench import CountingStore, postgres_server, postgres_url, server_info, sqlite_url
+
+from flowkit import Engine, Run, RunStatus, Singleton, WorkflowCtx, workflow
+from flowkit.stores.sql import SqlStore
+
+HANDOVER_WF = "bench-xproc-handover"
+STEP_S = 0.010
+TARGET_SAME_P95_MS = 5.0  # the issue's targets, for the printout
+TARGET_CROSS_P95_MS = 50.0
+THIS_FILE = Path(__file__).resolve()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    keys: int
+    per_key: int
+    workers: int = 2  # worker processes
+
+
+FULL = Sizes(keys=10, per_key=20)
+SMOKE = Sizes(keys=2, per_key=4)
+
+
+async def work(seconds: float) -> dict[str, Any]:
+    """The run's one step: who ran it, and when."""
+    start = time.time()
+    await asyncio.sleep(seconds)
+    return {"pid": os.getpid(), "start": start, "end": time.time()}
+
+
+@workflow(name=HANDOVER_WF, singleton=Singleton(key=lambda inp: f"k{inp['k']:02d}", limit=1))
+class XprocHandover:
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> dict[str, Any]:
+        return await ctx.step(work, STEP_S)
+
+
+# -- the worker process ------------------------------------------------------------------
+
+
+async def worker_main(url: str, instance: str) -> int:
+    """Print ``ready <pid>``, wait for ``go`` on stdin, work until ``stop`` (or EOF), then
+    print ``stats <json>``: the store calls, denied admissions and the seconds spent inside
+    store calls. While SqlStore runs its transactions on the event-loop thread, that is time
+    the loop could not run steps; when store calls overlap (I/O awaited off the loop), the
+    sum can exceed the active time."""
+    store = SqlStore(url)
+    proxy = CountingStore(store)
+    admit = proxy.try_admit_singleton
+
+    async def counted_admit(*args: Any, **kwargs: Any) -> bool:
+        ok: bool = await admit(*args, **kwargs)
+        if not ok:
+            proxy.calls["denied_admissions"] += 1
+        return ok
+
+    proxy.try_admit_singleton = counted_admit
+    engine = Engine(proxy, [XprocHandover()], instance_id=instance)
+    await store.get_run("warm-up")  # connection and schema check before the start line
+    print(f"ready {os.getpid()}", flush=True)
+    loop = asyncio.get_running_loop()
+    if (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "go":
+        return 1
+    try:
+        t0 = time.perf_counter()
+        async with engine:
+            await loop.run_in_executor(None, sys.stdin.readline)
+            active = time.perf_counter() - t0
+    finally:
+        store.close()
+    stats = {
+        "pid": os.getpid(),
+        "active_s": active,
+        "store_s": sum(proxy.seconds.values()),
+        "calls": dict(sorted(proxy.calls.items())),
+    }
+    print("stats " + json.dumps(stats), flush=True)
+    return 0
+
+
+# -- the parent --------------------------------------------------------------------------
+
+
+class Workers:
+    """``count`` worker processes on one database, their stderr in ``logdir``."""
+
+    def __init__(self, url: str, count: int, logdir: Path, tag: str) -> None:
+        self.url = url
+        self.logs = [logdir / f"handover-{tag}-w{n}.log" for n in range(count)]
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.pids: list[int] = []
+        self.stats: list[dict[str, Any]] = []
+
+    def _open_logs(self) -> list[BinaryIO]:
+        return [open(log, "wb") for log in self.logs]  # start() closes them
+
+    def log_tail(self) -> str:
+        return "\n".join(f"--- {p.name}:\n{p.read_text()[-3000:]}" for p in self.logs if p.exists())
+
+    async def start(self) -> None:
+        for n, err in enumerate(self._open_logs()):
+            with err:  # the child keeps its own descriptor
+                self.procs.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        str(THIS_FILE),
+                        "--worker",
+                        self.url,
+                        "--instance",
+                        f"bench-w{n}",
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=err,
+                    )
+                )
+        for proc in self.procs:
+            assert proc.stdout is not None
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+            except TimeoutError:
+                line = b""
+            if not line.startswith(b"ready "):
+                raise RuntimeError(f"a handover worker did not start:\n{self.log_tail()}")
+            self.pids.append(int(line.split()[1]))
+
+    async def send(self, line: str) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            if not proc.stdin.is_closing():
+                proc.stdin.write(line.encode() + b"\n")
+                await proc.stdin.drain()
+
+    def check_alive(self) -> None:
+        if any(p.returncode is not None for p in self.procs):
+            raise RuntimeError(f"a handover worker exited early:\n{self.log_tail()}")
+
+    async def stop(self) -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await self.send("stop")
+        for proc in self.procs:
+            assert proc.stdout is not None
+            try:
+                async with asyncio.timeout(30):
+                    async for line in proc.stdout:
+                        if line.startswith(b"stats "):
+                            self.stats.append(json.loads(line[6:]))
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if any(p.returncode != 0 for p in self.procs):
+            codes = [p.returncode for p in self.procs]
+            raise RuntimeError(f"handover workers exited with {codes}:\n{self.log_tail()}")
+
+
+async def wait_settled(store: SqlStore, n: int, workers: Workers, timeout: float) -> list[Run]:
+    """Poll until the ``n`` runs have completed (a failure or a dead worker raises)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        workers.check_alive()
+        runs = await store.list_runs(workflow=HANDOVER_WF)
+        if any(r.status.terminal and r.status is not RunStatus.COMPLETED for r in runs):
+            bad = [(r.id, r.status.value, r.error) for r in runs if r.status.terminal]
+            raise RuntimeError(f"handover runs did not complete: {bad[:3]}")
+        if sum(r.status.terminal for r in runs) == n:
+            return runs
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"handover runs not settled in {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+@dataclasses.dataclass
+class RunTimes:
+    """What one run's history says (all ``at``s are the workers' ``time.time()``)."""
+
+    id: str
+    key: str
+    created: float
+    admitted: float
+    released: float
+    step_done: float  # the first step_completed's ``at``
+    step_start: float  # from the step's result
+    step_end: float
+    completed: float
+    pid: int
+    gated: bool  # denied at least once before its admission
+
+
+def run_times(run: Run, events: list[Any]) -> RunTimes:
+    def first(kind: str) -> Any:
+        return next(e for e in events if e.type == kind)
+
+    step = first("step_completed")
+    assert run.singleton_key is not None
+    return RunTimes(
+        id=run.id,
+        key=run.singleton_key,
+        created=run.created_at,
+        admitted=first("singleton_admitted").at,
+        released=first("singleton_released").at,
+        step_done=step.at,
+        step_start=step.result["start"],
+        step_end=step.result["end"],
+        completed=first("run_completed").at,
+        pid=int(step.result["pid"]),
+        gated=any(e.type == "singleton_gated" for e in events),
+    )
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an end at the same instant closes first)."""
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    depth = most = 0
+    for _, d in edges:
+        depth += d
+        most = max(most, depth)
+    return most
+
+
+def _p(xs: list[float], q: float) -> float:
+    return sorted(xs)[max(0, math.ceil(len(xs) * q) - 1)]
+
+
+def summary(xs: list[float]) -> dict[str, Any]:
+    if not xs:
+        return {"n": 0}
+    return {
+        "n": len(xs),
+        "mean_ms": statistics.mean(xs) * 1e3,
+        "p50_ms": _p(xs, 0.5) * 1e3,
+        "p95_ms": _p(xs, 0.95) * 1e3,
+        "max_ms": max(xs) * 1e3,
+    }
+
+
+def analyse(times: list[RunTimes], t_go: float, sizes: Sizes, pids: list[int]) -> dict[str, Any]:
+    by_key: dict[str, list[RunTimes]] = collections.defaultdict(list)
+    for t in times:
+        by_key[t.key].append(t)
+    to_done: dict[str, list[float]] = {"all": [], "same_process": [], "cross_process": []}
+    to_start: dict[str, list[float]] = {"all": [], "same_process": [], "cross_process": []}
+    overlap = step_overlap = fifo_violations = 0
+    for runs in by_key.values():
+        runs.sort(key=lambda t: (t.created, t.id))
+        overlap = max(overlap, max_overlap([(t.admitted, t.released) for t in runs]))
+        step_overlap = max(step_overlap, max_overlap([(t.step_start, t.step_end) for t in runs]))
+        fifo_violations += sum(a.admitted > b.admitted for a, b in itertools.pairwise(runs))
+        for prev, nxt in itertools.pairwise(runs):
+            kind = "same_process" if prev.pid == nxt.pid else "cross_process"
+            for group in ("all", kind):
+                to_done[group].append(nxt.step_done - prev.released)
+                to_start[group].append(nxt.step_start - prev.released)
+    last = max(t.completed for t in times)
+    ideal = sizes.per_key * STEP_S
+    per_process = collections.Counter(t.pid for t in times)
+    return {
+        "runs": len(times),
+        "keys": len(by_key),
+        "wall_s": last - t_go,
+        "ideal_s": ideal,
+        "wall_over_ideal": (last - t_go) / ideal,
+        "first_admitted_to_last_released_s": max(t.released for t in times)
+        - min(t.admitted for t in times),
+        "max_overlap_admitted_released": overlap,
+        "max_overlap_steps": step_overlap,
+        "fifo_violations": fifo_violations,
+        "gated_runs": sum(t.gated for t in times),
+        "runs_per_process": [per_process.get(pid, 0) for pid in pids],
+        "release_to_next_first_step_completed": {k: summary(v) for k, v in to_done.items()},
+        "release_to_next_step_start": {k: summary(v) for k, v in to_start.items()},
+        "step_start_to_step_completed": summary([t.step_done - t.step_start for t in times]),
+    }
+
+
+async def handover(url: str, sizes: Sizes, logdir: Path, tag: str) -> dict[str, Any]:
+    """Create the runs, let two worker processes race for them, read the histories."""
+    store = SqlStore(url)
+    try:
+        client = Engine(store, [XprocHandover()], worker=False)
+        for i in range(sizes.per_key):
+            for k in range(sizes.keys):
+                await client.start(HANDOVER_WF, {"k": k}, f"k{k:02d}-r{i:03d}")
+        workers = Workers(url, sizes.workers, logdir, tag)
+        try:
+            await workers.start()
+            t_go = time.time()
+            await workers.send("go")
+            n = sizes.keys * sizes.per_key
+            runs = await wait_settled(store, n, workers, timeout=60 + 2 * n)
+        finally:
+            await workers.stop()
+        times = [run_times(r, await store.load_events(r.id)) for r in runs]
+        out = analyse(times, t_go, sizes, workers.pids)
+        out["server"] = server_info(store)
+        out["workers"] = [
+            {**st, "runs": out["runs_per_process"][workers.pids.index(st["pid"])]}
+            for st in workers.stats
+        ]
+        return out
+    finally:
+        store.close()
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def _ms(s: dict[str, Any], key: str) -> str:
+    return f"{s[key]:8.2f}" if s["n"] else "     n/a"
+
+
+def print_result(name: str, r: dict[str, Any]) -> None:
+    print(f"  {name}: {r['server']}")
+    for n, w in enumerate(r["workers"]):
+        c = w["calls"]
+        calls = sum(v for k, v in c.items() if k != "denied_admissions")
+        busy, active = w["store_s"], w["active_s"]
+        print(
+            f"    worker {n} (pid {w['pid']}): {w['runs']:3d} runs, {c.get('claim', 0):4d} claims,"
+            f" {c.get('denied_admissions', 0):4d} denied admissions; {calls} store calls took"
+            f" {busy:5.2f} s in {active:5.2f} s ({busy / active:.0%}),"
+            f" {busy / max(calls, 1) * 1e3:.2f} ms each"
+        )
+    denied = sum(w["calls"].get("denied_admissions", 0) for w in r["workers"])
+    print(
+        f"    denied admissions {denied}: {r['gated_runs']} runs gated once each, and"
+        f" {denied - r['gated_runs']} denied re-checks of waiters (the ~1 s timer, or a race)"
+    )
+    runs = " / ".join(str(x) for x in r["runs_per_process"])
+    print(
+        f"    wall {r['wall_s']:6.2f} s = {r['wall_over_ideal']:5.1f}x ideal {r['ideal_s']:.2f} s;"
+        f" max overlap per key {r['max_overlap_admitted_released']}"
+        f" (steps: {r['max_overlap_steps']}); FIFO violations {r['fifo_violations']};"
+        f" runs per process {runs}"
+    )
+    print(
+        f"    {'pairs':<14} {'n':>4}  release -> next first step_completed (ms)"
+        f"    release -> next step start (ms)"
+    )
+    heads = ("mean", "p50", "p95", "max", "", "mean", "p95")
+    print(f"    {'':<14} {'':>4} " + " ".join(f"{h:>8}" if h else "" for h in heads))
+    for group in ("all", "same_process", "cross_process"):
+        d = r["release_to_next_first_step_completed"][group]
+        s = r["release_to_next_step_start"][group]
+        print(
+            f"    {group.replace('_', '-'):<14} {d['n']:>4}  {_ms(d, 'mean_ms')} {_ms(d, 'p50_ms')}"
+            f" {_ms(d, 'p95_ms')} {_ms(d, 'max_ms')}  {_ms(s, 'mean_ms')} {_ms(s, 'p95_ms')}"
+        )
+    d = r["step_start_to_step_completed"]
+    print(
+        f"    the {STEP_S * 1e3:.0f} ms step, its start -> its step_completed: mean"
+        f" {d['mean_ms']:.1f} ms, p95 {d['p95_ms']:.1f} ms, max {d['max_ms']:.1f} ms"
+        f" (any excess: the worker's event loop was busy elsewhere)"
+    )
+    verdict = []
+    for group, target in (
+        ("same_process", TARGET_SAME_P95_MS),
+        ("cross_process", TARGET_CROSS_P95_MS),
+    ):
+        x = r["release_to_next_step_start"][group]
+        if x["n"]:
+            met = "met" if x["p95_ms"] < target else "not met"
+            verdict.append(f"{group.replace('_', '-')} p95 < {target:.0f} ms: {met}")
+        else:
+            verdict.append(f"{group.replace('_', '-')}: no pairs")
+    print("    targets (release -> next step start): " + "; ".join(verdict))
+
+
+async def main(
+    smoke: bool, pg_url: str | None, tmp: Path, workers: int | None = None
+) -> dict[str, Any]:
+    """``pg_url``: a server from ``tests/pg.py`` (``None``: SQLite only; smoke is SQLite only);
+    ``workers``: worker processes (default 2)."""
+    sizes = SMOKE if smoke else FULL
+    if workers is not None:
+        sizes = dataclasses.replace(sizes, workers=workers)
+    results: dict[str, Any] = {"sizes": sizes.__dict__, "step_s": STEP_S}
+    print(
+        f"cross-process singleton handover: {sizes.keys * sizes.per_key} runs over"
+        f" {sizes.keys} keys, one {STEP_S * 1e3:.0f} ms step each, {sizes.workers} worker processes"
+        f" (Engine defaults); targets: p95 < {TARGET_SAME_P95_MS:.0f} ms in one process,"
+        f" < {TARGET_CROSS_P95_MS:.0f} ms across processes"
+    )
+    backends = {"sqlite": lambda: sqlite_url(tmp)}
+    if pg_url is not None and not smoke:
+        backends["postgres"] = lambda: postgres_url(pg_url)
+    for name, new_url in backends.items():
+        results[name] = await handover(new_url(), sizes, tmp, name)
+        print_result(name, results[name])
+    if "postgres" not in backends and not smoke:
+        results["postgres"] = {"skipped": "PostgreSQL unavailable"}
+    return results
+
+
+def _cli() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, SQLite only")
+    parser.add_argument("--workers", type=int, help="worker processes (default 2)")
+    parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--instance", default="bench-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return asyncio.run(worker_main(args.worker, args.instance))
+    t0 = time.perf_counter()
+    results: dict[str, Any] = {
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "nproc": os.cpu_count(),
+            "loadavg_at_start": os.getloadavg(),
+        }
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="flowkit-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        pg = None if args.smoke else stack.enter_context(postgres_server())
+        results["handover_xproc"] = asyncio.run(main(args.smoke, pg, Path(tmp), args.workers))
+    results["seconds"] = time.perf_counter() - t0
+    results["machine"]["loadavg_at_end"] = os.getloadavg()
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    path = out / ("handover_smoke.json" if args.smoke else "handover_latest.json")
+    path.write_text(json.dumps(results, indent=2))
+    print(f"results written to {path} ({results['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())
