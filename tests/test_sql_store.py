@@ -39,6 +39,7 @@ from flowkit.stores.sql import (
     UnsupportedDatabaseError,
 )
 from flowkit_testing import TestEnv, VirtualClock
+from flowkit_testing.conformance import CHECKS
 
 try:
     from pg import fresh_database
@@ -837,3 +838,382 @@ async def test_worker_processes_race_for_singleton_slots(
     finally:
         store.close()
         sys.modules.pop("flowkit_race_worker", None)
+
+
+# -- group commit ----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", PG])
+def gc_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """A SqlStore with group commit on."""
+    url = _database_url(request.param, request, tmp_path)
+    b = Backend(request.param, SqlStore(url, group_commit=True), url)
+    yield b
+    b.close()
+
+
+def _stats(store: SqlStore) -> Any:
+    return store._db.stats.copy()
+
+
+def _delta(store: SqlStore, before: Any, key: str) -> int:
+    return int(store._db.stats[key] - before[key])
+
+
+async def test_group_commit_runs_concurrent_writes_in_one_transaction(gc_backend: Backend) -> None:
+    s = gc_backend.store
+    assert s.group_commit and s.scoped("ns").group_commit
+    runs = [mk(f"r{i}", t=T0 + i) for i in range(8)]
+    before = _stats(s)
+    got = await asyncio.gather(*(s.create_run(r, first_events(r)) for r in runs))
+    assert got == [(r, True) for r in runs]
+    assert _delta(s, before, "write_tx") == 1 and _delta(s, before, "batched_ops") == 8
+    before = _stats(s)
+    claimed = await asyncio.gather(*(s.claim(r.id, "w", T0 + 10, T0 + 40) for r in runs))
+    assert all(c is not None and c.lease_owner == "w" for c in claimed)
+    assert _delta(s, before, "write_tx") == 1
+    before = _stats(s)
+    results = await asyncio.gather(
+        *(
+            s.commit(r.id, "w", T0 + 11, Update(events=[fired(T0 + 11, str(j)) for j in range(i)]))
+            for i, r in enumerate(runs)
+        )
+    )
+    assert _delta(s, before, "write_tx") == 1
+    assert [res.seqs for res in results] == [tuple(range(2, 2 + i)) for i in range(8)]
+    for i, r in enumerate(runs):
+        assert [e.seq for e in await s.load_events(r.id)] == list(range(1, 2 + i))
+    # the same writes one after another: each runs at once, in a transaction of its own
+    before = _stats(s)
+    for r in runs:
+        await s.commit(r.id, "w", T0 + 12, Update(events=[fired(T0 + 12, "x")]))
+    assert _delta(s, before, "write_tx") == 8 and _delta(s, before, "batches") == 0
+
+
+async def test_a_failing_call_does_not_affect_its_batch(gc_backend: Backend) -> None:
+    s = gc_backend.store
+    for rid in ("ok1", "ok2", "lost", "conflict", "sig"):
+        await put(s, mk(rid, key="k" if rid == "ok1" else None))
+        await s.claim(rid, "w", T0, T0 + 30)
+    cap = QueueCap("wf", "singleton:full", "full", limit=1, max_queue_depth=0)
+    await put(s, mk("holder", key="full"), queue_cap=cap)
+    before = {rid: (await s.get_run(rid), await s.load_events(rid)) for rid in ("lost", "sig")}
+    stats = _stats(s)
+    got = await asyncio.gather(
+        s.commit("ok1", "w", T0 + 1, Update(events=[fired(T0 + 1)])),
+        s.commit("lost", "someone-else", T0 + 1, Update(events=[fired(T0 + 1)])),
+        s.commit(
+            "conflict",
+            "w",
+            T0 + 1,
+            Update(events=[fired(T0 + 1)], status=S.FAILED, expect_status=frozenset({S.PENDING})),
+        ),
+        s.commit("nope", "w", T0 + 1, Update(events=[fired(T0 + 1)])),
+        s.commit("sig", "w", T0 + 1, Update(events=[fired(T0 + 1)], consume_signal=12345)),
+        s.create_run(mk("over", key="full"), [], queue_cap=cap),
+        s.deliver_signal("nope", "go", 1, T0 + 1),
+        s.commit("ok2", "w", T0 + 1, Update(status=S.COMPLETED, events=[RunCompleted(at=T0 + 1)])),
+        return_exceptions=True,
+    )
+    assert _delta(s, stats, "batches") == 1 and _delta(s, stats, "batch_retries") == 0
+    assert [type(g).__name__ for g in got] == [
+        "CommitResult",
+        "LeaseLostError",
+        "ConflictError",
+        "RunNotFoundError",
+        "ConflictError",
+        "SingletonQueueFullError",
+        "RunNotFoundError",
+        "CommitResult",
+    ]
+    assert [e.seq for e in await s.load_events("ok1")] == [1, 2]
+    done = await s.get_run("ok2")
+    assert done is not None and done.status is S.COMPLETED
+    for rid, (run, evs) in before.items():  # the failed calls wrote nothing
+        assert await s.get_run(rid) == run and await s.load_events(rid) == evs
+    conflict = await s.get_run("conflict")
+    assert conflict is not None and conflict.status is S.RUNNING
+    assert await s.get_run("over") is None and await s.get_run("nope") is None
+    if gc_backend.name == "postgres":  # the misses re-ran (and failed) on their own
+        assert _delta(s, stats, "deferred") == 3
+
+
+async def test_a_call_failing_after_it_wrote_reruns_the_batch_call_by_call(
+    gc_backend: Backend,
+) -> None:
+    from flowkit.stores.sql._schema import events
+
+    s = gc_backend.store
+    for rid in ("a", "b", "c"):
+        await put(s, mk(rid))
+    assert gc_backend.url is not None
+    engine = sa.create_engine(gc_backend.url, poolclass=sa.pool.NullPool)
+    try:  # a foreign writer took seq 2 of "b": its append violates the primary key
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(events).values(
+                    run_id="b", seq=2, type="timer_fired", at=T0, body={"type": "timer_fired"}
+                )
+            )
+    finally:
+        engine.dispose()
+    stats = _stats(s)
+    got = await asyncio.gather(
+        *(s.commit(rid, None, T0 + 1, Update(events=[fired(T0 + 1)])) for rid in "abc"),
+        return_exceptions=True,
+    )
+    assert _delta(s, stats, "batch_retries") == 1
+    assert isinstance(got[1], sa.exc.IntegrityError)
+    assert not isinstance(got[0], BaseException) and got[0].seqs == (2,)
+    assert not isinstance(got[2], BaseException) and got[2].seqs == (2,)
+    assert [e.type for e in await s.load_events("a")] == ["run_started", "timer_fired"]
+    b = await s.get_run("b")
+    assert b is not None and b.updated_at == T0  # rolled back: nothing of it was written
+
+
+async def test_a_failed_commit_fails_every_call_of_the_batch(
+    gc_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flowkit.stores.sql import _engine
+
+    s = gc_backend.store
+    for rid in ("a", "b"):
+        await put(s, mk(rid))
+    dbapi = s._db.engine.dialect.loaded_dbapi
+    real = _engine.Conn.commit
+    calls = []
+
+    def failing_commit(self: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise dbapi.OperationalError("disk I/O error (injected)")
+        real(self)
+
+    monkeypatch.setattr(_engine.Conn, "commit", failing_commit)
+    got = await asyncio.gather(
+        s.commit("a", None, T0 + 1, Update(events=[fired(T0 + 1)])),
+        s.claim("b", "w", T0 + 1, T0 + 31),
+        return_exceptions=True,
+    )
+    assert [type(g) for g in got] == [sa.exc.OperationalError] * 2
+    assert "injected" in str(got[0])
+    assert [e.seq for e in await s.load_events("a")] == [1]
+    b = await s.get_run("b")
+    assert b is not None and b.lease_owner is None
+    # the connection is still good
+    assert (await s.claim("b", "w", T0 + 2, T0 + 32)) is not None
+
+
+async def test_a_cancelled_caller_in_the_queue_writes_nothing(gc_backend: Backend) -> None:
+    s = gc_backend.store
+    await put(s, mk("a"))
+    await put(s, mk("b"))
+    t1 = asyncio.ensure_future(s.claim("a", "w", T0, T0 + 30))
+    t2 = asyncio.ensure_future(s.claim("b", "w", T0, T0 + 30))
+    await asyncio.sleep(0)  # both queued, the flush not run yet
+    t1.cancel()
+    assert (await t2) is not None
+    with pytest.raises(asyncio.CancelledError):
+        await t1
+    a = await s.get_run("a")
+    assert a is not None and a.lease_owner is None
+
+
+def test_a_sequential_write_runs_at_once_without_yielding(tmp_path: Path) -> None:
+    store = SqlStore(f"sqlite:///{tmp_path / 'seq.db'}", group_commit=True)
+
+    async def main() -> None:
+        await put(store, mk("r"))
+        loop = asyncio.get_running_loop()
+        assert not getattr(loop, "_ready", [1])  # nothing else is ready to run
+        coro = store.claim("r", "w", T0, T0 + 30)
+        with pytest.raises(StopIteration) as done:  # completed within its first step
+            coro.send(None)
+        assert done.value.value is not None and done.value.value.lease_owner == "w"
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+async def test_store_conforms_with_group_commit(
+    gc_backend: Backend, check: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The conformance kit, with every store object group-committing."""
+    opened: list[SqlStore] = []
+    n = itertools.count()
+
+    def fresh() -> SqlStore:
+        if gc_backend.name == "sqlite":
+            url = f"sqlite:///{tmp_path / f'conformance-{next(n)}.db'}"
+        else:
+            url = fresh_database(request.getfixturevalue("pg_server"), "flowkit_gc")
+        st = SqlStore(url, group_commit=True)
+        opened.append(st)
+        return st
+
+    async def pair() -> tuple[SqlStore, SqlStore]:
+        a = fresh()
+        b = SqlStore(a.url, group_commit=True)
+        opened.append(b)
+        return a, b
+
+    try:
+        await CHECKS[check].run(fresh, pair)
+    finally:
+        for st in opened:
+            st.close()
+
+
+# -- singleton hand-off on release ---------------------------------------------------------
+
+
+async def _gated(s: Any, holder_owner: str = "x") -> None:
+    """Holder ``h`` admitted and leased to ``holder_owner``; waiters ``w1`` (oldest), ``w2``
+    gated (suspended until T0+50)."""
+    await put(s, mk("h", key="k", t=T0))
+    await put(s, mk("w2", key="k", t=T0 + 2))
+    await put(s, mk("w1", key="k", t=T0 + 1))
+    assert await s.try_admit_singleton("h", TAG, "wf", 1, T0 + 1)
+    for rid in ("w1", "w2"):
+        assert not await s.try_admit_singleton(rid, TAG, "wf", 1, T0 + 50)
+    assert await s.claim("h", holder_owner, T0 + 2, T0 + 32)
+
+
+def _release(owner: str | None = "x", limit: int = 1) -> Update:
+    return Update(
+        events=[RunCompleted(at=T0 + 3)],
+        status=S.COMPLETED,
+        notify=Notify("wf", TAG, limit, claim_owner=owner, lease_expires=T0 + 40),
+    )
+
+
+async def test_release_hands_the_slot_to_the_oldest_waiter(backend: Backend) -> None:
+    s = backend.store
+    await _gated(s)
+    res = await s.commit("h", "x", T0 + 3, _release())
+    assert res.run.status is S.COMPLETED and not res.run.admitted
+    assert res.woken == ()
+    (hand,) = res.handed
+    w1 = hand.run
+    assert w1.id == "w1" and w1.admitted and w1.tags == (TAG, ADMITTED_TAG)
+    assert w1.status is S.RUNNING and w1.wake_at is None and w1.updated_at == T0 + 3
+    assert (w1.lease_owner, w1.lease_expires) == ("x", T0 + 40)
+    assert list(hand.events) == await s.load_events("w1")
+    assert [e.type for e in hand.events] == ["run_started"]
+    assert await s.get_run("w1") == w1  # persisted in the releasing transaction
+    w2 = await s.get_run("w2")
+    assert w2 is not None and not w2.admitted and w2.wake_at == T0 + 50  # untouched
+    assert await s.claim("w1", "y", T0 + 4, T0 + 34) is None  # leased to the releaser
+    assert [r.id for r in await s.list_runs(tag=ADMITTED_TAG)] == ["w1"]
+
+
+async def test_release_without_claim_owner_only_wakes(backend: Backend) -> None:
+    s = backend.store
+    await _gated(s)
+    res = await s.commit("h", "x", T0 + 3, _release(owner=None))
+    assert res.handed == () and res.woken == ("w1",)
+    w1 = await s.get_run("w1")
+    assert w1 is not None and not w1.admitted and w1.wake_at == T0 + 3
+
+
+async def test_a_waiter_leased_by_someone_else_is_not_handed_over(backend: Backend) -> None:
+    s = backend.store
+    await _gated(s)
+    taken = await s.claim("w1", "y", T0 + 50, T0 + 80)  # another instance re-checks it
+    assert taken is not None
+    res = await s.commit("h", "x", T0 + 51, _release())
+    assert res.handed == () and res.woken == ("w1",)
+    w1 = await s.get_run("w1")
+    assert w1 == taken  # left to admit itself: not admitted, still leased to "y"
+
+
+async def test_two_free_slots_hand_two_waiters(backend: Backend) -> None:
+    s = backend.store
+    await _gated(s)
+    res = await s.commit("h", "x", T0 + 3, _release(limit=2))
+    assert [h.run.id for h in res.handed] == ["w1", "w2"]
+    assert all(h.run.admitted and h.run.lease_owner == "x" for h in res.handed)
+
+
+async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the releasing transaction's read of the key's runs and its hand-off, another
+    process's poller claims the waiter (possible on PostgreSQL, which does not lock the
+    waiter rows): the conditional hand-off misses, the waiter is only woken."""
+    s = sql_backend.store
+    await _gated(s)
+    real = SqlStore._sharing
+
+    def racing(self: SqlStore, c: Any, workflow: str, tag: str) -> list[Run]:
+        found = real(self, c, workflow, tag)
+        c.write(
+            "UPDATE flowkit_runs SET status = 'running', lease_owner = 'other', "
+            "lease_expires = 9999999999.0, wake_at = NULL WHERE id = 'w1'",
+            {},
+        )
+        return found
+
+    monkeypatch.setattr(SqlStore, "_sharing", racing)
+    res = await s.commit("h", "x", T0 + 3, _release())
+    monkeypatch.undo()
+    assert res.handed == () and res.woken == ("w1",)
+    w1 = await s.get_run("w1")
+    assert w1 is not None and not w1.admitted and w1.lease_owner == "other"
+    assert [r.id for r in await s.list_runs(tag=ADMITTED_TAG)] == []
+
+
+@pytest.mark.postgres
+async def test_hand_off_on_postgres_across_processes(request: pytest.FixtureRequest) -> None:
+    """Two store objects (two processes' connections): the releaser hands the slot over and
+    the other sees the waiter admitted and leased, with nothing left to claim."""
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    a, b = SqlStore(url), SqlStore(url)
+    try:
+        await _gated(a)
+        res = await a.commit("h", "x", T0 + 3, _release())
+        assert [h.run.id for h in res.handed] == ["w1"]
+        w1 = await b.get_run("w1")
+        assert w1 is not None and w1.admitted and w1.lease_owner == "x"
+        assert await b.due_runs(T0 + 4, 10) == []
+    finally:
+        a.close()
+        b.close()
+
+
+# -- PostgreSQL: a dropped connection ------------------------------------------------------
+
+
+@pytest.mark.postgres
+async def test_a_dropped_connection_is_replaced_and_the_call_retried(
+    request: pytest.FixtureRequest,
+) -> None:
+    """The store's connection dies while idle (a server restart, an idle timeout): the next
+    call fails on its first statement, before its transaction did anything, so the store
+    reconnects and runs it again once; no pre-ping round trip is spent on every call."""
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    s = SqlStore(url)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+
+    def kill() -> None:
+        conn = s._db._conn
+        assert conn is not None
+        with engine.connect() as admin:
+            admin.exec_driver_sql(f"SELECT pg_terminate_backend({conn.dbapi.info.backend_pid})")
+        time.sleep(0.05)
+
+    try:
+        await put(s, mk("r"))
+        kill()
+        assert (await s.get_run("r")) is not None  # a read
+        kill()
+        assert (await s.claim("r", "w", T0, T0 + 30)) is not None  # a write
+        kill()
+        res = await s.commit("r", "w", T0 + 1, Update(events=[fired(T0 + 1)]))
+        assert res.seqs == (2,)
+    finally:
+        s.close()
+        engine.dispose()

@@ -2,28 +2,42 @@
 transactions.
 
 * SQLite: WAL mode, a busy timeout, and ``BEGIN IMMEDIATE`` for every transaction that may
-  write, emitted from SQLAlchemy's ``begin`` event after taking transaction control away from
-  the ``sqlite3`` module (the recipe of SQLAlchemy's SQLite docs). Admission, commit and claim
-  read state and then write based on it; taking the write lock *before* the first read means
-  two processes can never both read "slot free" and both write "admitted". Pure reads keep a
-  deferred ``BEGIN`` and never wait for writers (WAL snapshots).
+  write (``Conn.begin``; for SQLAlchemy transactions emitted from its ``begin`` event), after
+  taking transaction control away from the ``sqlite3`` module (the recipe of SQLAlchemy's
+  SQLite docs). Admission, commit and claim read state and then write based on it; taking the
+  write lock *before* the first read means two processes can never both read "slot free" and
+  both write "admitted". Pure reads never wait for writers (WAL snapshots): the store's are
+  single statements outside any transaction, SQLAlchemy's keep a deferred ``BEGIN``.
 * PostgreSQL: ``lock_key`` takes a transaction-scoped advisory lock on a hash of
   ``workflow:key``, so competing claims of one singleton key are serialized inside one
   transaction while different keys never wait for each other.
+
+The hot paths of ``SqlStore`` do not go through SQLAlchemy: ``Database`` keeps one DBAPI
+connection of the engine's pool for them (``Conn``) and runs prebuilt SQL on it (``_sql``).
+Writes go through ``Database.write``, which *group-commits*: write calls issued concurrently by
+coroutines of one event loop run together in one transaction (see ``Database.write``).
+SQLAlchemy (``Database.tx``) remains for the schema and the rarely used queries.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import orjson
 import sqlalchemy as sa
 
 from ._rows import lock_name
 from ._schema import StoreUnavailableError, UnsupportedDatabaseError, ensure_schema
+
+log = logging.getLogger("flowkit")
+T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process' write lock before failing."""
@@ -85,15 +99,211 @@ def create_engine(url: str) -> sa.Engine:
     return engine
 
 
+def _has_pipeline(dbapi: Any) -> bool:
+    if not hasattr(dbapi, "pipeline"):
+        return False
+    try:
+        from psycopg import capabilities
+
+        return bool(capabilities.has_pipeline())
+    except ImportError:  # pragma: no cover - older psycopg
+        import psycopg
+
+        return bool(psycopg.Pipeline.is_supported())
+
+
+class Conn:
+    """The store's own DBAPI connection, used on the hot paths under ``Database``'s lock.
+
+    ``dirty`` records whether the current call wrote anything: a call of a group commit that
+    fails *clean* (it raised before writing) leaves the batch's transaction usable."""
+
+    def __init__(self, db: Database, fairy: Any) -> None:
+        self.db = db
+        self.fairy = fairy  # SQLAlchemy's pooled connection (kept checked out)
+        self.dbapi: Any = fairy.driver_connection
+        self.cur: Any = self.dbapi.cursor()
+        self.pg = db.dialect == "postgresql"
+        self.dirty = False
+        # the first statements of a batch's calls ran ahead in one pipeline (PostgreSQL): a
+        # row lock a call's rest takes now would come out of the batch's run-id order
+        self.pipelined = False
+        self.sql = ""  # the last statement, for error messages
+        self.statements = 0  # executed in the current transaction (or read)
+        self.stats = db.stats
+        # PostgreSQL group commits send their calls' first statements in one pipeline
+        # (psycopg 3 on libpq >= 14)
+        self.can_pipeline = self.pg and _has_pipeline(self.dbapi)
+        if self.pg:
+            self.dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a broken connection
+            self.cur.close()
+        with contextlib.suppress(Exception):
+            if self.broken():
+                self.fairy.invalidate()
+            else:
+                self.fairy.close()
+
+    def broken(self) -> bool:
+        c = self.dbapi
+        return bool(getattr(c, "closed", False) or getattr(c, "broken", False))
+
+    # -- statements ---------------------------------------------------------------------
+    def one(self, sql: str, params: Any) -> Any:
+        self.sql = sql
+        cur = self.cur
+        cur.execute(sql, params)
+        self.statements += 1
+        self.stats["statements"] += 1
+        rows = cur.fetchall()  # to the end: sqlite3 keeps a read open until a statement is done
+        return rows[0] if rows else None
+
+    def all(self, sql: str, params: Any) -> list[Any]:
+        self.sql = sql
+        cur = self.cur
+        cur.execute(sql, params)
+        self.statements += 1
+        self.stats["statements"] += 1
+        return list(cur.fetchall())
+
+    def write(self, sql: str, params: Any) -> int:
+        """A write without ``RETURNING``: the number of rows it changed."""
+        self.sql = sql
+        cur = self.cur
+        cur.execute(sql, params)
+        self.statements += 1
+        self.stats["statements"] += 1
+        n = int(cur.rowcount)
+        if n:
+            self.dirty = True
+        return n
+
+    def returning(self, sql: str, params: Any) -> Any:
+        """A single-row write with ``RETURNING``: the row, or ``None`` when none matched."""
+        self.sql = sql
+        cur = self.cur
+        cur.execute(sql, params)
+        self.statements += 1
+        self.stats["statements"] += 1
+        rows = cur.fetchall()
+        if rows:
+            self.dirty = True
+            return rows[0]
+        return None
+
+    # -- transactions ---------------------------------------------------------------------
+    def begin(self) -> None:
+        self.statements = 0
+        self.stats["write_tx"] += 1
+        if self.pg:
+            self.dbapi.autocommit = False  # BEGIN goes out with the first statement
+        else:
+            self.sql = "BEGIN IMMEDIATE"
+            self.cur.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.sql = "COMMIT"
+        if self.pg:
+            self.dbapi.commit()
+            self.dbapi.autocommit = True
+        else:
+            self.cur.execute("COMMIT")
+
+    def rollback(self) -> None:
+        try:
+            if self.pg:
+                if not self.broken():
+                    self.dbapi.rollback()
+                    self.dbapi.autocommit = True
+            elif self.dbapi.in_transaction:
+                self.cur.execute("ROLLBACK")
+        except Exception:  # the original error matters, not this one
+            log.debug("rollback failed", exc_info=True)
+
+
+RETURNING = 1  # Op.first's kind: a single-row write with RETURNING (the row, or None)
+ROWCOUNT = 2  # a write without RETURNING (the number of rows it changed)
+SELECT = 3  # a read (the first row, or None), e.g. a row lock
+
+
+class Op(Generic[T]):
+    """One write call: ``rest(conn, result of first)`` in a write transaction.
+
+    ``first`` is an optional single statement ``(sql, params, RETURNING|ROWCOUNT|SELECT)`` that
+    runs before ``rest``: on PostgreSQL a group commit sends the first statements of its calls
+    in one pipeline (one round trip), then runs each call's ``rest``. ``key`` (the run id)
+    orders a batch; ``solo`` calls run in a transaction of their own on PostgreSQL (they take
+    an advisory lock)."""
+
+    __slots__ = ("first", "fut", "key", "rest", "solo")
+
+    def __init__(
+        self,
+        rest: Callable[[Conn, Any], T],
+        first: tuple[str, Any, int] | None = None,
+        key: str = "",
+        *,
+        solo: bool = False,
+    ) -> None:
+        self.rest = rest
+        self.first = first
+        self.key = key
+        self.solo = solo
+        self.fut: Any = None
+
+    def __call__(self, c: Conn) -> T:
+        """Run on ``c`` (inside a transaction)."""
+        f = self.first
+        if f is None:
+            return self.rest(c, None)
+        if f[2] == RETURNING:
+            return self.rest(c, c.returning(f[0], f[1]))
+        if f[2] == SELECT:
+            return self.rest(c, c.one(f[0], f[1]))
+        return self.rest(c, c.write(f[0], f[1]))
+
+
+class Deferred(Exception):
+    """Raised (before writing) by a call of a PostgreSQL group commit that must take row
+    locks out of the batch's run-id order: it runs again in a transaction of its own after the
+    batch commits, so two processes' batches never wait for each other's rows in a cycle."""
+
+
+class _Unclean(Exception):
+    """A call of a batch failed after it wrote (or with a database error): the batch's
+    transaction cannot be committed as it is."""
+
+
+Outcome = tuple[BaseException | None, Any]
+
+
 class Database:
     """One engine, shared by a ``SqlStore`` and its scoped views; the schema is checked (and
-    created) once, on the first transaction."""
+    created) once, on the first transaction.
 
-    def __init__(self, url: str) -> None:
+    The store's calls run as functions of its ``Conn`` (``read``, ``write``). With
+    ``group_commit`` concurrent writes share one transaction (``write``); without (the
+    default), every write runs at once in a transaction of its own and no call ever yields to
+    the event loop, as with ``MemoryStore`` (the mode ``TestEnv``'s reproducible interleavings
+    need). ``stats`` counts transactions, statements and batches (for benchmarks)."""
+
+    def __init__(self, url: str, *, group_commit: bool = False) -> None:
         self.engine = create_engine(url)
         self.dialect = self.engine.dialect.name
         self._schema_ready = False
         self._lock = threading.Lock()
+        self.group_commit = group_commit
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._io = threading.RLock()  # the one Conn, one transaction at a time
+        self._conn: Conn | None = None
+        # the calls waiting for a scheduled flush, per event loop (each loop touches only its
+        # own list; the connection itself is shared under ``_io``)
+        self._queues: dict[asyncio.AbstractEventLoop, list[Op[Any]]] = {}
+        self._pg = self.dialect == "postgresql"
+        dbapi = self.engine.dialect.loaded_dbapi
+        self._dbapi_error: type[Exception] = dbapi.Error
 
     @property
     def shown_url(self) -> str:
@@ -119,7 +329,8 @@ class Database:
 
     @contextmanager
     def tx(self, *, write: bool = True) -> Iterator[sa.Connection]:
-        """One transaction; ``write`` ones take SQLite's write lock up front."""
+        """One SQLAlchemy transaction; ``write`` ones take SQLite's write lock up front. The
+        store's hot paths use ``read``/``write`` instead."""
         self.ensure_schema()
         with self.connect() as conn:
             if not write:
@@ -137,7 +348,285 @@ class Database:
             )
 
     def dispose(self) -> None:
+        with self._io:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
         self.engine.dispose()
 
+    # -- the store's connection ---------------------------------------------------------
+    def _connection(self) -> Conn:
+        c = self._conn
+        if c is not None:
+            return c
+        self.ensure_schema()
+        try:
+            fairy = self.engine.raw_connection()
+        except sa.exc.DBAPIError as exc:
+            raise StoreUnavailableError(
+                f"cannot connect to the flowkit database {self.shown_url}: {exc.orig}"
+            ) from exc
+        c = self._conn = Conn(self, fairy)
+        return c
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "Database", "create_engine"]
+    def _drop(self, c: Conn) -> None:
+        """Forget a connection that failed (a server restart): the next call reconnects."""
+        if self._conn is c:
+            self._conn = None
+        c.close()
+
+    def _wrap(self, c: Conn | None, exc: Exception) -> Exception:
+        """A DBAPI error as SQLAlchemy's exception of the same kind (what the store raised
+        before it bypassed SQLAlchemy); other exceptions as they are."""
+        if isinstance(exc, self._dbapi_error):
+            return sa.exc.DBAPIError.instance(
+                c.sql if c is not None else None,
+                None,
+                exc,
+                self._dbapi_error,
+                hide_parameters=True,
+                dialect=self.engine.dialect,
+                connection_invalidated=c is not None and c.broken(),
+            )
+        return exc
+
+    def _retryable(self, c: Conn, exc: BaseException) -> bool:
+        """A connection that broke before the transaction did anything (a server restart
+        while it sat in the pool): reconnect and run the transaction again, once."""
+        if not isinstance(exc, self._dbapi_error) or c.statements or not c.broken():
+            return False
+        self._drop(c)
+        return True
+
+    def run_read(self, fn: Callable[[Conn], T]) -> T:
+        """``fn`` on the store's connection outside a write transaction (autocommit reads:
+        each statement sees the latest committed state)."""
+        with self._io:
+            for attempt in (0, 1):
+                c = self._connection()
+                c.statements = 0
+                self.stats["read_tx"] += 1
+                try:
+                    return fn(c)
+                except Exception as exc:
+                    if attempt == 0 and self._retryable(c, exc):
+                        continue
+                    if isinstance(exc, self._dbapi_error) and c.broken():
+                        self._drop(c)
+                    raise self._wrap(c, exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def run_write(self, fn: Callable[[Conn], T]) -> T:
+        """``fn`` in a write transaction of its own."""
+        with self._io:
+            for attempt in (0, 1):
+                c = self._connection()
+                try:
+                    c.begin()
+                    c.dirty = False
+                    out = fn(c)
+                    c.commit()
+                    self.stats["ops"] += 1
+                    return out
+                except BaseException as exc:
+                    c.rollback()
+                    if not isinstance(exc, Exception):
+                        raise
+                    if attempt == 0 and self._retryable(c, exc):
+                        continue
+                    if isinstance(exc, self._dbapi_error) and c.broken():
+                        self._drop(c)
+                    raise self._wrap(c, exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _solo(self, fn: Callable[[Conn], Any]) -> Outcome:
+        try:
+            return None, self.run_write(fn)
+        except Exception as exc:
+            return exc, None
+
+    def run_batch(self, ops: Sequence[Op[Any]]) -> list[Outcome]:
+        """Run the calls of one group commit: those that may share a transaction together
+        (one ``COMMIT``; in run-id order on PostgreSQL, so two processes' batches take row
+        locks in the same order), the others (``solo``) one transaction each.
+
+        A call that fails clean (it raised before it wrote) keeps its exception and the
+        batch goes on. One that fails after writing (or with a database error) rolls the
+        batch back, and then every call of it runs again in a transaction of its own, so each
+        call's outcome is that of a committed (or cleanly failed) transaction. A failing
+        ``BEGIN``/``COMMIT`` fails every call of the batch. A call that raises ``Deferred``
+        (clean) runs again in a transaction of its own after the batch committed."""
+        pg = self._pg
+        out: list[Outcome | None] = [None] * len(ops)
+        shared = [i for i, op in enumerate(ops) if not (op.solo and pg)]
+        solo = [i for i, op in enumerate(ops) if op.solo and pg]
+        if pg:
+            shared.sort(key=lambda i: ops[i].key)
+        if len(shared) == 1:
+            solo.insert(0, shared.pop())
+        if shared:
+            self.stats["batches"] += 1
+            self.stats["batched_ops"] += len(shared)
+            with self._io:
+                res = self._shared([ops[i] for i in shared])
+            if res is None:  # unclean: one transaction per call
+                self.stats["batch_retries"] += 1
+                solo = shared + solo
+            else:
+                for i, r in zip(shared, res, strict=True):
+                    if isinstance(r[0], Deferred):
+                        self.stats["deferred"] += 1
+                        solo.append(i)
+                    else:
+                        out[i] = r
+        for i in solo:
+            out[i] = self._solo(ops[i])
+        return [o if o is not None else (AssertionError("lost outcome"), None) for o in out]
+
+    def _shared(self, ops: list[Op[Any]]) -> list[Outcome] | None:
+        for attempt in (0, 1):
+            c = self._connection()
+            res: list[Outcome] = []
+            try:
+                c.begin()
+                firsts = None
+                if c.can_pipeline and len(ops) >= 3:  # below that it costs more than it saves
+                    try:
+                        firsts = self._pipelined(c, ops)
+                        c.pipelined = True
+                    except self._dbapi_error as exc:
+                        if c.statements or not c.broken():
+                            raise _Unclean from exc
+                        raise  # a broken connection before anything ran: retried below
+                for k, op in enumerate(ops):
+                    c.dirty = False
+                    try:
+                        if firsts is None:
+                            res.append((None, op(c)))
+                        else:
+                            c.dirty = firsts[k][1]
+                            res.append((None, op.rest(c, firsts[k][0])))
+                    except Exception as exc:
+                        if c.dirty or isinstance(exc, self._dbapi_error):
+                            raise _Unclean from exc
+                        res.append((exc, None))
+                c.pipelined = False
+                c.commit()
+                self.stats["ops"] += len(ops)
+                return res
+            except _Unclean:
+                c.pipelined = False
+                c.rollback()
+                return None
+            except BaseException as exc:
+                c.pipelined = False
+                c.rollback()
+                if not isinstance(exc, Exception):
+                    raise
+                if attempt == 0 and self._retryable(c, exc):
+                    continue
+                if isinstance(exc, self._dbapi_error) and c.broken():
+                    self._drop(c)
+                err = self._wrap(c, exc)
+                return [(err, None)] * len(ops)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pipelined(self, c: Conn, ops: list[Op[Any]]) -> list[tuple[Any, bool]]:
+        """PostgreSQL: send the first statement of every call in one pipeline, together with
+        the transaction's ``BEGIN`` (the server runs them in order), and collect ``(result,
+        wrote)`` per call. After a database error the rest of the pipeline did not run."""
+        dbapi = c.dbapi
+        curs: list[Any] = []
+        try:
+            with dbapi.pipeline() as pipe:
+                for op in ops:
+                    f = op.first
+                    if f is None:
+                        curs.append(None)
+                        continue
+                    c.sql = f[0]
+                    cur = dbapi.cursor()
+                    cur.execute(f[0], f[1])
+                    curs.append(cur)
+                pipe.sync()
+                out: list[tuple[Any, bool]] = []
+                for op, cur in zip(ops, curs, strict=True):
+                    if cur is None:
+                        out.append((None, False))
+                    elif op.first is not None and op.first[2] != ROWCOUNT:
+                        rows = cur.fetchall()
+                        wrote = bool(rows) and op.first[2] == RETURNING
+                        out.append((rows[0] if rows else None, wrote))
+                    else:
+                        n = int(cur.rowcount)
+                        out.append((n, n > 0))
+        finally:
+            for cur in curs:
+                if cur is not None:
+                    cur.close()
+        sent = sum(cur is not None for cur in curs)
+        c.statements += sent
+        self.stats["statements"] += sent
+        return out
+
+    # -- the async face -----------------------------------------------------------------
+    async def read(self, fn: Callable[[Conn], T]) -> T:
+        return self.run_read(fn)
+
+    async def write(self, op: Op[T]) -> T:
+        """Run ``op`` in a write transaction and return its result once it is committed.
+
+        Group commit: while other coroutines of this event loop are ready to run, the call is
+        queued and a flush is scheduled behind them (``loop.call_soon``), so every write they
+        issue before it runs joins the same transaction: one ``COMMIT`` (one fsync on SQLite,
+        one commit round trip on PostgreSQL) for all of them. A call that nothing else could
+        join (the loop's ready queue is empty, as for a sequential caller) runs at once
+        without yielding. ``solo`` calls (they take a singleton key's advisory lock on
+        PostgreSQL) still run in a transaction of their own."""
+        if self.group_commit:
+            loop = asyncio.get_running_loop()
+            queue = self._queues.get(loop)
+            if queue is not None:  # a flush is scheduled: join it
+                op.fut = loop.create_future()
+                queue.append(op)
+                return cast(T, await op.fut)
+            ready = getattr(loop, "_ready", None)  # asyncio's ready queue (None: unknown)
+            if ready is None or len(ready):
+                op.fut = loop.create_future()
+                self._queues[loop] = [op]
+                loop.call_soon(self._flush, loop)
+                return cast(T, await op.fut)
+        return self.run_write(op)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        ops = [op for op in self._queues.pop(loop, ()) if not op.fut.cancelled()]
+        if not ops:
+            return
+        try:
+            outcomes = self.run_batch(ops)
+        except Exception as failure:  # pragma: no cover - a bug: never leave a caller waiting
+            outcomes = [(failure, None)] * len(ops)
+        except BaseException:
+            for op in ops:
+                op.fut.cancel()
+            raise
+        for op, (exc, value) in zip(ops, outcomes, strict=True):
+            if op.fut.done():
+                continue
+            if exc is None:
+                op.fut.set_result(value)
+            else:
+                op.fut.set_exception(exc)
+
+
+__all__ = [
+    "RETURNING",
+    "ROWCOUNT",
+    "SELECT",
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "Conn",
+    "Database",
+    "Deferred",
+    "Op",
+    "create_engine",
+]

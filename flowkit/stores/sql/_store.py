@@ -1,19 +1,24 @@
-"""``SqlStore``: the store on SQLAlchemy 2 Core, for SQLite files and PostgreSQL.
+"""``SqlStore``: the store on SQLite files and PostgreSQL.
 
-Why a sync engine, called inline from the ``async`` methods: every method is one short
-transaction, and running it on the event loop's thread (no ``to_thread``, no async driver) keeps
-each call atomic with respect to the other coroutines of the process, exactly like
-``MemoryStore``, and keeps ``flowkit_testing.TestEnv`` deterministic (its ``settle()`` sees no
-half-finished database call parked in a thread pool). The price is that the loop is blocked for
-the duration of a transaction (sub-millisecond on SQLite, one round trip or a few on
-PostgreSQL), which is what a durable store costs anyway.
+Every store call is one function of the store's DBAPI connection (``_engine.Conn``) running
+prebuilt SQL (``_sql``): reads run at once, outside any write transaction (each statement sees
+the latest committed state; a call that reads twice reads in an order that keeps it
+linearizable). Writes go through ``Database.write``, which group-commits: writes issued
+concurrently by coroutines of one event loop share one transaction, each keeping its own
+atomicity and errors; a write that nothing else could join (a sequential caller) runs at once
+without yielding, and ``SqlStore(..., group_commit=False)`` runs every write that way (the
+deterministic mode ``flowkit_testing.TestEnv`` needs). Results are handed out only after the
+``COMMIT``.
 
 Concurrency between processes is the database's job (see ``_engine`` for the SQLite and
 PostgreSQL setup): every read-then-write runs in one transaction that first serializes its
 competitors (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: the key's advisory lock, then row locks).
-``claim`` is one conditional ``UPDATE ... WHERE <claimable> RETURNING``; ``commit`` locks the run
-row (``SELECT ... FOR UPDATE``) before it checks the lease owner. Lock order is always advisory
-lock, then row locks, so these transactions cannot deadlock each other.
+``claim`` and the common ``commit``\\ s are one conditional ``UPDATE ... WHERE <preconditions>
+RETURNING``; a ``commit`` that misses (or needs more: consuming a signal, notify-on-release)
+locks the run row (``SELECT ... FOR UPDATE``) and decides in Python with the shared rules of
+``flowkit.stores.memory``. Lock order is always advisory lock, then row locks; calls that take an
+advisory lock run in a transaction of their own on PostgreSQL, and the others of a group commit
+take their row locks in run-id order, so two processes' transactions cannot deadlock.
 """
 
 from __future__ import annotations
@@ -26,77 +31,56 @@ import sqlalchemy as sa
 
 from ... import singleton as _sg
 from ..._history import Event
-from ..._run import Run, RunStatus
+from ..._run import SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import (
     LeaseLostError,
     RunIdTakenError,
     RunNotFoundError,
     SingletonQueueFullError,
 )
-from ..base import CommitResult, ConflictError, InboxSignal, QueueCap, Update
-from ..memory import apply_update, claimable, due_time
+from ..base import CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
+from ..memory import apply_update, claimable, due_time, plan_release
 from . import _rows as rows
-from ._engine import Database
-from ._schema import events, runs, signals
-
-R = runs.c
-
-
-_INSERT_EVENTS = sa.insert(events)
-_INSERT_RUN = sa.insert(runs)
-_ANY_RUN = sa.select(runs).where(runs.c.id == sa.bindparam("run_id"))  # in any namespace
+from ._engine import RETURNING, ROWCOUNT, SELECT, Conn, Database, Deferred, Op
+from ._schema import runs
+from ._sql import LAST_SEQ, Sql, dumps
 
 
 class SqlStore:
-    """A durable store on SQLAlchemy 2 (see ``flowkit.stores.base.Store`` for the contract).
+    """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
+    contract).
 
     ``url`` is ``sqlite:///path/to/file.db`` (safe for several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts). The schema is
-    created on first use. ``namespace`` scopes the store like ``MemoryStore(namespace)``."""
+    created on first use. ``namespace`` scopes the store like ``MemoryStore(namespace)``.
+
+    ``group_commit`` (default on) lets concurrent writes of one event loop share a transaction;
+    ``False`` runs each write at once in its own transaction and never yields to the event loop
+    inside a call (reproducible interleavings for ``flowkit_testing.TestEnv``). It is shared by
+    the store's scoped views (the ``group_commit`` attribute can be changed at any time)."""
 
     def __init__(
-        self, url: str, *, namespace: str | None = None, _db: Database | None = None
+        self,
+        url: str,
+        *,
+        namespace: str | None = None,
+        group_commit: bool = False,
+        _db: Database | None = None,
     ) -> None:
-        self._db = _db if _db is not None else Database(url)
+        self._db = _db if _db is not None else Database(url, group_commit=group_commit)
         self.url = url
         self.namespace = namespace
         self._dialect = self._db.dialect
-        self._tx = self._db.tx
-        # Built once: the hot statements skip construction and cache-key work on every call.
-        self._q_run = sa.select(runs).where(
-            R.id == sa.bindparam("run_id"), rows.visible(self.namespace)
-        )
-        self._q_run_locked = self._q_run.with_for_update()
-        now = sa.bindparam("now", type_=R.updated_at.type)
-        self._claim_stmt = (
-            sa.update(runs)
-            .where(
-                R.id == sa.bindparam("run_id"),
-                rows.visible(self.namespace),
-                rows.claimable_sql(now),
-            )
-            .values(
-                status=sa.case(
-                    (R.status == RunStatus.CANCELLING.value, R.status),
-                    else_=RunStatus.RUNNING.value,
-                ),
-                wake_at=None,
-                lease_owner=sa.bindparam("owner"),
-                lease_expires=sa.bindparam("until", type_=R.lease_expires.type),
-                updated_at=now,
-            )
-            .returning(*runs.c)
-        )
-        self._renew_stmt = (
-            sa.update(runs)
-            .where(
-                R.id == sa.bindparam("run_id"),
-                R.lease_owner == sa.bindparam("owner"),
-                R.status.in_(rows.ACTIVE),
-            )
-            .values(lease_expires=sa.bindparam("until", type_=R.lease_expires.type))
-            .returning(*runs.c)
-        )
+        self._pg = self._dialect == "postgresql"
+        self._sql = Sql(self._dialect, namespace)
+
+    @property
+    def group_commit(self) -> bool:
+        return self._db.group_commit
+
+    @group_commit.setter
+    def group_commit(self, on: bool) -> None:
+        self._db.group_commit = bool(on)
 
     def scoped(self, namespace: str) -> SqlStore:
         """A view over the same database that reads and writes only ``namespace``."""
@@ -110,85 +94,118 @@ class SqlStore:
         return f"SqlStore({self._db.shown_url!r}, namespace={self.namespace!r})"
 
     # -- helpers ----------------------------------------------------------------------
-    def _fetch(self, conn: sa.Connection, run_id: str, *, lock: bool = False) -> Run | None:
-        row = self._fetch_row(conn, run_id, lock=lock)
-        return None if row is None else rows.to_run(row)
+    def _params(self, **kw: Any) -> dict[str, Any]:
+        if self.namespace is not None:
+            kw["ns"] = self.namespace
+        return kw
 
-    def _fetch_row(
-        self, conn: sa.Connection, run_id: str, *, lock: bool = False
-    ) -> sa.Row[Any] | None:
-        q = self._q_run_locked if lock else self._q_run
-        return conn.execute(q, {"run_id": run_id}).first()
+    def _fetch(self, c: Conn, run_id: str, *, lock: bool = False) -> Any:
+        q = self._sql.get_run_locked if lock else self._sql.get_run
+        return c.one(q, self._params(id=run_id))
 
-    def _get(self, conn: sa.Connection, run_id: str, *, lock: bool = False) -> Run:
-        run = self._fetch(conn, run_id, lock=lock)
-        if run is None:
-            raise RunNotFoundError(run_id)
-        return run
+    def _lock_key(self, c: Conn, workflow: str, tag: str) -> None:
+        if self._pg:
+            c.one(self._sql.lock_key, {"k": rows.lock_name(workflow, tag)})
 
-    def _write(self, conn: sa.Connection, old: Run, new: Run, **extra: Any) -> None:
+    def _sharing(self, c: Conn, workflow: str, tag: str) -> list[Run]:
+        q, params = self._sql.sharing(workflow, tag)
+        return [r for r in map(self._sql.to_run, c.all(q, params)) if tag in r.tags]
+
+    def _write_changes(self, c: Conn, old: Run, new: Run, **extra: Any) -> None:
         changes = rows.changed_values(old, new) | extra
         if changes:
-            conn.execute(sa.update(runs).where(R.id == old.id).values(**changes))
+            cols = sorted(changes)
+            params = self._sql.column_params(changes)
+            params["id"] = old.id
+            c.write(self._sql.update(cols), params)
 
-    def _sharing(self, conn: sa.Connection, workflow: str, tag: str) -> list[Run]:
-        q = rows.sharing_sql(self._dialect, workflow, tag, self.namespace)
-        return [r for r in map(rows.to_run, conn.execute(q)) if tag in r.tags]
+    def _append(self, c: Conn, run_id: str, first_seq: int, evs: Sequence[Event]) -> None:
+        """Insert ``evs`` at ``first_seq`` (past ``last_seq`` of the locked run row); the
+        primary key ``(run_id, seq)`` still refuses a second writer of the same position."""
+        if evs:
+            params: dict[str, Any] = {"id": run_id}
+            self._sql.event_params(params, first_seq, evs)
+            c.write(self._sql.insert_events(len(evs)), params)
 
-    def _append(
-        self, conn: sa.Connection, run_id: str, last_seq: int, evs: Sequence[Event]
-    ) -> tuple[int, ...]:
-        """Insert ``evs`` after ``last_seq`` (read from the locked run row); the primary key
-        ``(run_id, seq)`` still refuses a second writer of the same position."""
-        if not evs:
-            return ()
-        new_rows = rows.event_rows(run_id, last_seq + 1, evs)
-        conn.execute(_INSERT_EVENTS, new_rows)
-        return tuple(r["seq"] for r in new_rows)
+    def _run_or_none(self, c: Conn, row: Any) -> Run | None:
+        return None if row is None else self._sql.to_run(row)
+
+    def _events(self, c: Conn, run_id: str) -> list[Event] | None:
+        found = c.all(self._sql.load_events, self._params(id=run_id))
+        if not found:
+            return None
+        to_event = self._sql.to_event
+        return [to_event(seq, body) for seq, body in found if seq is not None]
 
     # -- the contract ------------------------------------------------------------------
     async def create_run(
         self, run: Run, events: Sequence[Event], *, queue_cap: QueueCap | None = None
     ) -> tuple[Run, bool]:
-        try:
-            with self._tx() as conn:
-                if queue_cap is not None:
-                    self._db.lock_key(conn, queue_cap.workflow, queue_cap.tag)
-                row = conn.execute(_ANY_RUN, {"run_id": run.id}).first()
-                if row is not None:
-                    return self._existing(row), False
-                if queue_cap is not None:
-                    count = len(self._sharing(conn, queue_cap.workflow, queue_cap.tag))
-                    if count >= queue_cap.capacity:
-                        raise SingletonQueueFullError(
-                            queue_cap.workflow,
-                            queue_cap.key,
-                            queue_cap.max_queue_depth,
-                            queue_cap.limit,
-                        )
-                if self.namespace is not None and run.namespace is None:
-                    run = dataclasses.replace(run, namespace=self.namespace)
-                conn.execute(_INSERT_RUN, {**rows.run_values(run), "last_seq": len(events)})
-                self._append(conn, run.id, 0, events)
-        except sa.exc.IntegrityError:
-            # A concurrent create of the same id won the insert (PostgreSQL): idempotent.
-            with self._tx(write=False) as conn:
-                row = conn.execute(_ANY_RUN, {"run_id": run.id}).first()
-            if row is None:
-                raise
-            return self._existing(row), False
-        return run, True
+        if self.namespace is not None and run.namespace is None:
+            run = dataclasses.replace(run, namespace=self.namespace)
+        values = self._sql.run_params(run, len(events))
+        sql = self._sql
 
-    def _existing(self, row: sa.Row[Any]) -> Run:
+        if queue_cap is not None:
+
+            def capped(c: Conn, _: None) -> tuple[Run, bool]:
+                self._lock_key(c, queue_cap.workflow, queue_cap.tag)
+                row = c.one(sql.get_any_run, {"id": run.id})
+                if row is not None:
+                    return self._existing_row(row), False
+                cap = queue_cap
+                if self._count_sharing(c, cap) >= cap.capacity:
+                    raise SingletonQueueFullError(
+                        cap.workflow, cap.key, cap.max_queue_depth, cap.limit
+                    )
+                c.write(sql.insert_run, values)
+                self._append(c, run.id, 1, events)
+                return run, True
+
+            return await self._db.write(Op(capped, None, run.id, solo=True))
+        # an existing id (even one a concurrent transaction is inserting) is no error: the
+        # insert does nothing and the existing run is returned
+        both = self._pg and bool(events)
+        if both:  # PostgreSQL: the run and its events in one statement (one round trip)
+            sql.event_params(values, 1, events)
+            first = (sql.create_with_events(len(events)), values, ROWCOUNT)
+        else:
+            first = (sql.insert_run_new, values, ROWCOUNT)
+
+        def rest(c: Conn, inserted: int) -> tuple[Run, bool]:
+            if not inserted:
+                return self._existing(c, run.id), False
+            if not both:
+                self._append(c, run.id, 1, events)
+            return run, True
+
+        return await self._db.write(Op(rest, first, run.id))
+
+    def _count_sharing(self, c: Conn, cap: QueueCap) -> int:
+        if cap.tag.startswith(SINGLETON_TAG_PREFIX):
+            params = self._params(wf=cap.workflow, key=cap.tag[len(SINGLETON_TAG_PREFIX) :])
+            return int(c.one(self._sql.count_key, params)[0])
+        return len(self._sharing(c, cap.workflow, cap.tag))
+
+    def _existing(self, c: Conn, run_id: str) -> Run:
+        row = c.one(self._sql.get_any_run, {"id": run_id})
+        if row is None:  # pragma: no cover - the insert conflicted with a committed row
+            raise RunNotFoundError(run_id)
+        return self._existing_row(row)
+
+    def _existing_row(self, row: Any) -> Run:
         """``create_run`` of an id that exists: idempotent here, taken in another namespace."""
-        run = rows.to_run(row)
+        run = self._sql.to_run(row)
         if self.namespace is not None and run.namespace != self.namespace:
             raise RunIdTakenError(run.id)
         return run
 
     async def get_run(self, run_id: str) -> Run | None:
-        with self._tx(write=False) as conn:
-            return self._fetch(conn, run_id)
+        def op(c: Conn) -> Run | None:
+            row = self._fetch(c, run_id)
+            return None if row is None else self._sql.to_run(row)
+
+        return await self._db.read(op)
 
     async def list_runs(
         self,
@@ -198,141 +215,217 @@ class SqlStore:
         tag: str | None = None,
         limit: int | None = None,
     ) -> list[Run]:
+        r = runs.c
         q = sa.select(runs).where(rows.visible(self.namespace))
         if workflow is not None:
-            q = q.where(R.workflow == workflow)
+            q = q.where(r.workflow == workflow)
         if status is not None:
-            q = q.where(R.status == RunStatus(status).value)
+            q = q.where(r.status == RunStatus(status).value)
         if tag is not None:
             q = q.where(rows.has_tag_sql(self._dialect, tag))
-        q = q.order_by(R.created_at, R.id)
+        q = q.order_by(r.created_at, r.id)
         if limit is not None:
             q = q.limit(limit)
-        with self._tx(write=False) as conn:
-            out = [rows.to_run(r) for r in conn.execute(q)]
-        return out if tag is None else [r for r in out if tag in r.tags]
+        with self._db.tx(write=False) as conn:
+            out = [rows.to_run(row) for row in conn.execute(q)]
+        return out if tag is None else [run for run in out if tag in run.tags]
 
     async def load_events(self, run_id: str) -> list[Event]:
-        with self._tx(write=False) as conn:
-            self._get(conn, run_id)
-            q = sa.select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
-            return [rows.to_event(r) for r in conn.execute(q)]
+        def op(c: Conn) -> list[Event]:
+            evs = self._events(c, run_id)
+            if evs is None:
+                raise RunNotFoundError(run_id)
+            return evs
+
+        return await self._db.read(op)
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
-        params = {"run_id": run_id, "owner": owner, "until": lease_expires, "now": now}
-        with self._tx() as conn:
-            row = conn.execute(self._claim_stmt, params).first()
-        return None if row is None else rows.to_run(row)
+        params = self._params(id=run_id, owner=owner, until=lease_expires, now=now)
+        first = (self._sql.claim, params, RETURNING)
+        return await self._db.write(Op(self._run_or_none, first, run_id))
 
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
-        params = {"run_id": run_id, "owner": owner, "until": lease_expires}
-        with self._tx() as conn:
-            row = conn.execute(self._renew_stmt, params).first()
-        return None if row is None else rows.to_run(row)
+        params = self._params(id=run_id, owner=owner, until=lease_expires)
+        first = (self._sql.renew, params, RETURNING)
+        return await self._db.write(Op(self._run_or_none, first, run_id))
 
     async def commit(
         self, run_id: str, owner: str | None, now: float, update: Update
     ) -> CommitResult:
+        fast = self._sql.commit_fast(run_id, owner, now, update)
+        sql = self._sql
+        n = len(update.events)
+        first: tuple[str, Any, int] | None
+        if fast is not None:  # the whole change in one conditional UPDATE
+            first = (fast[0], fast[1], RETURNING)
+            inline = fast[2]
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                if row is not None:
+                    last = int(row[LAST_SEQ])
+                    if not inline:
+                        self._append(c, run_id, last - n + 1, update.events)
+                    return CommitResult(sql.to_run(row), tuple(range(last - n + 1, last + 1)))
+                # it missed: lock the row and decide (and raise) in Python; in a PostgreSQL
+                # batch not here, as that lock would come out of the batch's run-id order
+                if c.pipelined:
+                    raise Deferred
+                return self._commit_locked(c, run_id, owner, now, update)
+
+        elif update.notify is None:  # the general path, the row lock first (in order)
+            first = (sql.get_run_locked, self._params(id=run_id), SELECT)
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                return self._commit_locked(c, run_id, owner, now, update, row=(row,))
+
+        else:  # a release with notify: the key's advisory lock before the row lock
+            first = None
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                return self._commit_locked(c, run_id, owner, now, update)
+
+        # a release with notify takes the key's advisory lock: a transaction of its own
+        op = Op(rest, first, run_id, solo=update.notify is not None)
+        return await self._db.write(op)
+
+    def _commit_locked(
+        self,
+        c: Conn,
+        run_id: str,
+        owner: str | None,
+        now: float,
+        update: Update,
+        row: tuple[Any] | None = None,
+    ) -> CommitResult:
+        """The general commit: lock the row (unless ``row`` holds it, already locked),
+        decide with ``apply_update``, write the changed columns. Every precondition is checked
+        before the first write."""
         n = update.notify
-        with self._tx() as conn:
-            if n is not None:  # advisory lock before any row lock: the admission lock order
-                self._db.lock_key(conn, n.workflow, n.tag)
-            row = self._fetch_row(conn, run_id, lock=True)
-            if row is None:
-                raise RunNotFoundError(run_id)
-            run = rows.to_run(row)
-            last_seq = int(row._mapping["last_seq"])
-            if owner is not None:
-                if run.lease_owner != owner:
-                    raise LeaseLostError(run_id)
-            elif not update.ignore_lease and run.leased(now):
-                raise ConflictError(f"run {run_id!r} is leased by {run.lease_owner!r}")
-            if update.expect_status is not None and run.status not in update.expect_status:
-                raise ConflictError(f"run {run_id!r} is {run.status}")
-            if update.consume_signal is not None:
-                gone = conn.execute(
-                    sa.delete(signals).where(
-                        signals.c.id == update.consume_signal, signals.c.run_id == run_id
-                    )
-                )
-                if gone.rowcount != 1:
-                    raise ConflictError(f"signal #{update.consume_signal} already consumed")
-            names: set[str] = set()
-            if update.waiting_signals:
-                names = set(
-                    conn.execute(
-                        sa.select(signals.c.name)
-                        .distinct()
-                        .where(
-                            signals.c.run_id == run_id,
-                            signals.c.name.in_(list(update.waiting_signals)),
-                        )
-                    ).scalars()
-                )
-            new = apply_update(run, update, now, inbox_names=names)
-            if update.events:
-                self._write(conn, run, new, last_seq=last_seq + len(update.events))
-            else:
-                self._write(conn, run, new)
-            seqs = self._append(conn, run_id, last_seq, update.events)
-            woken: list[str] = []
-            if n is not None:
-                sharing = self._sharing(conn, n.workflow, n.tag)
-                for wid in _sg.waiters_to_wake(sharing, n.tag, n.workflow, n.limit):
-                    conn.execute(
-                        sa.update(runs)
-                        .where(R.id == wid, R.status == RunStatus.SUSPENDED.value)
-                        .values(wake_at=now)
-                    )
-                    woken.append(wid)
-        return CommitResult(new, seqs, tuple(woken))
+        sql = self._sql
+        if n is not None:  # advisory lock before any row lock: the admission lock order
+            self._lock_key(c, n.workflow, n.tag)
+        row = self._fetch(c, run_id, lock=True) if row is None else row[0]
+        if row is None:
+            raise RunNotFoundError(run_id)
+        run = sql.to_run(row)
+        last_seq = int(row[LAST_SEQ])
+        if owner is not None:
+            if run.lease_owner != owner:
+                raise LeaseLostError(run_id)
+        elif not update.ignore_lease and run.leased(now):
+            raise ConflictError(f"run {run_id!r} is leased by {run.lease_owner!r}")
+        if update.expect_status is not None and run.status not in update.expect_status:
+            raise ConflictError(f"run {run_id!r} is {run.status}")
+        if update.consume_signal is not None:
+            gone = c.write(sql.consume_signal, {"sid": update.consume_signal, "id": run_id})
+            if gone != 1:
+                raise ConflictError(f"signal #{update.consume_signal} already consumed")
+        names: set[str] = set()
+        if update.waiting_signals:
+            found = c.all(
+                sql.signal_names,
+                {"id": run_id, "names": sql.in_list_param(update.waiting_signals)},
+            )
+            names = {r[0] for r in found}
+        new = apply_update(run, update, now, inbox_names=names)
+        if update.events:
+            self._write_changes(c, run, new, last_seq=last_seq + len(update.events))
+        else:
+            self._write_changes(c, run, new)
+        self._append(c, run_id, last_seq + 1, update.events)
+        seqs = tuple(range(last_seq + 1, last_seq + 1 + len(update.events)))
+        woken: list[str] = []
+        handed: list[HandOff] = []
+        if n is not None:
+            for w, admitted in plan_release(self._sharing(c, n.workflow, n.tag), n, now):
+                if admitted is not None:
+                    got = self._hand_off(c, admitted, now)
+                    if got is not None:
+                        handed.append(got)
+                        continue
+                # woken, not handed: it admits itself (a miss above: another process's
+                # poller claimed it, or it was cancelled, in the meantime)
+                c.write(sql.wake_waiter, {"id": w.id, "now": now})
+                woken.append(w.id)
+        return CommitResult(new, seqs, tuple(woken), tuple(handed))
+
+    def _hand_off(self, c: Conn, admitted: Run, now: float) -> HandOff | None:
+        """Apply a planned hand-off if the waiter is still free to take (not leased, not
+        cancelling, not admitted: on PostgreSQL another process's poller may have claimed it
+        since it was read), with its history; ``None`` on a miss."""
+        sql = self._sql
+        row = c.returning(
+            sql.hand_off,
+            {
+                "id": admitted.id,
+                "tags": dumps(list(admitted.tags)),
+                "admitted": True,
+                "owner": admitted.lease_owner,
+                "until": admitted.lease_expires,
+                "now": now,
+            },
+        )
+        if row is None:
+            return None
+        evs = self._events(c, admitted.id) or []
+        return HandOff(sql.to_run(row), tuple(evs))
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None
     ) -> list[str]:
-        due = rows.due_time_sql()
-        q = sa.select(runs).where(rows.visible(self.namespace), rows.claimable_sql(now))
-        if workflows is not None:
-            q = q.where(R.workflow.in_(list(workflows)))
-        q = q.order_by(due, R.created_at, R.id).limit(limit)
-        with self._tx(write=False) as conn:
-            found = [rows.to_run(r) for r in conn.execute(q)]
-        found = [r for r in found if claimable(r, now)]
+        sql = self._sql
+        if workflows is None:
+            q, params = sql.due_runs, self._params(now=now, limit=limit)
+        else:
+            wfs = sql.in_list_param(workflows)
+            q, params = sql.due_runs_of, self._params(now=now, limit=limit, wfs=wfs)
+
+        def op(c: Conn) -> list[Run]:
+            return [sql.to_run(r) for r in c.all(q, params)]
+
+        found = [r for r in await self._db.read(op) if claimable(r, now)]
         found.sort(key=lambda r: (due_time(r) or 0.0, r.created_at, r.id))
         return [r.id for r in found]
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
-        due = rows.due_time_sql()
-        q = sa.select(runs).where(
-            rows.visible(self.namespace), R.status.in_(rows.ACTIVE), due.is_not(None)
-        )
+        sql = self._sql
         skip = [o for o in exclude_lease_owners if o]
         if skip:
-            q = q.where(sa.or_(R.lease_owner.is_(None), R.lease_owner.not_in(skip)))
-        with self._tx(write=False) as conn:
-            row = conn.execute(q.order_by(due).limit(1)).first()
-        return None if row is None else due_time(rows.to_run(row))
+            q, params = sql.next_due_skip, self._params(skip=sql.in_list_param(skip))
+        else:
+            q, params = sql.next_due, self._params()
+
+        def op(c: Conn) -> Any:
+            return c.one(q, params)
+
+        row = await self._db.read(op)
+        return None if row is None else due_time(sql.to_run(row))
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
-        with self._tx() as conn:
-            run = self._get(conn, run_id, lock=True)
-            conn.execute(sa.insert(signals).values(run_id=run_id, name=name, payload=payload))
-            if run.status is RunStatus.SUSPENDED and name in run.waiting_signals:
-                new = dataclasses.replace(run, wake_at=now, updated_at=now)
-                self._write(conn, run, new)
-                run = new
-        return run
+        sql = self._sql
+        params = self._params(id=run_id, name=name, now=now, payload=dumps(payload))
+        both = self._pg
+
+        def rest(c: Conn, row: Any) -> Run:
+            # the conditional UPDATE made it due now if suspended waiting for `name` (it also
+            # locks the row, ordering this with the run's commits)
+            if row is None:
+                raise RunNotFoundError(run_id)
+            if not both:
+                c.write(sql.insert_signal, params)
+            return sql.to_run(row)
+
+        stmt = sql.deliver_and_insert if both else sql.deliver
+        return await self._db.write(Op(rest, (stmt, params, RETURNING), run_id))
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
-        q = (
-            sa.select(signals)
-            .where(signals.c.run_id == run_id, signals.c.name == name)
-            .order_by(signals.c.id)
-            .limit(1)
-        )
-        with self._tx(write=False) as conn:
-            row = conn.execute(q).first()
-        return None if row is None else InboxSignal(row.id, row.name, row.payload)
+        sql = self._sql
+
+        def op(c: Conn) -> Any:
+            return c.one(sql.peek_signal, {"id": run_id, "name": name})
+
+        row = await self._db.read(op)
+        return None if row is None else InboxSignal(int(row[0]), row[1], sql.loads(row[2]))
 
     async def try_admit_singleton(
         self,
@@ -342,22 +435,27 @@ class SqlStore:
         limit: int,
         retry_wake_at: float | None = None,
     ) -> bool:
-        with self._tx() as conn:
+        def op(c: Conn, _: None) -> bool:
             # 1. serialize competing claims of this key (PostgreSQL; SQLite holds its write
             #    lock already), 2. lock our own row against a concurrent cancel, 3. read only
             #    the active runs of this key, 4. decide with the shared helpers and persist.
-            self._db.lock_key(conn, workflow, tag)
-            run = self._get(conn, run_id, lock=True)
-            sharing = self._sharing(conn, workflow, tag)
+            self._lock_key(c, workflow, tag)
+            row = self._fetch(c, run_id, lock=True)
+            if row is None:
+                raise RunNotFoundError(run_id)
+            run = self._sql.to_run(row)
+            sharing = self._sharing(c, workflow, tag)
             tags = _sg.admission_tags(sharing, run_id, tag, workflow, limit)
             if tags is not None:
                 if list(run.tags) != tags:
-                    self._write(conn, run, dataclasses.replace(run, tags=tuple(tags)))
+                    self._write_changes(c, run, dataclasses.replace(run, tags=tuple(tags)))
                 return True
             patch = _sg.denial_patch(sharing, run_id, tag, workflow, retry_wake_at)
             if patch:
-                self._write(conn, run, dataclasses.replace(run, **patch))
+                self._write_changes(c, run, dataclasses.replace(run, **patch))
             return False
+
+        return await self._db.write(Op(op, None, run_id, solo=True))
 
 
 __all__ = ["SqlStore"]

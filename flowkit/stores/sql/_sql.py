@@ -1,0 +1,504 @@
+"""The hot-path SQL of ``SqlStore``: statement text per dialect, executed on the DBAPI
+connection (``sqlite3`` or ``psycopg``) without SQLAlchemy's statement compilation and result
+processing, and the conversions between rows and ``Run``/``Event``.
+
+Everything here is built once per store (``Sql``) and cached by shape: a call formats no SQL
+on the common paths. Parameters are named (``:name`` on SQLite, ``%(name)s`` on PostgreSQL).
+
+JSON columns hold JSON text on SQLite (``_schema._SQLiteJSON``) and ``jsonb`` on PostgreSQL;
+values are serialized with orjson here and bound as text (cast to ``jsonb`` in the statement
+on PostgreSQL). A ``None`` payload is stored as the JSON ``null``, as SQLAlchemy's ``JSON``
+type does, so rows written by either path read back the same.
+
+The claim rules mirror ``flowkit.stores.memory.claimable``/``due_time`` (as
+``_rows.claimable_sql``/``due_time_sql`` do for SQLAlchemy); ``tests/test_sql_store.py``
+compares them with MemoryStore on randomized run states."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from ..._history import Event, event_from_json, event_to_json
+from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ..base import UNSET, Update
+
+RUN_COLS = (
+    "id",
+    "workflow",
+    "workflow_version",
+    "status",
+    "input",
+    "output",
+    "error",
+    "tags",
+    "created_at",
+    "updated_at",
+    "wake_at",
+    "namespace",
+    "singleton_key",
+    "attempt",
+    "lease_owner",
+    "lease_expires",
+    "waiting_signals",
+    "last_seq",
+)
+"""The columns every run query returns, in ``Run`` field order (``last_seq`` last)."""
+LAST_SEQ = RUN_COLS.index("last_seq")
+JSON_COLS = frozenset({"input", "output", "error", "tags", "waiting_signals"})
+_NAMES = ", ".join(RUN_COLS)
+# PostgreSQL hands JSON columns back as text too, so any driver's rows convert the same way
+_PG_SELECT = ", ".join(f"{c}::text" if c in JSON_COLS else c for c in RUN_COLS)
+_STATUS = {s.value: s for s in RunStatus}
+_ACTIVE = ", ".join(f"'{s}'" for s in sorted(s.value for s in ACTIVE_STATUSES))
+_HANDABLE = "'pending', 'running', 'suspended'"  # memory.hand_off_ok
+
+
+def dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _loads_text(value: Any) -> Any:
+    return None if value is None else orjson.loads(value)
+
+
+def _leased(now: str) -> str:
+    """``Run.leased(now)``."""
+    return f"(lease_owner IS NOT NULL AND lease_expires IS NOT NULL AND lease_expires > {now})"
+
+
+def _claimable(now: str) -> str:
+    """Mirror of ``memory.claimable``."""
+    return (
+        f"status IN ({_ACTIVE}) AND NOT {_leased(now)} AND (status IN ('pending', 'running')"
+        f" OR (status = 'cancelling' AND wake_at IS NULL)"
+        f" OR (wake_at IS NOT NULL AND wake_at <= {now}))"
+    )
+
+
+# Mirror of ``memory.due_time``.
+_DUE = (
+    "CASE WHEN lease_owner IS NOT NULL AND lease_expires IS NOT NULL THEN"
+    " CASE WHEN status NOT IN ('pending', 'running') AND wake_at IS NOT NULL"
+    " AND wake_at > lease_expires THEN wake_at ELSE lease_expires END"
+    " WHEN status = 'pending' THEN created_at"
+    " WHEN status = 'running' OR (status = 'cancelling' AND wake_at IS NULL) THEN updated_at"
+    " ELSE wake_at END"
+)
+
+
+class Sql:
+    """The statements of one store (one dialect, one namespace) and the row conversions."""
+
+    def __init__(self, dialect: str, namespace: str | None) -> None:
+        self.dialect = dialect
+        self.namespace = namespace
+        pg = dialect == "postgresql"
+        self.pg = pg
+        self.loads: Callable[[Any], Any] = _loads_text
+        self.cols = cols = _PG_SELECT if pg else _NAMES
+        ns = f" AND namespace = {self.p('ns')}" if namespace is not None else ""
+        self.ns = ns
+        p, j = self.p, self.j
+        self.get_run = f"SELECT {cols} FROM flowkit_runs WHERE id = {p('id')}{ns}"
+        self.get_run_locked = self.get_run + (" FOR UPDATE" if pg else "")
+        self.get_any_run = f"SELECT {cols} FROM flowkit_runs WHERE id = {p('id')}"
+        # one statement: no rows for an unknown run, one row of NULLs for a run without events
+        self.load_events = (
+            f"SELECT e.seq, e.body{'::text' if pg else ''} FROM flowkit_runs r"
+            f" LEFT JOIN flowkit_events e ON e.run_id = r.id"
+            f" WHERE r.id = {p('id')}{ns.replace('namespace', 'r.namespace')} ORDER BY e.seq"
+        )
+        self.insert_run = (
+            f"INSERT INTO flowkit_runs ({_NAMES}, admitted) VALUES ("
+            + ", ".join(j(c) if c in JSON_COLS else p(c) for c in RUN_COLS)
+            + f", {p('admitted')})"
+        )
+        self.insert_run_new = self.insert_run + " ON CONFLICT (id) DO NOTHING"
+        self.claim = (
+            f"UPDATE flowkit_runs SET"
+            f" status = CASE WHEN status = 'cancelling' THEN status ELSE 'running' END,"
+            f" wake_at = NULL, lease_owner = {p('owner')}, lease_expires = {p('until')},"
+            f" updated_at = {p('now')}"
+            f" WHERE id = {p('id')}{ns} AND {_claimable(p('now'))} RETURNING {cols}"
+        )
+        self.renew = (
+            f"UPDATE flowkit_runs SET lease_expires = {p('until')}"
+            f" WHERE id = {p('id')}{ns} AND lease_owner = {p('owner')} AND status IN ({_ACTIVE})"
+            f" RETURNING {cols}"
+        )
+        member = (
+            f"waiting_signals ? {p('name')}"
+            if pg
+            else f"EXISTS (SELECT 1 FROM json_each(waiting_signals) WHERE value = {p('name')})"
+        )
+        wakes = f"status = 'suspended' AND {member}"
+        self.deliver = (
+            f"UPDATE flowkit_runs SET"
+            f" wake_at = CASE WHEN {wakes} THEN {p('now')} ELSE wake_at END,"
+            f" updated_at = CASE WHEN {wakes} THEN {p('now')} ELSE updated_at END"
+            f" WHERE id = {p('id')}{ns} RETURNING {cols}"
+        )
+        self.deliver_and_insert = (
+            f"WITH u AS ({self.deliver}), s AS (INSERT INTO flowkit_signals (run_id, name, payload)"
+            f" SELECT u.id, {p('name')}, {j('payload')} FROM u) SELECT * FROM u"
+        )
+        self.insert_signal = (
+            f"INSERT INTO flowkit_signals (run_id, name, payload)"
+            f" VALUES ({p('id')}, {p('name')}, {j('payload')})"
+        )
+        self.peek_signal = (
+            f"SELECT id, name, payload{'::text' if pg else ''} FROM flowkit_signals"
+            f" WHERE run_id = {p('id')} AND name = {p('name')} ORDER BY id LIMIT 1"
+        )
+        self.consume_signal = (
+            f"DELETE FROM flowkit_signals WHERE id = {p('sid')} AND run_id = {p('id')}"
+        )
+        self.signal_names = (
+            f"SELECT DISTINCT name FROM flowkit_signals"
+            f" WHERE run_id = {p('id')} AND {self.in_list('name', 'names')}"
+        )
+        due_where = f"{_claimable(p('now'))}{ns}"
+        due_tail = f" ORDER BY {_DUE}, created_at, id LIMIT {p('limit')}"
+        self.due_runs = f"SELECT {cols} FROM flowkit_runs WHERE {due_where}{due_tail}"
+        self.due_runs_of = (
+            f"SELECT {cols} FROM flowkit_runs WHERE {due_where}"
+            f" AND {self.in_list('workflow', 'wfs')}{due_tail}"
+        )
+        nda = f"SELECT {cols} FROM flowkit_runs WHERE status IN ({_ACTIVE}){ns}"
+        nda += f" AND ({_DUE}) IS NOT NULL"
+        self.next_due = f"{nda} ORDER BY {_DUE} LIMIT 1"
+        self.next_due_skip = (
+            f"{nda} AND (lease_owner IS NULL OR NOT {self.in_list('lease_owner', 'skip')})"
+            f" ORDER BY {_DUE} LIMIT 1"
+        )
+        sharing = f"SELECT {cols} FROM flowkit_runs WHERE workflow = {p('wf')}"
+        sharing += f" AND status IN ({_ACTIVE}){ns}"
+        self.sharing_key = f"{sharing} AND singleton_key = {p('key')}"
+        self.count_key = (
+            f"SELECT count(*) FROM flowkit_runs WHERE workflow = {p('wf')}"
+            f" AND status IN ({_ACTIVE}){ns} AND singleton_key = {p('key')}"
+        )
+        self.sharing_admitted = f"{sharing} AND admitted"
+        self.sharing_tag = sharing + (
+            f" AND tags @> {p('tags')}::jsonb"
+            if pg
+            else f" AND EXISTS (SELECT 1 FROM json_each(tags) WHERE value = {p('tag')})"
+        )
+        self.lock_key = "SELECT pg_advisory_xact_lock(hashtextextended(%(k)s, 0))"
+        self.hand_off = (
+            f"UPDATE flowkit_runs SET tags = {j('tags')}, admitted = {p('admitted')},"
+            f" status = 'running', wake_at = NULL, lease_owner = {p('owner')},"
+            f" lease_expires = {p('until')}, updated_at = {p('now')}"
+            f" WHERE id = {p('id')} AND status IN ({_HANDABLE}) AND NOT admitted"
+            f" AND NOT {_leased(p('now'))} RETURNING {cols}"
+        )
+        self.wake_waiter = (
+            f"UPDATE flowkit_runs SET wake_at = {p('now')}"
+            f" WHERE id = {p('id')} AND status = 'suspended'"
+        )
+        self._updates: dict[tuple[str, ...], str] = {}
+        self._commits: dict[tuple[Any, ...], str] = {}
+        self._cache: dict[tuple[str, int], str] = {}
+
+    # -- placeholders ---------------------------------------------------------------------
+    def p(self, name: str) -> str:
+        return f"%({name})s" if self.pg else f":{name}"
+
+    def j(self, name: str) -> str:
+        """A JSON parameter (bound as text)."""
+        return f"%({name})s::jsonb" if self.pg else f":{name}"
+
+    def in_list(self, column: str, name: str) -> str:
+        """``column`` is one of the strings of the list parameter ``name`` (``in_list_param``
+        gives its value)."""
+        if self.pg:
+            return f"{column} = ANY({self.p(name)})"
+        return f"{column} IN (SELECT value FROM json_each({self.p(name)}))"
+
+    def in_list_param(self, values: Sequence[str]) -> Any:
+        return list(values) if self.pg else dumps(list(values))
+
+    # -- rows -----------------------------------------------------------------------------
+    def to_run(self, row: Sequence[Any]) -> Run:
+        loads = self.loads
+        return Run(
+            row[0],
+            row[1],
+            row[2],
+            _STATUS[row[3]],
+            loads(row[4]),
+            loads(row[5]),
+            loads(row[6]),
+            tuple(loads(row[7]) or ()),
+            row[8],
+            row[9],
+            row[10],
+            row[11],
+            row[12],
+            row[13],
+            row[14],
+            row[15],
+            tuple(loads(row[16]) or ()),
+        )
+
+    def run_params(self, run: Run, last_seq: int) -> dict[str, Any]:
+        """The insert parameters of ``run``; ``admitted`` follows the tags."""
+        return {
+            "id": run.id,
+            "workflow": run.workflow,
+            "workflow_version": run.workflow_version,
+            "status": RunStatus(run.status).value,
+            "input": dumps(run.input),
+            "output": dumps(run.output),
+            "error": dumps(run.error),
+            "tags": dumps(list(run.tags)),
+            "created_at": run.created_at,
+            "updated_at": run.updated_at,
+            "wake_at": run.wake_at,
+            "namespace": run.namespace,
+            "singleton_key": run.singleton_key,
+            "attempt": run.attempt,
+            "lease_owner": run.lease_owner,
+            "lease_expires": run.lease_expires,
+            "waiting_signals": dumps(list(run.waiting_signals)),
+            "last_seq": last_seq,
+            "admitted": ADMITTED_TAG in run.tags,
+        }
+
+    def to_event(self, seq: int, body: Any) -> Event:
+        data = self.loads(body)
+        if not isinstance(data, dict):
+            data = {"corrupt": data}  # event_from_json reports it as a HistoryError
+        data["seq"] = seq
+        return event_from_json(data)
+
+    @staticmethod
+    def event_params(params: dict[str, Any], first_seq: int, evs: Sequence[Event]) -> None:
+        """The values of ``evs`` at ``first_seq``... as parameters ``s<i>``, ``t<i>``,
+        ``a<i>``, ``b<i>`` (seq, type, at, body) of ``params``."""
+        for i, ev in enumerate(evs):
+            seq = first_seq + i
+            body = event_to_json(ev)
+            body["seq"] = seq
+            params[f"s{i}"] = seq
+            params[f"t{i}"] = ev.type
+            params[f"a{i}"] = ev.at
+            params[f"b{i}"] = dumps(body)
+
+    def _values(self, n: int, *, seq: bool = True) -> str:
+        p, j = self.p, self.j
+        cast = "::float8" if self.pg else ""
+        return ", ".join(
+            f"({p(f's{i}') if seq else i}, {p(f't{i}')}, {p(f'a{i}')}{cast}, {j(f'b{i}')})"
+            for i in range(n)
+        )
+
+    def insert_events(self, n: int) -> str:
+        """One multi-row ``INSERT`` of ``n`` events of run ``id`` (``event_params``)."""
+        key = ("insert", n)
+        sql = self._cache.get(key)
+        if sql is None:
+            values = ", ".join(
+                f"({self.p('id')}, {self.p(f's{i}')}, {self.p(f't{i}')}, {self.p(f'a{i}')},"
+                f" {self.j(f'b{i}')})"
+                for i in range(n)
+            )
+            sql = f"INSERT INTO flowkit_events (run_id, seq, type, at, body) VALUES {values}"
+            if n <= 16:
+                self._cache[key] = sql
+        return sql
+
+    def create_with_events(self, n: int) -> str:
+        """PostgreSQL: the run's ``INSERT ... ON CONFLICT DO NOTHING`` and its ``n`` events
+        in one statement (one round trip); its row count is ``n`` when the run was created,
+        0 when the id existed."""
+        key = ("create", n)
+        sql = self._cache.get(key)
+        if sql is None:
+            sql = (
+                f"WITH r AS ({self.insert_run_new} RETURNING id)"
+                f" INSERT INTO flowkit_events (run_id, seq, type, at, body)"
+                f" SELECT r.id, v.seq, v.type, v.at, v.body FROM r,"
+                f" (VALUES {self._values(n)}) AS v(seq, type, at, body)"
+            )
+            if n <= 16:
+                self._cache[key] = sql
+        return sql
+
+    def _commit_with_events(self, update: str, n: int) -> str:
+        """PostgreSQL: a commit's ``UPDATE ... RETURNING`` and the insert of its ``n`` events
+        at the seqs it assigned (``last_seq`` of the updated row), in one statement; the rows
+        are the update's (none when a precondition failed: then nothing was inserted)."""
+        seq = f"u.last_seq - {n} + v.k + 1"
+        return (
+            f"WITH u AS ({update}), e AS (INSERT INTO flowkit_events (run_id, seq, type, at, body)"
+            f" SELECT u.id, {seq}, v.type, v.at, jsonb_set(v.body, '{{seq}}', to_jsonb({seq}))"
+            f" FROM u, (VALUES {self._values(n, seq=False)}) AS v(k, type, at, body))"
+            f" SELECT * FROM u"
+        )
+
+    # -- writes of computed columns (the general paths) ------------------------------------
+    def update(self, columns: Sequence[str]) -> str:
+        """``UPDATE`` of ``columns`` (by run id); JSON columns take text."""
+        key = tuple(columns)
+        sql = self._updates.get(key)
+        if sql is None:
+            sets = ", ".join(f"{c} = {self.j(c) if c in JSON_COLS else self.p(c)}" for c in key)
+            sql = f"UPDATE flowkit_runs SET {sets} WHERE id = {self.p('id')}"
+            self._updates[key] = sql
+        return sql
+
+    @staticmethod
+    def column_params(values: dict[str, Any]) -> dict[str, Any]:
+        return {k: dumps(v) if k in JSON_COLS else v for k, v in values.items()}
+
+    # -- commit: one conditional UPDATE ... RETURNING -----------------------------------
+    def commit_fast(
+        self, run_id: str, owner: str | None, now: float, u: Update
+    ) -> tuple[str, dict[str, Any], bool] | None:
+        """The whole of a commit's run-row change as one ``UPDATE ... WHERE <lease and status
+        preconditions> RETURNING``, or ``None`` when the update needs the general path (a
+        signal to consume, notify-on-release). A row that does not match (a failed
+        precondition, or a terminal commit of an admitted run, whose tags change) comes back
+        empty: the caller then takes the general path, which decides and raises. On
+        PostgreSQL the statement also inserts the events (the flag says so): one round trip."""
+        if u.consume_signal is not None or u.notify is not None:
+            return None
+        status = u.status
+        terminal = status is not None and not status.active
+        ws = None if terminal else u.waiting_signals
+        wake_set = not terminal and u.wake_at is not UNSET
+        owner_mode = 0 if owner is not None else (2 if u.ignore_lease else 1)
+        n = len(u.events)
+        shape = (
+            None if status is None else (status is RunStatus.SUSPENDED, terminal),
+            u.output is not UNSET,
+            u.error is not UNSET,
+            wake_set,
+            None if ws is None else bool(ws),
+            u.attempt is not None,
+            u.release_lease,
+            n > 0,
+            owner_mode,
+            u.expect_status,
+            n if self.pg else 0,
+        )
+        params: dict[str, Any] = {"id": run_id, "now": now}
+        if status is not None:
+            params["status"] = status.value
+        if u.output is not UNSET:
+            params["output"] = dumps(u.output)
+        if u.error is not UNSET:
+            params["error"] = dumps(u.error)
+        if wake_set:
+            params["wake_at"] = u.wake_at
+        if ws is not None:
+            params["ws"] = dumps(list(ws))
+            if ws:
+                params["ws_names"] = self.in_list_param(ws)
+        if u.attempt is not None:
+            params["attempt"] = u.attempt
+        if n:
+            params["n"] = n
+        if owner is not None:
+            params["owner"] = owner
+        if self.namespace is not None:
+            params["ns"] = self.namespace
+        inline = self.pg and n > 0
+        if inline:  # the seqs are the statement's: bodies get theirs in the database
+            self.event_params(params, 0, u.events)
+            for i in range(n):
+                del params[f"s{i}"]
+        sql = self._commits.get(shape)
+        if sql is None:
+            sql = self._commit_sql(shape)
+            if inline:
+                sql = self._commit_with_events(sql, n)
+            if shape[-1] <= 16:
+                self._commits[shape] = sql
+        return sql, params, inline
+
+    def _commit_sql(self, shape: tuple[Any, ...]) -> str:
+        st, has_output, has_error, wake_set, ws, has_attempt, release, events, owner_mode, exp = (
+            shape[:10]
+        )
+        p, j = self.p, self.j
+        sets = [f"updated_at = {p('now')}"]
+        terminal = st is not None and st[1]
+        if st is not None:
+            # a non-terminal status never replaces a (sticky) cancelling one
+            sets.append(
+                f"status = {p('status')}"
+                if terminal
+                else f"status = CASE WHEN status = 'cancelling' THEN status ELSE {p('status')} END"
+            )
+        if has_output:
+            sets.append(f"output = {j('output')}")
+        if has_error:
+            sets.append(f"error = {j('error')}")
+        if terminal:
+            sets += [
+                "wake_at = NULL",
+                "lease_owner = NULL",
+                "lease_expires = NULL",
+                "waiting_signals = '[]'::jsonb" if self.pg else "waiting_signals = '[]'",
+            ]
+        else:
+            wake: str | None = None
+            if wake_set:
+                wake = p("wake_at")
+                if st is not None and st[0]:  # suspend of a cancelling run: deliver it at once
+                    wake = f"CASE WHEN status = 'cancelling' THEN {p('now')} ELSE {wake} END"
+            if ws is not None:
+                sets.append(f"waiting_signals = {j('ws')}")
+                if ws:  # a signal it waits for arrived while it ran: due now
+                    sigs = (
+                        f"SELECT 1 FROM flowkit_signals WHERE run_id = flowkit_runs.id"
+                        f" AND {self.in_list('name', 'ws_names')}"
+                    )
+                    wake = f"CASE WHEN EXISTS ({sigs}) THEN {p('now')} ELSE {wake or 'wake_at'} END"
+            if wake is not None:
+                sets.append(f"wake_at = {wake}")
+            if release:
+                sets += ["lease_owner = NULL", "lease_expires = NULL"]
+        if has_attempt:
+            sets.append(f"attempt = {p('attempt')}")
+        if events:
+            sets.append(f"last_seq = last_seq + {p('n')}")
+        where = [f"id = {p('id')}{self.ns}"]
+        if owner_mode == 0:
+            where.append(f"lease_owner = {p('owner')}")
+        elif owner_mode == 1:
+            where.append(f"NOT {_leased(p('now'))}")
+        if exp is not None:
+            where.append(f"status IN ({', '.join(sorted(repr(s.value) for s in exp))})")
+        if terminal:
+            where.append("NOT admitted")  # releasing a slot rewrites the tags: general path
+        return (
+            f"UPDATE flowkit_runs SET {', '.join(sets)} WHERE {' AND '.join(where)}"
+            f" RETURNING {self.cols}"
+        )
+
+    # -- singleton keys -------------------------------------------------------------------
+    def sharing(self, workflow: str, tag: str) -> tuple[str, dict[str, Any]]:
+        """The active runs of ``workflow`` carrying ``tag`` (for a singleton tag exactly the
+        rows of one key, through ``ix_flowkit_runs_singleton``)."""
+        params: dict[str, Any] = {"wf": workflow}
+        if self.namespace is not None:
+            params["ns"] = self.namespace
+        if tag.startswith(SINGLETON_TAG_PREFIX):
+            params["key"] = tag[len(SINGLETON_TAG_PREFIX) :]
+            return self.sharing_key, params
+        if tag == ADMITTED_TAG:
+            return self.sharing_admitted, params
+        if self.pg:
+            params["tags"] = dumps([tag])
+        else:
+            params["tag"] = tag
+        return self.sharing_tag, params
+
+
+__all__ = ["JSON_COLS", "LAST_SEQ", "RUN_COLS", "Sql", "dumps"]
