@@ -55,6 +55,7 @@ class TestEnv:
         self._n = instances
         self._gen = [0] * instances
         self._proxies: list[InstanceStore] = []
+        self._inlined: list[Any] = []
         self.engines: list[Engine] = []
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -79,6 +80,10 @@ class TestEnv:
         return eng
 
     async def __aenter__(self) -> TestEnv:
+        # A group-committing store (SqlStore) makes a write wait for the writes that could join
+        # it: calls then yield to the event loop, and the seed no longer decides the order.
+        # The environment runs every write at once instead, and restores the setting on exit.
+        self._inlined = _inline_writes(self.store)
         for i in range(self._n):
             await self._make(i).start_worker()
         await self.settle()
@@ -90,9 +95,13 @@ class TestEnv:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for i, eng in enumerate(self.engines):
-            if not self._proxies[i].crashed:
-                await eng.stop()
+        try:
+            for i, eng in enumerate(self.engines):
+                if not self._proxies[i].crashed:
+                    await eng.stop()
+        finally:
+            for s in self._inlined:
+                s.group_commit = True
 
     async def crash(self, i: int) -> None:
         """Kill instance ``i`` mid-flight: no cleanup, no lease release; its leases expire."""
@@ -286,3 +295,17 @@ class TestEnv:
 
     async def history(self, run_id: str) -> History:
         return await self._client().history(run_id)
+
+
+def _inline_writes(store: Any) -> list[Any]:
+    """Turn group commit off on ``store`` and the stores it wraps (``.inner``); return those
+    that had it on."""
+    changed: list[Any] = []
+    seen: set[int] = set()
+    while store is not None and id(store) not in seen:
+        seen.add(id(store))
+        if getattr(store, "group_commit", False) is True:
+            store.group_commit = False
+            changed.append(store)
+        store = getattr(store, "inner", None)
+    return changed

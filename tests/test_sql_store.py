@@ -739,7 +739,11 @@ class Race:
 
 async def main(url: str, name: str, expected: int) -> None:
     store = SqlStore(url)
-    engine = Engine(store, [Race()], instance_id=name, poll_interval=0.05)
+    # Two runs at a time: a worker that polls first cannot claim all 40 (group commit claims
+    # a whole poll's worth in one transaction), so every worker gets keys and waiters to race.
+    engine = Engine(store, [Race()], instance_id=name, poll_interval=0.05, max_concurrency=2)
+    print("ready", flush=True)  # the test starts every worker at once: a real race
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     deadline = time.time() + 60
     async with engine:
         while time.time() < deadline:
@@ -793,14 +797,19 @@ async def test_worker_processes_race_for_singleton_slots(
                 f"worker-{w}",
                 str(n_runs),
                 cwd=ROOT,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
             )
             for w in range(n_workers)
         ]
         try:
-            outputs = await asyncio.wait_for(
-                asyncio.gather(*(p.communicate() for p in procs)), timeout=90
+            for p in procs:  # every worker imported and built its engine...
+                assert p.stdout is not None
+                line = await asyncio.wait_for(p.stdout.readline(), timeout=60)
+                assert line.strip() == b"ready", line
+            outputs = await asyncio.wait_for(  # ...then all of them start at once
+                asyncio.gather(*(p.communicate(b"go\n") for p in procs)), timeout=90
             )
         finally:
             for p in procs:

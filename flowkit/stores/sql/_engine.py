@@ -284,12 +284,12 @@ class Database:
     created) once, on the first transaction.
 
     The store's calls run as functions of its ``Conn`` (``read``, ``write``). With
-    ``group_commit`` concurrent writes share one transaction (``write``); without (the
-    default), every write runs at once in a transaction of its own and no call ever yields to
+    ``group_commit`` (the default) concurrent writes share one transaction (``write``);
+    without, every write runs at once in a transaction of its own and no call ever yields to
     the event loop, as with ``MemoryStore`` (the mode ``TestEnv``'s reproducible interleavings
     need). ``stats`` counts transactions, statements and batches (for benchmarks)."""
 
-    def __init__(self, url: str, *, group_commit: bool = False) -> None:
+    def __init__(self, url: str, *, group_commit: bool = True) -> None:
         self.engine = create_engine(url)
         self.dialect = self.engine.dialect.name
         self._schema_ready = False

@@ -64,7 +64,7 @@ class SqlStore:
         url: str,
         *,
         namespace: str | None = None,
-        group_commit: bool = False,
+        group_commit: bool = True,
         _db: Database | None = None,
     ) -> None:
         self._db = _db if _db is not None else Database(url, group_commit=group_commit)
