@@ -433,6 +433,26 @@ class Tally:
         return out
 
 
+class StoreCounter:
+    """flowkit's side of the same counts, from SqlStore's own counters (its hot paths bypass
+    SQLAlchemy): ``commits`` counts write transactions and autocommit reads (each one an
+    implicit transaction), ``write_commits`` the write transactions (a group commit is one)."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.stats = store._db.stats
+
+    def snapshot(self) -> collections.Counter[str]:
+        st = self.stats
+        return collections.Counter(
+            commits=st["write_tx"] + st["read_tx"],
+            write_commits=st["write_tx"],
+            statements=st["statements"],
+        )
+
+    def remove(self) -> None:
+        pass
+
+
 async def throughput(new_url: Callable[[], str], sizes: Sizes) -> dict[str, Any]:
     """Both engines up at once; slices alternate flowkit / DBOS / DBOS-threads (rotating
     who goes first), both modes per slice."""
@@ -441,7 +461,7 @@ async def throughput(new_url: Callable[[], str], sizes: Sizes) -> dict[str, Any]
     engine = Engine(proxy, [ThreeSteps()], clock=SystemClock())
     dbos_url = new_url()
     app = DbosApp(dbos_url)
-    counters: dict[str, SqlCounter | None] = {"flowkit": SqlCounter(store._db.engine)}
+    counters: dict[str, SqlCounter | StoreCounter | None] = {"flowkit": StoreCounter(store)}
     counters["dbos"] = counters["dbos_threads"] = (
         SqlCounter(app.engine) if app.engine is not None else None
     )
