@@ -23,8 +23,21 @@ order (``created_at``, id), which is the order admission promises:
 * wall time from the start signal to the last ``run_completed``, against the ideal of
   ``per_key`` steps of 10 ms back to back.
 
-Run ``python bench/handover_bench.py`` (``--smoke``: tiny, SQLite only), or through
-``bench/run.py``."""
+A second scenario, *woken handovers*, makes every handover cross processes: a releasing
+process that has no room for the next run. The releaser (``--role releaser``,
+``Engine(max_concurrency=keys)``) holds one run of each key in a step that waits for the go
+signal, and has one long filler run per key queued behind them, so it is over capacity when a
+holder settles: its release cannot hand the slot over and only stamps the waiter awake
+(``wake_at=now``), and the filler takes the freed place. The waiters were started by a client
+and gated by the taker process (``--role taker``, Engine defaults), which then has to notice
+the stamp: with wake-ups (``SqlStore``'s LISTEN/NOTIFY on PostgreSQL, its ``data_version``
+check on SQLite) or, with ``SqlStore(url, wakeups=False)`` in both workers, at its next timer
+poll (1 s, or a waiter's own ~1 s re-check). The holders are released one at a time,
+``WOKEN_GAP_S`` apart; the figure is the holder's ``singleton_released`` to the waiter's step
+start and first ``step_completed``, per key.
+
+Run ``python bench/handover_bench.py`` (``--smoke``: tiny, SQLite only, woken handovers with
+wake-ups only), or through ``bench/run.py``."""
 
 from __future__ import annotations
 
@@ -67,6 +80,12 @@ class Sizes:
 FULL = Sizes(keys=10, per_key=20)
 SMOKE = Sizes(keys=2, per_key=4)
 
+WOKEN_WF = "bench-xproc-woken"
+FILLER_WF = "bench-xproc-filler"
+WOKEN_KEYS_FULL = 20  # woken handovers per backend and mode (one per key)
+WOKEN_KEYS_SMOKE = 3
+WOKEN_GAP_S = 0.025  # between two releases, so each handover is measured on its own
+
 
 async def work(seconds: float) -> dict[str, Any]:
     """The run's one step: who ran it, and when."""
@@ -79,6 +98,276 @@ async def work(seconds: float) -> dict[str, Any]:
 class XprocHandover:
     async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> dict[str, Any]:
         return await ctx.step(work, STEP_S)
+
+
+# -- woken handovers: the releaser has no room, the slot crosses to the taker --------------
+
+
+class _Releaser:
+    """The releaser process' state: one hold per key, released on the go signal."""
+
+    holds: dict[int, asyncio.Event] = {}
+    holding: set[int] = set()
+    all_holding: asyncio.Event | None = None
+    stop: asyncio.Event | None = None
+    keys = 0
+
+
+async def hold(k: int) -> dict[str, Any]:
+    """A holder's step (releaser process): keep the slot until the go signal releases key k."""
+    start = time.time()
+    _Releaser.holding.add(k)
+    if len(_Releaser.holding) == _Releaser.keys and _Releaser.all_holding is not None:
+        _Releaser.all_holding.set()
+    await _Releaser.holds[k].wait()
+    return {"pid": os.getpid(), "start": start, "end": time.time()}
+
+
+async def fill() -> int:
+    """A filler's step (releaser process): occupy a place until the bench ends."""
+    assert _Releaser.stop is not None
+    await _Releaser.stop.wait()
+    return os.getpid()
+
+
+@workflow(name=WOKEN_WF, singleton=Singleton(key=lambda inp: f"k{inp['k']:02d}", limit=1))
+class WokenHandover:
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> dict[str, Any]:
+        if input["hold"]:
+            return await ctx.step(hold, input["k"])
+        return await ctx.step(work, STEP_S)
+
+
+@workflow(name=FILLER_WF)
+class Filler:
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        return await ctx.step(fill)
+
+
+async def _hub_ready(store: SqlStore) -> None:
+    hub = store._db.hub()
+    if hub is not None:  # listening before the bench goes on
+        await asyncio.wait_for(hub.ready.wait(), timeout=30)
+
+
+async def releaser_main(url: str, keys: int, wakeups: bool) -> int:
+    """Hold one run per key, queue one filler per key behind them (over capacity), print
+    ``ready``; on ``go`` release the keys one at a time; on ``stop`` (or EOF) exit."""
+    _Releaser.keys = keys
+    _Releaser.holds = {k: asyncio.Event() for k in range(keys)}
+    _Releaser.all_holding = asyncio.Event()
+    _Releaser.stop = asyncio.Event()
+    store = SqlStore(url, wakeups=wakeups)
+    engine = Engine(
+        store, [WokenHandover(), Filler()], instance_id="bench-releaser", max_concurrency=keys
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        async with engine:
+            await _hub_ready(store)
+            for k in range(keys):  # claimed by this engine as they are created
+                await engine.start(WOKEN_WF, {"k": k, "hold": 1}, f"hold-k{k:02d}")
+            await asyncio.wait_for(_Releaser.all_holding.wait(), timeout=60)
+            for k in range(keys):  # no room left: pending, queued behind the holders here
+                await engine.start(FILLER_WF, k, f"filler-{k:02d}")
+            print("ready", flush=True)
+            if (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "go":
+                return 1
+            for k in range(keys):
+                _Releaser.holds[k].set()
+                await asyncio.sleep(WOKEN_GAP_S)
+            print("released", flush=True)
+            await loop.run_in_executor(None, sys.stdin.readline)
+            _Releaser.stop.set()
+    finally:
+        store.close()
+    return 0
+
+
+async def taker_main(url: str, wakeups: bool) -> int:
+    """A worker with the Engine's defaults (``poll_interval=1.0``) until ``stop``."""
+    store = SqlStore(url, wakeups=wakeups)
+    engine = Engine(store, [WokenHandover()], instance_id="bench-taker")
+    loop = asyncio.get_running_loop()
+    try:
+        async with engine:
+            await _hub_ready(store)
+            print("ready", flush=True)
+            await loop.run_in_executor(None, sys.stdin.readline)
+    finally:
+        store.close()
+    return 0
+
+
+class Role:
+    """One bench process of the woken scenario, its stderr in ``log``."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.args = args
+        self.log = log
+        self.proc: asyncio.subprocess.Process | None = None
+
+    def tail(self) -> str:
+        return f"--- {self.log.name}:\n{self.log.read_text()[-3000:]}" if self.log.exists() else ""
+
+    def _open_log(self) -> BinaryIO:
+        return open(self.log, "wb")  # start() closes it
+
+    async def start(self) -> None:
+        with self._open_log() as err:  # the child keeps its own descriptor
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(THIS_FILE),
+                *self.args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+            )
+        await self.expect("ready")
+
+    async def expect(self, word: str) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout=60)
+        except TimeoutError:
+            line = b""
+        if line.strip() != word.encode():
+            raise RuntimeError(
+                f"expected {word!r} from {self.args[:3]}, got {line!r}\n{self.tail()}"
+            )
+
+    async def send(self, line: str) -> None:
+        proc = self.proc
+        if proc is not None and proc.stdin is not None and not proc.stdin.is_closing():
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                proc.stdin.write(line.encode() + b"\n")
+                await proc.stdin.drain()
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.returncode is not None:
+            raise RuntimeError(f"a bench process exited early:\n{self.tail()}")
+
+    async def stop(self) -> None:
+        if self.proc is None:
+            return
+        await self.send("stop")
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout=30)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"a bench process exited with {self.proc.returncode}\n{self.tail()}")
+
+
+async def _wait_runs(
+    store: SqlStore, ids: list[str], done: Any, roles: list[Role], what: str
+) -> None:
+    """Poll (every 10 ms, bounded) until ``done(run, events)`` holds for every run of ``ids``."""
+    deadline = time.monotonic() + 60
+    left = list(ids)
+    while left:
+        for role in roles:
+            role.check_alive()
+        run = await store.get_run(left[0])
+        if run is not None and run.status.terminal and run.status is not RunStatus.COMPLETED:
+            raise RuntimeError(f"{run.id} did not complete: {run.status.value} {run.error}")
+        if run is not None and done(run, await store.load_events(run.id)):
+            left.pop(0)
+            continue
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: {left[0]} not there in 60 s")
+        await asyncio.sleep(0.01)
+
+
+async def woken(url: str, keys: int, logdir: Path, tag: str, wakeups: bool) -> dict[str, Any]:
+    """One round of woken handovers on a fresh database: ``keys`` of them."""
+    flag = [] if wakeups else ["--no-wakeups"]
+    releaser = Role(
+        ["--worker", url, "--role", "releaser", "--keys", str(keys), *flag],
+        logdir / f"woken-{tag}-releaser.log",
+    )
+    taker = Role(["--worker", url, "--role", "taker", *flag], logdir / f"woken-{tag}-taker.log")
+    roles = [releaser, taker]
+    store = SqlStore(url, wakeups=False)  # the parent only reads (and starts the waiters)
+    try:
+        await releaser.start()
+        await taker.start()
+        client = Engine(store, [WokenHandover()], worker=False)
+        waiters = [f"wait-k{k:02d}" for k in range(keys)]
+        for k, rid in enumerate(waiters):
+            await client.start(WOKEN_WF, {"k": k, "hold": 0}, rid)
+        await _wait_runs(  # the taker claimed each waiter and was denied its slot
+            store,
+            waiters,
+            lambda r, evs: any(e.type == "singleton_gated" for e in evs),
+            roles,
+            "gating",
+        )
+        await releaser.send("go")
+        await _wait_runs(store, waiters, lambda r, evs: r.status.terminal, roles, "handover")
+        await releaser.expect("released")
+        pids = {}
+        to_start: list[float] = []
+        to_done: list[float] = []
+        in_releaser = 0
+        for k, rid in enumerate(waiters):
+            held = await store.load_events(f"hold-k{k:02d}")
+            evs = await store.load_events(rid)
+            released = next(e.at for e in held if e.type == "singleton_released")
+            step = next(e for e in evs if e.type == "step_completed")
+            pids[rid] = step.result["pid"]
+            to_start.append(step.result["start"] - released)
+            to_done.append(step.at - released)
+            holder_pid = next(e for e in held if e.type == "step_completed").result["pid"]
+            in_releaser += step.result["pid"] == holder_pid
+        return {
+            "wakeups": wakeups,
+            "handovers": keys,
+            "ran_in_the_releasing_process": in_releaser,
+            "release_to_next_step_start": summary(to_start),
+            "release_to_next_first_step_completed": summary(to_done),
+            "server": server_info(store),
+        }
+    finally:
+        for role in roles:
+            with contextlib.suppress(Exception):
+                await role.stop()
+        store.close()
+
+
+def print_woken(name: str, mode: str, r: dict[str, Any]) -> None:
+    s, d = r["release_to_next_step_start"], r["release_to_next_first_step_completed"]
+    print(
+        f"    {name:<8} {mode:<13} {r['handovers']:>3}  {_ms(s, 'mean_ms')} {_ms(s, 'p50_ms')}"
+        f" {_ms(s, 'p95_ms')} {_ms(s, 'max_ms')}  {_ms(d, 'mean_ms')} {_ms(d, 'p95_ms')}"
+        f"   {r['ran_in_the_releasing_process']}"
+    )
+
+
+async def main_woken(smoke: bool, backends: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    keys = WOKEN_KEYS_SMOKE if smoke else WOKEN_KEYS_FULL
+    modes = [True] if smoke else [True, False]
+    print(
+        f"  woken handovers: the releasing process is over capacity, so each of {keys} releases"
+        f" only wakes its waiter and another process runs it ({WOKEN_GAP_S * 1e3:.0f} ms"
+        f" between releases)"
+    )
+    print(
+        f"    {'':<8} {'':<13} {'n':>3}  release -> next step start (ms)          "
+        f"-> step_completed   ran in releaser"
+    )
+    heads = ("mean", "p50", "p95", "max", "", "mean", "p95")
+    print(f"    {'':<8} {'':<13} {'':>3} " + " ".join(f"{h:>8}" if h else "" for h in heads))
+    out: dict[str, Any] = {"keys": keys, "gap_s": WOKEN_GAP_S}
+    for name, new_url in backends.items():
+        out[name] = {}
+        for on in modes:
+            mode = "wakeups" if on else "poll_only"
+            r = await woken(new_url(), keys, tmp, f"{name}-{mode}", on)
+            out[name][mode] = r
+            print_woken(name, "wake-ups" if on else "timer poll", r)
+    return out
 
 
 # -- the worker process ------------------------------------------------------------------
@@ -434,6 +723,7 @@ async def main(
         print_result(name, results[name])
     if "postgres" not in backends and not smoke:
         results["postgres"] = {"skipped": "PostgreSQL unavailable"}
+    results["woken"] = await main_woken(smoke, backends, tmp)
     return results
 
 
@@ -443,7 +733,14 @@ def _cli() -> int:
     parser.add_argument("--workers", type=int, help="worker processes (default 2)")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--instance", default="bench-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["releaser", "taker"], help=argparse.SUPPRESS)
+    parser.add_argument("--keys", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--no-wakeups", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker and args.role == "releaser":
+        return asyncio.run(releaser_main(args.worker, args.keys, not args.no_wakeups))
+    if args.worker and args.role == "taker":
+        return asyncio.run(taker_main(args.worker, not args.no_wakeups))
     if args.worker:
         return asyncio.run(worker_main(args.worker, args.instance))
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -85,17 +85,39 @@ class Worker:
         self._poke = asyncio.Event()
         self._sem = asyncio.Semaphore(engine.max_concurrency)
         self._running = False
+        self._unwatch: Callable[[], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Poll at once when another process makes work due here (a store with ``watch``:
+        ``SqlStore``'s cross-process wake-ups); the timer poll stays as the fallback."""
+        watch = getattr(self.store, "watch", None)
+        if watch is None:
+            return
+        try:
+            self._unwatch = watch(self.poke)
+        except Exception:  # never fatal: the timer poll still finds the work
+            log.exception("watching the store for wake-ups failed; polling only")
+
+    def _stop_watching(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            try:
+                unwatch()
+            except Exception:
+                log.exception("unwatching the store failed")
+
     def start(self) -> None:
         self._running = True
         self._loops = [
             asyncio.ensure_future(self._poll_loop()),
             asyncio.ensure_future(self._renew_loop()),
         ]
+        self._watch()
 
     async def stop(self, *, graceful: bool = True) -> None:
         self._running = False
+        self._stop_watching()
         held = list(self._active)
         for act in list(self._active.values()):
             if act is not None:

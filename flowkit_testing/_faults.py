@@ -44,6 +44,12 @@ WRITE_OPS = (
 )
 
 
+HIDDEN = ("watch",)
+"""Optional store methods an ``InstanceStore`` does not expose: real-time wake-up callbacks
+(``SqlStore.watch``) would poke the engines behind the virtual clock's back and make the
+interleavings depend on wall-clock timing instead of the seed."""
+
+
 class InjectedFault(Exception):
     """Raised by an ``InstanceStore`` where a ``FaultRule`` fires."""
 
@@ -126,6 +132,8 @@ class InstanceStore:
         self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
+        if name in HIDDEN:
+            raise AttributeError(f"{type(self).__name__} does not expose {name!r}")
         attr = getattr(self._inner, name)
         if name not in STORE_OPS or attr is None:
             return attr

@@ -2,11 +2,16 @@
 
 Each method is one atomic operation; its docstring says what it guarantees. ``MemoryStore`` is
 the reference implementation; the conformance kit (``flowkit_testing.conformance``) checks any
-store against this contract."""
+store against this contract.
+
+Two methods are optional: ``try_admit_singleton`` (in ``Store``; without it singleton workflows
+are refused) and ``watch`` (``Watchable``; without it workers find work started elsewhere at
+their next timer poll). Leave an optional method out, or set it to ``None``; wrappers expose
+one only when the store they wrap has it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -201,6 +206,26 @@ class Store(Protocol):
         ...
 
 
+class Watchable(Protocol):
+    """The optional ``watch`` method: cross-process wake-ups (``SqlStore`` has it).
+
+    A store that has it emits a *wake-up* with every write that leaves some run claimable now
+    by any worker (a new ``pending`` run, a released lease, a signal or cancellation that makes
+    a parked run due) or wakes a singleton waiter, and delivers it to the watchers of every
+    store object and process on the same data. Writes that keep their lease (a step's record)
+    emit nothing. Wake-ups are hints, not messages: one may cover several writes, one may be
+    delivered without new work, and one may be lost (a dropped connection), so the workers'
+    timer poll stays the fallback and correctness never depends on them."""
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (no arguments, on the running event loop) after wake-ups of
+        this store's namespace; return the function that stops it. Never raises into the
+        engine after it returned: failures are the store's to log and retry. ``Worker.start``
+        subscribes its ``poke``; ``flowkit_testing.TestEnv`` hides ``watch`` (its virtual
+        clock and seeded interleavings must not see real-time callbacks)."""
+        ...
+
+
 __all__ = [
     "UNSET",
     "CommitResult",
@@ -211,4 +236,5 @@ __all__ = [
     "QueueCap",
     "Store",
     "Update",
+    "Watchable",
 ]

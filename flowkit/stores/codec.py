@@ -209,15 +209,21 @@ class _ScopedFn(Protocol):
     def __call__(self, namespace: str) -> CodecStore: ...
 
 
+class _WatchFn(Protocol):
+    def __call__(self, callback: Callable[[], None]) -> Callable[[], None]: ...
+
+
 class CodecStore:
     """A store that encodes payloads with ``codec`` before they reach ``inner`` (module doc).
 
-    ``try_admit_singleton`` and ``scoped`` exist only when ``inner`` has them (not ``None``):
-    the engine refuses singleton workflows (``UnsupportedStoreError``) on a store without
-    admission, and a ``CodecStore`` must not pretend otherwise."""
+    ``try_admit_singleton``, ``scoped`` and ``watch`` exist only when ``inner`` has them (not
+    ``None``): the engine refuses singleton workflows (``UnsupportedStoreError``) on a store
+    without admission, and a ``CodecStore`` must not pretend otherwise. ``watch`` (wake-ups
+    carry no payload) is ``inner``'s own."""
 
     try_admit_singleton: _AdmitFn
     scoped: _ScopedFn
+    watch: _WatchFn
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -230,6 +236,12 @@ class CodecStore:
             self.try_admit_singleton = self._try_admit_singleton
         if getattr(inner, "scoped", None) is not None:
             self.scoped = self._scoped
+        if getattr(inner, "watch", None) is not None:
+            self.watch = self._watch
+
+    def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        unwatch: Callable[[], None] = self.inner.watch(callback)
+        return unwatch
 
     def __repr__(self) -> str:
         return f"CodecStore({self.inner!r}, {self.codec!r})"

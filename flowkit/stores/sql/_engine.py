@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar, cast
 import orjson
 import sqlalchemy as sa
 
+from . import _wakeup
 from ._rows import lock_name
 from ._schema import StoreUnavailableError, UnsupportedDatabaseError, ensure_schema
 
@@ -131,6 +132,11 @@ class Conn:
         self.sql = ""  # the last statement, for error messages
         self.statements = 0  # executed in the current transaction (or read)
         self.stats = db.stats
+        # namespaces of the runs the current transaction left claimable now (or whose
+        # waiters it woke): one wake-up goes out with its COMMIT (``_wakeup``)
+        self.wakes: set[str | None] = set()
+        # psycopg 3 sends the notification in the COMMIT's round trip (a literal statement)
+        self._notify_literal = self.pg and hasattr(self.dbapi, "pgconn")
         # PostgreSQL group commits send their calls' first statements in one pipeline
         # (psycopg 3 on libpq >= 14)
         self.can_pipeline = self.pg and _has_pipeline(self.dbapi)
@@ -193,9 +199,15 @@ class Conn:
             return rows[0]
         return None
 
+    def wakeup(self, namespace: str | None) -> None:
+        """The current transaction leaves a run of ``namespace`` claimable now (or stamped a
+        waiter awake): emit a wake-up when it commits (once per transaction)."""
+        self.wakes.add(namespace)
+
     # -- transactions ---------------------------------------------------------------------
     def begin(self) -> None:
         self.statements = 0
+        self.wakes.clear()
         self.stats["write_tx"] += 1
         if self.pg:
             self.dbapi.autocommit = False  # BEGIN goes out with the first statement
@@ -204,14 +216,35 @@ class Conn:
             self.cur.execute("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
+        if self.wakes:
+            self._emit()
         self.sql = "COMMIT"
         if self.pg:
-            self.dbapi.commit()
+            self.dbapi.commit()  # a no-op when the wake-up's statement committed already
             self.dbapi.autocommit = True
         else:
             self.cur.execute("COMMIT")
 
+    def _emit(self) -> None:
+        """The transaction's one wake-up, right before its ``COMMIT`` (see ``_wakeup``)."""
+        data = _wakeup.payload(self.wakes)
+        self.wakes.clear()
+        self.stats["wakeups"] += 1
+        self.statements += 1
+        self.stats["statements"] += 1
+        if not self.pg:
+            self.sql = _wakeup.SQLITE_EMIT
+            self.cur.execute(_wakeup.SQLITE_EMIT)
+        elif self._notify_literal:
+            # NOTIFY and COMMIT in one simple-protocol query: no extra round trip
+            self.sql = self.db.notify_commit_sql(self.dbapi, data)
+            self.cur.execute(self.sql, prepare=False)
+        else:  # psycopg2
+            self.sql = "SELECT pg_notify(%(c)s, %(p)s)"
+            self.cur.execute(self.sql, {"c": _wakeup.CHANNEL, "p": data})
+
     def rollback(self) -> None:
+        self.wakes.clear()
         try:
             if self.pg:
                 if not self.broken():
@@ -279,6 +312,10 @@ class _Unclean(Exception):
 Outcome = tuple[BaseException | None, Any]
 
 
+def _nothing() -> None:
+    pass
+
+
 class Database:
     """One engine, shared by a ``SqlStore`` and its scoped views; the schema is checked (and
     created) once, on the first transaction.
@@ -289,12 +326,17 @@ class Database:
     the event loop, as with ``MemoryStore`` (the mode ``TestEnv``'s reproducible interleavings
     need). ``stats`` counts transactions, statements and batches (for benchmarks)."""
 
-    def __init__(self, url: str, *, group_commit: bool = True) -> None:
+    def __init__(self, url: str, *, group_commit: bool = True, wakeups: bool = True) -> None:
         self.engine = create_engine(url)
         self.dialect = self.engine.dialect.name
         self._schema_ready = False
         self._lock = threading.Lock()
         self.group_commit = group_commit
+        self.wakeups = wakeups  # whether ``watch`` listens (writes emit wake-ups regardless)
+        # the wake-up watchers, one hub per event loop (``_wakeup``)
+        self._hubs: dict[asyncio.AbstractEventLoop, _wakeup.Hub] = {}
+        self._hub_lock = threading.Lock()
+        self._notify_sql: dict[str, str] = {}
         self.stats: collections.Counter[str] = collections.Counter()
         self._io = threading.RLock()  # the one Conn, one transaction at a time
         self._conn: Conn | None = None
@@ -348,11 +390,70 @@ class Database:
             )
 
     def dispose(self) -> None:
+        with self._hub_lock:
+            hubs = list(self._hubs.values())
+            self._hubs.clear()
+        for hub in hubs:
+            hub.stop()
         with self._io:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
         self.engine.dispose()
+
+    # -- wake-ups across processes (``_wakeup``) ------------------------------------------
+    def notify_commit_sql(self, dbapi: Any, data: str) -> str:
+        """``SELECT pg_notify(<channel>, <data>); COMMIT`` with literals quoted by psycopg."""
+        sql = self._notify_sql.get(data)
+        if sql is None:
+            from psycopg import sql as pgsql
+
+            sql = (
+                pgsql.SQL("SELECT pg_notify({}, {}); COMMIT")
+                .format(pgsql.Literal(_wakeup.CHANNEL), pgsql.Literal(data))
+                .as_string(dbapi)
+            )
+            if len(self._notify_sql) < 256:
+                self._notify_sql[data] = sql
+        return sql
+
+    def watch(self, callback: Callable[[], None], namespace: str | None) -> Callable[[], None]:
+        """Call ``callback()`` on the running event loop whenever a wake-up of ``namespace``
+        (``None``: any) is emitted by any store object on this database; the returned function
+        stops it. The loop's watcher starts with its first callback and stops with its last."""
+        loop = asyncio.get_running_loop()
+        if not self.wakeups:
+            return _nothing
+        with self._hub_lock:
+            hub = self._hubs.get(loop)
+            new = hub is None
+            if hub is None:
+                hub = _wakeup.make_hub(self, loop)
+                if hub is None:
+                    return _nothing
+                self._hubs[loop] = hub
+            token = hub.add(callback, namespace)
+        if new:
+            hub.start()
+        done = False
+
+        def unwatch() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            with self._hub_lock:
+                last = hub.remove(token) and self._hubs.get(loop) is hub
+                if last:
+                    del self._hubs[loop]
+            if last:
+                hub.stop()
+
+        return unwatch
+
+    def hub(self) -> _wakeup.Hub | None:
+        """The running event loop's wake-up watcher, if one is running (tests, benchmarks)."""
+        return self._hubs.get(asyncio.get_running_loop())
 
     # -- the store's connection ---------------------------------------------------------
     def _connection(self) -> Conn:

@@ -7,7 +7,9 @@
   writer of the same ``seq`` fail in the database itself.
 * ``flowkit_signals`` — the signal inboxes; a consumed signal is deleted.
 * ``flowkit_meta`` — one ``schema_version`` row. A database written by a newer flowkit raises
-  ``SchemaVersionError`` instead of being read with the wrong layout.
+  ``SchemaVersionError`` instead of being read with the wrong layout. On SQLite it also holds
+  the ``wakeups`` counter of cross-process wake-ups (``_wakeup``), created by the first
+  wake-up: a row, not a change of layout, so the schema version stays the same.
 """
 
 from __future__ import annotations

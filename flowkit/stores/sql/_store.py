@@ -19,12 +19,18 @@ locks the run row (``SELECT ... FOR UPDATE``) and decides in Python with the sha
 ``flowkit.stores.memory``. Lock order is always advisory lock, then row locks; calls that take an
 advisory lock run in a transaction of their own on PostgreSQL, and the others of a group commit
 take their row locks in run-id order, so two processes' transactions cannot deadlock.
+
+Wake-ups across processes (``_wakeup``): a transaction that leaves a run claimable now (a new
+``pending`` run, a released lease, a signal or cancel that makes a parked run due) or stamps a
+singleton waiter awake emits one wake-up with its ``COMMIT``; ``watch`` calls a callback when
+any store object on the database emitted one. Commits that keep their lease (a step's record)
+emit nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,6 +52,14 @@ from ._schema import runs
 from ._sql import LAST_SEQ, Sql, dumps
 
 
+def _wake_if_free(c: Conn, run: Run, now: float) -> None:
+    """Emit a wake-up with ``c``'s transaction when it leaves ``run`` claimable now by any
+    worker. A run with a lease owner is never woken: a step's commit keeps the lease (even one
+    that expired meanwhile: its owner is still at work), so the hot path costs nothing."""
+    if run.lease_owner is None and claimable(run, now):
+        c.wakeup(run.namespace)
+
+
 class SqlStore:
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract).
@@ -57,7 +71,12 @@ class SqlStore:
     ``group_commit`` (default on) lets concurrent writes of one event loop share a transaction;
     ``False`` runs each write at once in its own transaction and never yields to the event loop
     inside a call (reproducible interleavings for ``flowkit_testing.TestEnv``). It is shared by
-    the store's scoped views (the ``group_commit`` attribute can be changed at any time)."""
+    the store's scoped views (the ``group_commit`` attribute can be changed at any time).
+
+    ``wakeups`` (default on) lets ``watch`` listen for the wake-ups other processes emit
+    (PostgreSQL: a ``LISTEN`` connection; SQLite: a check every 10 ms); ``False`` leaves
+    workers to their timer poll, e.g. behind a PgBouncer in transaction mode, which cannot
+    ``LISTEN``. Writes emit wake-ups either way. Shared by the scoped views."""
 
     def __init__(
         self,
@@ -65,9 +84,12 @@ class SqlStore:
         *,
         namespace: str | None = None,
         group_commit: bool = True,
+        wakeups: bool = True,
         _db: Database | None = None,
     ) -> None:
-        self._db = _db if _db is not None else Database(url, group_commit=group_commit)
+        self._db = (
+            _db if _db is not None else Database(url, group_commit=group_commit, wakeups=wakeups)
+        )
         self.url = url
         self.namespace = namespace
         self._dialect = self._db.dialect
@@ -82,12 +104,27 @@ class SqlStore:
     def group_commit(self, on: bool) -> None:
         self._db.group_commit = bool(on)
 
+    @property
+    def wakeups(self) -> bool:
+        return self._db.wakeups
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` on the running event loop when a wake-up is emitted: some write
+        on this database (by any process or store object, this one included) left a run of
+        this store's namespace claimable now, or woke a singleton waiter. Returns the function
+        that stops it. Optional in the store protocol (``flowkit.stores.base``): workers
+        subscribe their ``poke``. The watcher (one connection per store object and event loop)
+        starts with the first callback and stops with the last, or with ``close``; it logs and
+        retries its failures, it never raises into the caller. A no-op when ``wakeups`` is
+        off, on an in-memory SQLite database and without psycopg 3.2."""
+        return self._db.watch(callback, self.namespace)
+
     def scoped(self, namespace: str) -> SqlStore:
         """A view over the same database that reads and writes only ``namespace``."""
         return SqlStore(self.url, namespace=namespace, _db=self._db)
 
     def close(self) -> None:
-        """Close pooled connections (shared with scoped views)."""
+        """Close pooled connections and stop the wake-up watchers (shared with scoped views)."""
         self._db.dispose()
 
     def __repr__(self) -> str:
@@ -160,6 +197,7 @@ class SqlStore:
                     )
                 c.write(sql.insert_run, values)
                 self._append(c, run.id, 1, events)
+                self._created(c, run)
                 return run, True
 
             return await self._db.write(Op(capped, None, run.id, solo=True))
@@ -177,9 +215,15 @@ class SqlStore:
                 return self._existing(c, run.id), False
             if not both:
                 self._append(c, run.id, 1, events)
+            self._created(c, run)
             return run, True
 
         return await self._db.write(Op(rest, first, run.id))
+
+    @staticmethod
+    def _created(c: Conn, run: Run) -> None:
+        """A new run nobody holds (a client's start) is claimable: wake the workers."""
+        _wake_if_free(c, run, run.updated_at)
 
     def _count_sharing(self, c: Conn, cap: QueueCap) -> int:
         if cap.tag.startswith(SINGLETON_TAG_PREFIX):
@@ -265,7 +309,9 @@ class SqlStore:
                     last = int(row[LAST_SEQ])
                     if not inline:
                         self._append(c, run_id, last - n + 1, update.events)
-                    return CommitResult(sql.to_run(row), tuple(range(last - n + 1, last + 1)))
+                    new = sql.to_run(row)
+                    _wake_if_free(c, new, now)
+                    return CommitResult(new, tuple(range(last - n + 1, last + 1)))
                 # it missed: lock the row and decide (and raise) in Python; in a PostgreSQL
                 # batch not here, as that lock would come out of the batch's run-id order
                 if c.pipelined:
@@ -333,6 +379,7 @@ class SqlStore:
         else:
             self._write_changes(c, run, new)
         self._append(c, run_id, last_seq + 1, update.events)
+        _wake_if_free(c, new, now)
         seqs = tuple(range(last_seq + 1, last_seq + 1 + len(update.events)))
         woken: list[str] = []
         handed: list[HandOff] = []
@@ -346,6 +393,7 @@ class SqlStore:
                 # woken, not handed: it admits itself (a miss above: another process's
                 # poller claimed it, or it was cancelled, in the meantime)
                 c.write(sql.wake_waiter, {"id": w.id, "now": now})
+                c.wakeup(w.namespace)
                 woken.append(w.id)
         return CommitResult(new, seqs, tuple(woken), tuple(handed))
 
@@ -413,7 +461,9 @@ class SqlStore:
                 raise RunNotFoundError(run_id)
             if not both:
                 c.write(sql.insert_signal, params)
-            return sql.to_run(row)
+            run = sql.to_run(row)
+            _wake_if_free(c, run, now)  # it waited for this signal (or nobody holds it)
+            return run
 
         stmt = sql.deliver_and_insert if both else sql.deliver
         return await self._db.write(Op(rest, (stmt, params, RETURNING), run_id))
