@@ -65,6 +65,9 @@ async def _store_with_backlog(
     await (load or _create_each)(store, runs)
 
 
+ROUND_RATIOS: dict[int, float] = {}
+
+
 async def admission_under_backlog(
     store_factory: Any,
     backlogs: list[int],
@@ -85,6 +88,7 @@ async def admission_under_backlog(
             await store.create_run(_run(f"fresh{i}", f"fresh{i}", 1_800_000_000.0), [])
         stores[n] = store
     spent = dict.fromkeys(backlogs, 0.0)
+    per_round: dict[int, list[float]] = {n: [] for n in backlogs}
     chunk = math.ceil(fresh / rounds)
     for r, lo in enumerate(range(0, fresh, chunk)):
         order = backlogs[r % len(backlogs) :] + backlogs[: r % len(backlogs)]
@@ -96,7 +100,17 @@ async def admission_under_backlog(
                     f"fresh{i}", f"singleton:fresh{i}", WF, 1, None
                 )
                 assert ok
-            spent[n] += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            spent[n] += took
+            per_round[n].append(took)
+    base = per_round[backlogs[0]]
+    ROUND_RATIOS.clear()  # the median over rounds of (this size / empty) of the same round
+    ROUND_RATIOS.update(
+        {
+            n: statistics.median(a / b for a, b in zip(per_round[n], base, strict=True))
+            for n in backlogs
+        }
+    )
     for store in stores.values():
         close = getattr(store, "close", None)
         if close is not None:
@@ -149,14 +163,19 @@ async def main(smoke: bool, stores: list[AdmissionStore] | None = None) -> dict[
     backlogs = [0, 100] if smoke else [0, 1_000, 10_000]
     stores = stores or [AdmissionStore("memory", MemoryStore, claims_scale=10)]
     adm_all: dict[str, dict[int, float]] = {}
+    medians: dict[str, dict[int, float]] = {}
     for st in stores:
         fresh = (50 if smoke else 500) * st.claims_scale
         adm = await admission_under_backlog(st.make, backlogs, fresh=fresh, load=st.load)
         adm_all[st.name] = adm
+        medians[st.name] = dict(ROUND_RATIOS)
         base = adm[backlogs[0]]
         print(f"admission of a fresh key ({st.name}), backlog gated on other keys:")
         for n, t in adm.items():
-            print(f"  {n:>6} gated: {t * 1e6:8.1f} us/claim   ratio to empty: {t / base:5.2f}x")
+            print(
+                f"  {n:>6} gated: {t * 1e6:8.1f} us/claim   ratio to empty: {t / base:5.2f}x"
+                f"   (median of the per-round ratios: {ROUND_RATIOS[n]:5.2f}x)"
+            )
     n_runs = 5 if smoke else 20
     notify = await handover(True, n_runs)
     timer = await handover(False, 3 if smoke else 8)
@@ -176,6 +195,9 @@ async def main(smoke: bool, stores: list[AdmissionStore] | None = None) -> dict[
         },
         "admission_ratio_max": {
             name: max(adm.values()) / adm[backlogs[0]] for name, adm in adm_all.items()
+        },
+        "admission_round_median_ratio": {
+            name: {str(k): v for k, v in m.items()} for name, m in medians.items()
         },
         "handover_notify_ms": [x * 1e3 for x in notify],
         "handover_timer_ms": [x * 1e3 for x in timer],
