@@ -140,6 +140,10 @@ class Conn:
         # PostgreSQL group commits send their calls' first statements in one pipeline
         # (psycopg 3 on libpq >= 14)
         self.can_pipeline = self.pg and _has_pipeline(self.dbapi)
+        # statements whose results nobody reads (``later``), sent in one pipeline with the
+        # next statement that needs a result, or before the COMMIT (PostgreSQL)
+        self._later: list[tuple[str, Any]] = []
+        self.last_rowcount = 0
         if self.pg:
             self.dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
 
@@ -157,7 +161,62 @@ class Conn:
         return bool(getattr(c, "closed", False) or getattr(c, "broken", False))
 
     # -- statements ---------------------------------------------------------------------
+    def later(self, sql: str, params: Any, *, wrote: bool = True) -> None:
+        """A statement inside a transaction whose result the caller does not need (a lock
+        that blocks until granted, an ``UPDATE`` or ``INSERT`` that must simply happen). On
+        PostgreSQL it is sent in one pipeline with the next statement that returns something
+        (or with the ``COMMIT``), saving a round trip; its errors surface there and fail the
+        transaction. Elsewhere it runs at once."""
+        if not self.can_pipeline:
+            self.write(sql, params)
+            return
+        self._later.append((sql, params))
+        if wrote:
+            self.dirty = True
+
+    def _send_later(self, sql: str | None = None, params: Any = None) -> list[Any] | None:
+        """Send the queued statements (and ``sql``, whose rows are returned) in one pipeline."""
+        queued, self._later = self._later, []
+        curs: list[Any] = []
+        rows: list[Any] | None = None
+        try:
+            with self.dbapi.pipeline() as pipe:
+                for q, ps in queued:
+                    self.sql = q
+                    cur = self.dbapi.cursor()
+                    cur.execute(q, ps)
+                    curs.append(cur)
+                last = None
+                if sql is not None:
+                    self.sql = sql
+                    last = self.dbapi.cursor()
+                    curs.append(last)
+                    last.execute(sql, params)
+                pipe.sync()
+                if last is not None:
+                    rows = list(last.fetchall()) if last.description is not None else []
+                    self.last_rowcount = int(last.rowcount)
+        finally:
+            for cur in curs:
+                cur.close()
+        n = len(queued) + (sql is not None)
+        self.statements += n
+        self.stats["statements"] += n
+        return rows
+
+    def flush_later(self) -> None:
+        """Send what ``later`` queued (a call's writes must not wait for the next call)."""
+        if self._later:
+            self._send_later()
+
+    def drop_later(self) -> None:
+        """Forget what ``later`` queued: the call failed clean (nothing queued wrote)."""
+        self._later.clear()
+
     def one(self, sql: str, params: Any) -> Any:
+        if self._later:
+            got = self._send_later(sql, params)
+            return got[0] if got else None
         self.sql = sql
         cur = self.cur
         cur.execute(sql, params)
@@ -167,6 +226,8 @@ class Conn:
         return rows[0] if rows else None
 
     def all(self, sql: str, params: Any) -> list[Any]:
+        if self._later:
+            return self._send_later(sql, params) or []
         self.sql = sql
         cur = self.cur
         cur.execute(sql, params)
@@ -176,6 +237,12 @@ class Conn:
 
     def write(self, sql: str, params: Any) -> int:
         """A write without ``RETURNING``: the number of rows it changed."""
+        if self._later:
+            self._send_later(sql, params)
+            n = self.last_rowcount
+            if n:
+                self.dirty = True
+            return n
         self.sql = sql
         cur = self.cur
         cur.execute(sql, params)
@@ -188,6 +255,12 @@ class Conn:
 
     def returning(self, sql: str, params: Any) -> Any:
         """A single-row write with ``RETURNING``: the row, or ``None`` when none matched."""
+        if self._later:
+            got = self._send_later(sql, params)
+            if got:
+                self.dirty = True
+                return got[0]
+            return None
         self.sql = sql
         cur = self.cur
         cur.execute(sql, params)
@@ -208,6 +281,7 @@ class Conn:
     def begin(self) -> None:
         self.statements = 0
         self.wakes.clear()
+        self._later.clear()
         self.stats["write_tx"] += 1
         if self.pg:
             self.dbapi.autocommit = False  # BEGIN goes out with the first statement
@@ -216,6 +290,8 @@ class Conn:
             self.cur.execute("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
+        if self._later:
+            self._send_later()
         if self.wakes:
             self._emit()
         self.sql = "COMMIT"
@@ -245,6 +321,7 @@ class Conn:
 
     def rollback(self) -> None:
         self.wakes.clear()
+        self._later.clear()
         try:
             if self.pg:
                 if not self.broken():
@@ -603,13 +680,16 @@ class Database:
                     c.dirty = False
                     try:
                         if firsts is None:
-                            res.append((None, op(c)))
+                            got = op(c)
                         else:
                             c.dirty = firsts[k][1]
-                            res.append((None, op.rest(c, firsts[k][0])))
+                            got = op.rest(c, firsts[k][0])
+                        c.flush_later()  # its errors are this call's, not the next one's
+                        res.append((None, got))
                     except Exception as exc:
                         if c.dirty or isinstance(exc, self._dbapi_error):
                             raise _Unclean from exc
+                        c.drop_later()
                         res.append((exc, None))
                 c.pipelined = False
                 c.commit()

@@ -141,28 +141,32 @@ class SqlStore:
         return c.one(q, self._params(id=run_id))
 
     def _lock_key(self, c: Conn, workflow: str, tag: str) -> None:
-        if self._pg:
-            c.one(self._sql.lock_key, {"k": rows.lock_name(workflow, tag)})
+        if self._pg:  # granted before the next statement runs: it can share its round trip
+            c.later(self._sql.lock_key, {"k": rows.lock_name(workflow, tag)}, wrote=False)
 
     def _sharing(self, c: Conn, workflow: str, tag: str) -> list[Run]:
         q, params = self._sql.sharing(workflow, tag)
         return [r for r in map(self._sql.to_run, c.all(q, params)) if tag in r.tags]
 
-    def _write_changes(self, c: Conn, old: Run, new: Run, **extra: Any) -> None:
+    def _write_changes(
+        self, c: Conn, old: Run, new: Run, *, later: bool = False, **extra: Any
+    ) -> None:
         changes = rows.changed_values(old, new) | extra
         if changes:
             cols = sorted(changes)
             params = self._sql.column_params(changes)
             params["id"] = old.id
-            c.write(self._sql.update(cols), params)
+            (c.later if later else c.write)(self._sql.update(cols), params)
 
-    def _append(self, c: Conn, run_id: str, first_seq: int, evs: Sequence[Event]) -> None:
+    def _append(
+        self, c: Conn, run_id: str, first_seq: int, evs: Sequence[Event], *, later: bool = False
+    ) -> None:
         """Insert ``evs`` at ``first_seq`` (past ``last_seq`` of the locked run row); the
         primary key ``(run_id, seq)`` still refuses a second writer of the same position."""
         if evs:
             params: dict[str, Any] = {"id": run_id}
             self._sql.event_params(params, first_seq, evs)
-            c.write(self._sql.insert_events(len(evs)), params)
+            (c.later if later else c.write)(self._sql.insert_events(len(evs)), params)
 
     def _run_or_none(self, c: Conn, row: Any) -> Run | None:
         return None if row is None else self._sql.to_run(row)
@@ -374,11 +378,12 @@ class SqlStore:
             )
             names = {r[0] for r in found}
         new = apply_update(run, update, now, inbox_names=names)
+        # the writes go out with the next statement that reads (PostgreSQL: one round trip)
         if update.events:
-            self._write_changes(c, run, new, last_seq=last_seq + len(update.events))
+            self._write_changes(c, run, new, later=True, last_seq=last_seq + len(update.events))
         else:
-            self._write_changes(c, run, new)
-        self._append(c, run_id, last_seq + 1, update.events)
+            self._write_changes(c, run, new, later=True)
+        self._append(c, run_id, last_seq + 1, update.events, later=True)
         _wake_if_free(c, new, now)
         seqs = tuple(range(last_seq + 1, last_seq + 1 + len(update.events)))
         woken: list[str] = []
