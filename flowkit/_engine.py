@@ -333,10 +333,13 @@ class Engine:
         """Wait for the run to settle; return its output or raise ``WorkflowFailedError`` /
         ``RunCancelledError``. ``timeout`` (real seconds) raises ``TimeoutError``."""
         async with asyncio.timeout(timeout):
+            first = True
             while True:
                 fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
                 try:
-                    if self._worker is None or not self._worker.executing(run_id):
+                    local = first and self._worker is not None and self._worker.executing(run_id)
+                    first = False
+                    if not local:
                         # Executing here: its settling commit resolves ``fut`` with the
                         # snapshot, so only a run elsewhere (or parked) needs a read.
                         run = await self._get(run_id)

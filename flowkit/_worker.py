@@ -7,6 +7,7 @@ only randomness (gate jitter) from its RNG."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -79,7 +80,10 @@ class Worker:
         self._again: set[str] = set()
         # Runs handed to this instance while a stale activation of theirs was still winding
         # down here: executed as soon as it has gone (their lease is already ours).
-        self._handed_later: dict[str, tuple[Run, list[Event]]] = {}
+        self._handed_later: set[str] = set()
+        # Runs handed to this instance that it will not execute (it is stopping): their
+        # leases are given back by ``stop`` so another instance takes them at once.
+        self._orphans: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._poke = asyncio.Event()
@@ -130,6 +134,9 @@ class Worker:
             for t in tasks:  # read every outcome: a crashed instance's errors end here
                 if not t.cancelled():
                     t.exception()
+        held += [r for r in self._orphans if r not in held]
+        self._orphans.clear()
+        self._handed_later.clear()
         if graceful:
             now = self.engine.clock.now()
             for run_id in held:
@@ -173,9 +180,12 @@ class Worker:
         """Execute a run this instance already holds the lease of: one it created claimed, or
         one a release handed over (no claim, no history read)."""
         if not self._running:
+            self._orphans.add(run.id)
             return
         if run.id in self._active:
-            self._handed_later[run.id] = (run, list(events))
+            # A stale activation of it is winding down here: once it has gone, re-read the run
+            # and drive it only if it is still ours (see ``_resume_handed``).
+            self._handed_later.add(run.id)
             return
         self._active[run.id] = None
         task = asyncio.ensure_future(self._activate(run.id, (run, list(events))))
@@ -264,13 +274,29 @@ class Worker:
                     log.exception("activation of run %s failed; it will be recovered", run_id)
         finally:
             self._active.pop(run_id, None)
-        later = self._handed_later.pop(run_id, None)
-        if later is not None:
-            self.run_claimed(*later)
+        if run_id in self._handed_later:
+            self._handed_later.discard(run_id)
+            self._again.discard(run_id)
+            task = asyncio.ensure_future(self._resume_handed(run_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             return
         if run_id in self._again and self._running:
             self._again.discard(run_id)
             self.dispatch(run_id)
+
+    async def _resume_handed(self, run_id: str) -> None:
+        """Execute a run handed over while a stale activation of it was running here, from a
+        fresh read: only if it is still active and leased to this instance."""
+        try:
+            run = await self.store.get_run(run_id)
+            if run is None or not run.status.active or run.lease_owner != self.owner:
+                return
+            events = await self.store.load_events(run_id)
+        except Exception:
+            log.exception("could not resume handed-over run %s; it will be recovered", run_id)
+            return
+        self.run_claimed(run, events)
 
     async def _commit(self, run: Run, update: Update) -> Run:
         eng = self.engine
@@ -285,7 +311,18 @@ class Worker:
                     n, claim_owner=self.owner, lease_expires=now + eng.lease_ttl
                 ),
             )
-        res = await self.store.commit(run.id, self.owner, now, update)
+        commit = asyncio.ensure_future(self.store.commit(run.id, self.owner, now, update))
+        try:
+            res = await asyncio.shield(commit)
+        except asyncio.CancelledError:
+            # Stopping mid-commit: the commit may still hand runs to us. Wait for it so that
+            # ``stop`` gives their leases back instead of leaving them to expire.
+            if n is not None and not commit.done():
+                with contextlib.suppress(BaseException):
+                    await commit
+            if commit.done() and not commit.cancelled() and commit.exception() is None:
+                self._orphans.update(h.run.id for h in commit.result().handed)
+            raise
         for h in res.handed:
             self.run_claimed(h.run, h.events)
         for wid in res.woken:

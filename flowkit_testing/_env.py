@@ -84,9 +84,14 @@ class TestEnv:
         # it: calls then yield to the event loop, and the seed no longer decides the order.
         # The environment runs every write at once instead, and restores the setting on exit.
         self._inlined = _inline_writes(self.store)
-        for i in range(self._n):
-            await self._make(i).start_worker()
-        await self.settle()
+        try:
+            for i in range(self._n):
+                await self._make(i).start_worker()
+            await self.settle()
+        except BaseException:
+            for s in self._inlined:
+                s.group_commit = True
+            raise
         return self
 
     async def __aexit__(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -49,6 +50,9 @@ STRING_PREFIX = "$codec:"
 """Marks an encoded value stored in a string-typed field (error messages)."""
 
 _ERROR_TEXT_FIELDS = ("message", "cause_message")
+
+
+log = logging.getLogger("flowkit")
 
 
 class CodecError(FlowkitError):
@@ -412,11 +416,19 @@ class CodecStore:
             error=update.error if update.error is UNSET else self._enc_error(update.error),
         )
         res: CommitResult = await self.inner.commit(run_id, owner, now, encoded)
-        handed = tuple(
-            HandOff(self._run_out(h.run), tuple(self._event_out(e) for e in h.events))
-            for h in res.handed
-        )
-        return dataclasses.replace(res, run=self._run_out(res.run), handed=handed)
+        handed: list[HandOff] = []
+        for h in res.handed:  # committed already: a waiter we cannot decode is not our error
+            try:
+                handed.append(
+                    HandOff(self._run_out(h.run), tuple(self._event_out(e) for e in h.events))
+                )
+            except Exception:
+                log.warning(
+                    "cannot decode handed-over run %s; it is recovered when its lease expires",
+                    h.run.id,
+                    exc_info=True,
+                )
+        return dataclasses.replace(res, run=self._run_out(res.run), handed=tuple(handed))
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None

@@ -188,17 +188,24 @@ class Sql:
             else f" AND EXISTS (SELECT 1 FROM json_each(tags) WHERE value = {p('tag')})"
         )
         self.lock_key = "SELECT pg_advisory_xact_lock(hashtextextended(%(k)s, 0))"
+        # A release locks its own row, then the waiter's. On PostgreSQL another process's group
+        # commit may hold the waiter's row and wait for the releaser's (a lock-order cycle):
+        # a locked waiter is skipped instead (a miss: it admits itself at its re-check).
+        hand_if = (
+            f"id = {p('id')} AND status IN ({_HANDABLE}) AND NOT admitted"
+            f" AND NOT {_leased(p('now'))}"
+        )
+        wake_if = f"id = {p('id')} AND status = 'suspended'"
+        if pg:
+            hand_if = f"id = (SELECT id FROM flowkit_runs WHERE {hand_if} FOR UPDATE SKIP LOCKED)"
+            wake_if = f"id = (SELECT id FROM flowkit_runs WHERE {wake_if} FOR UPDATE SKIP LOCKED)"
         self.hand_off = (
             f"UPDATE flowkit_runs SET tags = {j('tags')}, admitted = {p('admitted')},"
             f" status = 'running', wake_at = NULL, lease_owner = {p('owner')},"
             f" lease_expires = {p('until')}, updated_at = {p('now')}"
-            f" WHERE id = {p('id')} AND status IN ({_HANDABLE}) AND NOT admitted"
-            f" AND NOT {_leased(p('now'))} RETURNING {cols}"
+            f" WHERE {hand_if} RETURNING {cols}"
         )
-        self.wake_waiter = (
-            f"UPDATE flowkit_runs SET wake_at = {p('now')}"
-            f" WHERE id = {p('id')} AND status = 'suspended'"
-        )
+        self.wake_waiter = f"UPDATE flowkit_runs SET wake_at = {p('now')} WHERE {wake_if}"
         self._updates: dict[tuple[str, ...], str] = {}
         self._commits: dict[tuple[Any, ...], str] = {}
         self._cache: dict[tuple[str, int], str] = {}

@@ -30,6 +30,7 @@ emit nothing.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,6 +59,9 @@ def _wake_if_free(c: Conn, run: Run, now: float) -> None:
     that expired meanwhile: its owner is still at work), so the hot path costs nothing."""
     if run.lease_owner is None and claimable(run, now):
         c.wakeup(run.namespace)
+
+
+log = logging.getLogger("flowkit")
 
 
 class SqlStore:
@@ -407,6 +411,15 @@ class SqlStore:
         cancelling, not admitted: on PostgreSQL another process's poller may have claimed it
         since it was read), with its history; ``None`` on a miss."""
         sql = self._sql
+        try:  # first: a history this code cannot read must not fail the holder's release
+            evs = self._events(c, admitted.id) or []
+        except Exception as exc:
+            if isinstance(exc, self._db._dbapi_error):
+                raise  # the database failed (the transaction with it), not the parsing
+            log.warning(
+                "not handing over %s: its history cannot be read", admitted.id, exc_info=True
+            )
+            return None
         row = c.returning(
             sql.hand_off,
             {
@@ -420,7 +433,6 @@ class SqlStore:
         )
         if row is None:
             return None
-        evs = self._events(c, admitted.id) or []
         return HandOff(sql.to_run(row), tuple(evs))
 
     async def due_runs(
