@@ -303,12 +303,16 @@ class Worker:
         now = eng.clock.now()
         n = update.notify
         if n is not None and self._running and len(self._active) <= eng.max_concurrency:
-            # Hand the freed slot straight to the next waiter: the store admits and leases it
-            # to us in this very transaction, and we execute it at once.
+            # Hand the freed slot(s) straight to the next waiter(s), as many as we have room
+            # for (this run's own place included): the store admits and leases them to us in
+            # this very transaction, and we execute them at once; the rest are only woken.
             update = dataclasses.replace(
                 update,
                 notify=dataclasses.replace(
-                    n, claim_owner=self.owner, lease_expires=now + eng.lease_ttl
+                    n,
+                    claim_owner=self.owner,
+                    lease_expires=now + eng.lease_ttl,
+                    max_hand_offs=eng.max_concurrency - len(self._active) + 1,
                 ),
             )
         commit = asyncio.ensure_future(self.store.commit(run.id, self.owner, now, update))

@@ -4,6 +4,7 @@ cancellation of waiters and holders; retry claims a slot again (DESIGN §4.3, §
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -436,3 +437,22 @@ async def test_a_full_instance_wakes_the_waiter_instead_of_taking_it() -> None:
         assert ("claim", "w") in store.calls  # woken due now, then claimed like any due run
         assert (await get(env, "w")).admitted
         assert lane.entered == ["h", "x", "w"]
+
+
+async def test_a_release_hands_over_no_more_waiters_than_the_engine_has_room_for() -> None:
+    store = MemoryStore()
+    lane = make_lane(limit=2)
+    async with TestEnv([lane], store=store) as env:
+        for rid in ("h1", "h2", "w1", "w2"):
+            await env.start("lane", inp("A", "signal"), rid)
+        await assert_gated(env, "w1")
+        now = env.clock.now()
+        for rid in ("h1", "h2"):  # two slots free at once (e.g. a client cancelled both)
+            await store.commit(
+                rid, None, now, Update(events=[RunCompleted(at=now)], status=RunStatus.COMPLETED)
+            )
+        n = Notify("lane", "singleton:A", 2, claim_owner="me", lease_expires=now + 30)
+        res = await store.commit(
+            "w2", None, now, Update(notify=dataclasses.replace(n, max_hand_offs=1))
+        )
+        assert ([h.run.id for h in res.handed], res.woken) == (["w1"], ("w2",))

@@ -73,6 +73,7 @@ class Notify:
     limit: int | None  # None: unknown to the releasing engine; wake the oldest waiter
     claim_owner: str | None = None
     lease_expires: float = 0.0
+    max_hand_offs: int | None = None  # at most this many waiters handed over; the rest woken
 
 
 @dataclass(frozen=True)

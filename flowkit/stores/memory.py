@@ -300,7 +300,8 @@ def plan_release(sharing: Sequence[Run], n: Notify, now: float) -> list[tuple[Ru
     for wid in _sg.waiters_to_wake(runs, n.tag, n.workflow, n.limit):
         w = next(r for r in runs if r.id == wid)
         tags = None
-        if n.claim_owner is not None and n.limit is not None and hand_off_ok(w, now):
+        room = n.max_hand_offs is None or sum(a is not None for _, a in plan) < n.max_hand_offs
+        if n.claim_owner is not None and n.limit is not None and room and hand_off_ok(w, now):
             tags = _sg.admission_tags(runs, wid, n.tag, n.workflow, n.limit)
         if tags is None:
             plan.append((w, None))
