@@ -38,7 +38,7 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from .errors import LeaseLostError
-from .stores.base import ConflictError, InboxSignal, Notify, Update
+from .stores.base import CommitResult, ConflictError, InboxSignal, Notify, Update
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -298,6 +298,21 @@ class Worker:
             return
         self.run_claimed(run, events)
 
+    async def _commit_handing_off(self, run_id: str, now: float, update: Update) -> CommitResult:
+        """A commit that may hand runs to us, safe against our own cancellation (stopping):
+        the runs it handed over are then left to ``stop``, which gives their leases back,
+        instead of staying leased to a stopped instance until the lease expires."""
+        commit = asyncio.ensure_future(self.store.commit(run_id, self.owner, now, update))
+        try:
+            return await asyncio.shield(commit)
+        except asyncio.CancelledError:
+            if not commit.done():
+                with contextlib.suppress(BaseException):
+                    await commit
+            if commit.done() and not commit.cancelled() and commit.exception() is None:
+                self._orphans.update(h.run.id for h in commit.result().handed)
+            raise
+
     async def _commit(self, run: Run, update: Update) -> Run:
         eng = self.engine
         now = eng.clock.now()
@@ -315,18 +330,10 @@ class Worker:
                     max_hand_offs=eng.max_concurrency - len(self._active) + 1,
                 ),
             )
-        commit = asyncio.ensure_future(self.store.commit(run.id, self.owner, now, update))
-        try:
-            res = await asyncio.shield(commit)
-        except asyncio.CancelledError:
-            # Stopping mid-commit: the commit may still hand runs to us. Wait for it so that
-            # ``stop`` gives their leases back instead of leaving them to expire.
-            if n is not None and not commit.done():
-                with contextlib.suppress(BaseException):
-                    await commit
-            if commit.done() and not commit.cancelled() and commit.exception() is None:
-                self._orphans.update(h.run.id for h in commit.result().handed)
-            raise
+        if update.notify is None or update.notify.claim_owner is None:
+            res = await self.store.commit(run.id, self.owner, now, update)
+        else:
+            res = await self._commit_handing_off(run.id, now, update)
         for h in res.handed:
             self.run_claimed(h.run, h.events)
         for wid in res.woken:
