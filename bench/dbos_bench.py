@@ -33,10 +33,7 @@ import collections
 import contextlib
 import functools
 import itertools
-import json
 import math
-import os
-import platform
 import re
 import sqlite3
 import statistics
@@ -57,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for tests.pg (the throwaway PostgreSQL)
 
+import _results  # noqa: E402
 from store_bench import (  # noqa: E402  (one workflow, proxy and server for both benches)
     CountingStore,
     ThreeSteps,
@@ -743,23 +741,9 @@ def _cli() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, SQLite only")
     args = parser.parse_args()
-    t0 = time.perf_counter()
-    results: dict[str, Any] = {
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "nproc": os.cpu_count(),
-            "loadavg_at_start": os.getloadavg(),
-        }
-    }
+    results = _results.start()
     results["dbos"] = asyncio.run(main(args.smoke))
-    results["seconds"] = time.perf_counter() - t0
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    path = out / ("dbos_smoke.json" if args.smoke else "dbos_latest.json")
-    path.write_text(json.dumps(results, indent=2))
-    print(f"results written to {path} ({results['seconds']:.0f} s)")
+    _results.finish(results, "dbos_smoke.json" if args.smoke else "dbos_latest.json")
     return 0
 
 

@@ -50,7 +50,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -58,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import _results
 from store_bench import CountingStore, postgres_server, postgres_url, server_info, sqlite_url
 
 from flowkit import Engine, Run, RunStatus, Singleton, WorkflowCtx, workflow
@@ -743,28 +743,14 @@ def _cli() -> int:
         return asyncio.run(taker_main(args.worker, not args.no_wakeups))
     if args.worker:
         return asyncio.run(worker_main(args.worker, args.instance))
-    t0 = time.perf_counter()
-    results: dict[str, Any] = {
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "nproc": os.cpu_count(),
-            "loadavg_at_start": os.getloadavg(),
-        }
-    }
+    results = _results.start()
     with (
         tempfile.TemporaryDirectory(prefix="flowkit-bench-") as tmp,
         contextlib.ExitStack() as stack,
     ):
         pg = None if args.smoke else stack.enter_context(postgres_server())
         results["handover_xproc"] = asyncio.run(main(args.smoke, pg, Path(tmp), args.workers))
-    results["seconds"] = time.perf_counter() - t0
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    path = out / ("handover_smoke.json" if args.smoke else "handover_latest.json")
-    path.write_text(json.dumps(results, indent=2))
-    print(f"results written to {path} ({results['seconds']:.0f} s)")
+    _results.finish(results, "handover_smoke.json" if args.smoke else "handover_latest.json")
     return 0
 
 

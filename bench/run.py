@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -21,6 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _results
 import dbos_bench
 import handover_bench
 import replay_bench
@@ -32,15 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     args = parser.parse_args()
-    t0 = time.perf_counter()
-    results: dict[str, Any] = {
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "nproc": os.cpu_count(),
-            "loadavg_at_start": os.getloadavg(),
-        },
-    }
+    results = _results.start()
     m = results["machine"]
     print(f"python {m['python']} on {m['platform']}, nproc={m['nproc']}", end="")
     print(f", load average {os.getloadavg()[0]:.2f} (other work skews every figure)")
@@ -61,13 +52,7 @@ def main() -> int:
             t = time.perf_counter()
             results[name] = asyncio.run(bench())
             results["bench_seconds"][name] = time.perf_counter() - t
-    results["seconds"] = time.perf_counter() - t0
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    name = "smoke.json" if args.smoke else "latest.json"
-    (out / name).write_text(json.dumps(results, indent=2))
-    print(f"results written to {out / name} ({results['seconds']:.0f} s)")
+    _results.finish(results, "smoke.json" if args.smoke else "latest.json")
     return 0
 
 
