@@ -154,12 +154,17 @@ def _raw_insert(dialect: str) -> str:
 
 def raw_commit_rate(store: SqlStore, n: int) -> float:
     """Single-row INSERT + COMMIT per second through SqlStore's own write path: its DBAPI
-    connection and transaction handling (``BEGIN IMMEDIATE`` on SQLite), one write call per
-    transaction, exactly as a store call that writes one row."""
+    connection and transaction handling (``BEGIN IMMEDIATE`` on SQLite, one statement in
+    autocommit on PostgreSQL), one write call per transaction, exactly as a store call that
+    writes one row."""
     db = store._db
     db.ensure_schema()
     _raw_meta.create_all(db.engine)
-    op = Op(lambda _c, changed: changed, (_raw_insert(db.dialect), (_BODY,), ROWCOUNT))
+    op = Op(
+        lambda _c, changed: changed,
+        (_raw_insert(db.dialect), (_BODY,), ROWCOUNT),
+        single=lambda changed: bool(changed),
+    )
     t0 = time.perf_counter()
     for _ in range(n):
         db.run_write(op)
@@ -168,7 +173,9 @@ def raw_commit_rate(store: SqlStore, n: int) -> float:
 
 def driver_commit_rate(store: SqlStore, n: int) -> float:
     """The same loop on a fresh bare DBAPI connection (no flowkit, no SQLAlchemy): the
-    physical limit of one durable write with the store's driver and durability settings."""
+    physical limit of one durable write with the store's driver and durability settings.
+    On PostgreSQL the ``INSERT`` runs in autocommit: its own transaction, one round trip (the
+    fewest any single-row write can take)."""
     db = store._db
     _raw_meta.create_all(db.engine)
     pooled = db.engine.raw_connection()  # connect-time setup applied (WAL, busy timeout)
@@ -183,9 +190,12 @@ def driver_commit_rate(store: SqlStore, n: int) -> float:
                 cur.execute(sql, (_BODY,))
                 cur.execute("COMMIT")
         else:
-            for _ in range(n):
-                dbapi.execute(sql, (_BODY,))
-                dbapi.commit()
+            dbapi.autocommit = True
+            try:
+                for _ in range(n):
+                    dbapi.execute(sql, (_BODY,))
+            finally:
+                dbapi.autocommit = False
         return n / (time.perf_counter() - t0)
     finally:
         pooled.close()
@@ -622,8 +632,10 @@ def _layer(func: tuple[str, int, str]) -> str:
     return "asyncio, stdlib, other"
 
 
-async def profile(backend: str, n: int, concurrency: int) -> None:
-    """cProfile of ``n`` workflows: the share of time by layer, then the top functions."""
+async def profile(backend: str, n: int, concurrency: int, long: bool = False) -> None:
+    """cProfile of ``n`` workflows (of 40 steps with ``long``): the share of time by layer,
+    then the top functions."""
+    wl = LONG if long else THREE
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flowkit-bench-")))
         pg = stack.enter_context(postgres_server()) if backend == "postgres" else None
@@ -632,12 +644,14 @@ async def profile(backend: str, n: int, concurrency: int) -> None:
             print(f"no {backend} backend available")
             return
         store = SqlStore(factory())
-        engine = Engine(store, [ThreeSteps()], clock=SystemClock(), poll_interval=POLL)
+        engine = Engine(
+            store, [ThreeSteps(), LongSteps()], clock=SystemClock(), poll_interval=POLL
+        )
         async with engine:
-            await run_workflows(engine, 20, 1, "warm")
+            await run_workflows(engine, 20, 1, "warm", wl)
             prof = cProfile.Profile()
             prof.enable()
-            seconds = await run_workflows(engine, n, concurrency, "prof")
+            seconds = await run_workflows(engine, n, concurrency, "prof", wl)
             prof.disable()
         store.close()
     st = pstats.Stats(prof)
@@ -657,9 +671,11 @@ def _cli() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     parser.add_argument("--profile", choices=("sqlite", "postgres"), help="cProfile only")
     parser.add_argument("--concurrency", type=int, default=1, help="with --profile")
+    parser.add_argument("--long", action="store_true", help="with --profile: 40-step workflows")
     args = parser.parse_args()
     if args.profile:
-        asyncio.run(profile(args.profile, 300, args.concurrency))
+        n = 30 if args.long else 300
+        asyncio.run(profile(args.profile, n, args.concurrency, args.long))
         return 0
     with (
         tempfile.TemporaryDirectory(prefix="flowkit-bench-") as tmp,

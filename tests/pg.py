@@ -3,7 +3,8 @@
 It runs ``initdb`` and ``pg_ctl`` from ``PATH`` or ``/usr/lib/postgresql/*/bin`` in a fresh
 directory under ``/tmp`` (as the ``postgres`` user when the tests run as root, since PostgreSQL
 refuses to run as root), listens only on a unix socket in that directory, and is stopped with
-``pg_ctl stop -m immediate`` afterwards. Durability is switched off: it is a test server."""
+``pg_ctl stop -m immediate`` afterwards. Durability is switched off unless asked for: it is a
+test server."""
 
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def _runner() -> tuple[list[str], int | None, int | None]:
 
 
 @contextlib.contextmanager
-def start_postgres(timeout: float = 60.0) -> Iterator[str]:
-    """Start a server; yield ``postgresql+psycopg://postgres@/postgres?host=<socket dir>``."""
+def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[str]:
+    """Start a server; yield ``postgresql+psycopg://postgres@/postgres?host=<socket dir>``.
+
+    ``durable=True`` keeps PostgreSQL's default durability (``fsync``, ``synchronous_commit``,
+    ``full_page_writes`` on: every commit waits for its WAL flush), as a production server
+    runs; the benchmarks use it. Tests leave it off for speed."""
     initdb, pg_ctl = find_binaries()
     prefix, uid, gid = _runner()
     # /tmp keeps the socket path short (unix socket paths are limited to ~107 bytes); the
@@ -93,11 +98,10 @@ def start_postgres(timeout: float = 60.0) -> Iterator[str]:
             "--locale=C",
             "--no-sync",
         )
-        options = (
-            f"-c listen_addresses='' -c unix_socket_directories={root} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            "-c max_connections=200"
-        )
+        options = f"-c listen_addresses='' -c unix_socket_directories={root} "
+        if not durable:
+            options += "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+        options += "-c max_connections=200"
         run(pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
         started = True
         yield f"postgresql+psycopg://postgres@/postgres?host={root}"

@@ -1223,6 +1223,10 @@ async def test_a_dropped_connection_is_replaced_and_the_call_retried(
         kill()
         res = await s.commit("r", "w", T0 + 1, Update(events=[fired(T0 + 1)]))
         assert res.seqs == (2,)
+        # the claim and the commit went out as single statements in autocommit (one round
+        # trip each): a session the server ended is retried there too
+        assert s._db.stats["single"] >= 2
+        assert [e.seq for e in await s.load_events("r")] == [1, 2]
     finally:
         s.close()
         engine.dispose()

@@ -146,6 +146,9 @@ class Conn:
         self.last_rowcount = 0
         if self.pg:
             self.dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
+        # the rest of a single-statement call runs after its statement committed: it must
+        # not write (``_writing`` guards it)
+        self.committed = False
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken connection
@@ -167,8 +170,8 @@ class Conn:
         PostgreSQL it is sent in one pipeline with the next statement that returns something
         (or with the ``COMMIT``), saving a round trip; its errors surface there and fail the
         transaction. Elsewhere it runs at once."""
-        if not self.can_pipeline:
-            self.write(sql, params)
+        if not self.can_pipeline or self.committed:
+            self.write(sql, params)  # (refused after a single statement committed)
             return
         self._later.append((sql, params))
         if wrote:
@@ -237,6 +240,8 @@ class Conn:
 
     def write(self, sql: str, params: Any) -> int:
         """A write without ``RETURNING``: the number of rows it changed."""
+        if self.committed:
+            raise AssertionError("a write after a single-statement call committed")
         if self._later:
             self._send_later(sql, params)
             n = self.last_rowcount
@@ -255,6 +260,8 @@ class Conn:
 
     def returning(self, sql: str, params: Any) -> Any:
         """A single-row write with ``RETURNING``: the row, or ``None`` when none matched."""
+        if self.committed:
+            raise AssertionError("a write after a single-statement call committed")
         if self._later:
             got = self._send_later(sql, params)
             if got:
@@ -271,6 +278,14 @@ class Conn:
             self.dirty = True
             return rows[0]
         return None
+
+    def first(self, f: tuple[str, Any, int]) -> Any:
+        """Run an ``Op``'s first statement: the row (``RETURNING``, ``SELECT``) or rowcount."""
+        if f[2] == RETURNING:
+            return self.returning(f[0], f[1])
+        if f[2] == SELECT:
+            return self.one(f[0], f[1])
+        return self.write(f[0], f[1])
 
     def wakeup(self, namespace: str | None) -> None:
         """The current transaction leaves a run of ``namespace`` claimable now (or stamped a
@@ -300,6 +315,17 @@ class Conn:
             self.dbapi.autocommit = True
         else:
             self.cur.execute("COMMIT")
+
+    def notify_now(self) -> None:
+        """Outside a transaction (after a single-statement call): the wake-up on its own,
+        one more round trip (``pg_notify`` in autocommit delivers at once)."""
+        data = _wakeup.payload(self.wakes)
+        self.wakes.clear()
+        self.stats["wakeups"] += 1
+        self.statements += 1
+        self.stats["statements"] += 1
+        self.sql = "SELECT pg_notify(%(c)s, %(p)s)"
+        self.cur.execute(self.sql, {"c": _wakeup.CHANNEL, "p": data})
 
     def _emit(self) -> None:
         """The transaction's one wake-up, right before its ``COMMIT`` (see ``_wakeup``)."""
@@ -345,9 +371,16 @@ class Op(Generic[T]):
     runs before ``rest``: on PostgreSQL a group commit sends the first statements of its calls
     in one pipeline (one round trip), then runs each call's ``rest``. ``key`` (the run id)
     orders a batch; ``solo`` calls run in a transaction of their own on PostgreSQL (they take
-    an advisory lock)."""
+    an advisory lock).
 
-    __slots__ = ("first", "fut", "key", "rest", "solo")
+    ``single(result of first)`` says the call is complete once ``first`` has run: ``rest``
+    then only reads and decides. On PostgreSQL such a call, when it runs alone, sends
+    ``first`` in autocommit: one statement is its own transaction, one round trip instead of
+    ``BEGIN``, the statement and ``COMMIT``. When ``single`` says no, ``first`` changed
+    nothing (a conditional write that matched no row) and the call runs again in a
+    transaction."""
+
+    __slots__ = ("first", "fut", "key", "rest", "single", "solo")
 
     def __init__(
         self,
@@ -356,11 +389,13 @@ class Op(Generic[T]):
         key: str = "",
         *,
         solo: bool = False,
+        single: Callable[[Any], bool] | None = None,
     ) -> None:
         self.rest = rest
         self.first = first
         self.key = key
         self.solo = solo
+        self.single = single if first is not None else None
         self.fut: Any = None
 
     def __call__(self, c: Conn) -> T:
@@ -368,11 +403,7 @@ class Op(Generic[T]):
         f = self.first
         if f is None:
             return self.rest(c, None)
-        if f[2] == RETURNING:
-            return self.rest(c, c.returning(f[0], f[1]))
-        if f[2] == SELECT:
-            return self.rest(c, c.one(f[0], f[1]))
-        return self.rest(c, c.write(f[0], f[1]))
+        return self.rest(c, c.first(f))
 
 
 class Deferred(Exception):
@@ -595,7 +626,12 @@ class Database:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run_write(self, fn: Callable[[Conn], T]) -> T:
-        """``fn`` in a write transaction of its own."""
+        """``fn`` in a write transaction of its own (a single statement in autocommit, when
+        ``fn`` is an ``Op`` that allows it, on PostgreSQL)."""
+        if self._pg and isinstance(fn, Op) and fn.single is not None:
+            done, out = self._run_single(fn)
+            if done:
+                return cast(T, out)
         with self._io:
             for attempt in (0, 1):
                 c = self._connection()
@@ -616,6 +652,64 @@ class Database:
                         self._drop(c)
                     raise self._wrap(c, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run_single(self, op: Op[T]) -> tuple[bool, T | None]:
+        """PostgreSQL: ``op.first`` alone in autocommit, a transaction of one statement and one
+        round trip. ``(True, result)`` when ``op.single`` accepts its result; ``(False, None)``
+        when not: the statement changed nothing, and the caller runs ``op`` in a transaction.
+
+        A statement that failed because the server had ended the session (the connection was
+        terminated while idle: the server says so with SQLSTATE 57P0x before reading anything)
+        never ran: it is sent again on a new connection, once. Any other failure is raised:
+        the statement may have committed before the connection broke, and running it again
+        could apply it twice."""
+        assert op.first is not None and op.single is not None
+        with self._io:
+            for attempt in (0, 1):
+                c = self._connection()
+                if c.broken():  # known before anything was sent: safe to replace
+                    self._drop(c)
+                    c = self._connection()
+                c.statements = 0
+                try:
+                    got = c.first(op.first)
+                except Exception as exc:
+                    if attempt == 0 and self._terminated(c, exc):
+                        continue
+                    if isinstance(exc, self._dbapi_error) and c.broken():
+                        self._drop(c)
+                    raise self._wrap(c, exc) from exc
+                if not op.single(got):
+                    return False, None
+                self.stats["write_tx"] += 1
+                self.stats["single"] += 1
+                c.wakes.clear()
+                c.committed = True
+                try:
+                    out = op.rest(c, got)
+                finally:
+                    c.committed = False
+                self.stats["ops"] += 1
+                if c.wakes:
+                    try:
+                        c.notify_now()
+                    except Exception:  # a hint: the timer poll still finds the work
+                        log.warning("sending a wake-up failed", exc_info=True)
+                        if c.broken():
+                            self._drop(c)
+                return True, out
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _terminated(self, c: Conn, exc: BaseException) -> bool:
+        """The server ended ``c``'s session before it read the statement (SQLSTATE class 57,
+        ``admin_shutdown``/``crash_shutdown``/``cannot_connect_now``): drop it, retry safely."""
+        if not isinstance(exc, self._dbapi_error) or not c.broken():
+            return False
+        state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+        if state not in ("57P01", "57P02", "57P03"):
+            return False
+        self._drop(c)
+        return True
 
     def _solo(self, fn: Callable[[Conn], Any]) -> Outcome:
         try:

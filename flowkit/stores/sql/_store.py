@@ -53,6 +53,16 @@ from ._schema import runs
 from ._sql import LAST_SEQ, Sql, dumps
 
 
+def _always(_result: Any) -> bool:
+    """``Op.single``: the first statement is the whole call, whatever it returned."""
+    return True
+
+
+def _hit(row: Any) -> bool:
+    """``Op.single``: the whole call when its conditional write matched its row."""
+    return row is not None
+
+
 def _wake_if_free(c: Conn, run: Run, now: float) -> None:
     """Emit a wake-up with ``c``'s transaction when it leaves ``run`` claimable now by any
     worker. A run with a lease owner is never woken: a step's commit keeps the lease (even one
@@ -226,7 +236,9 @@ class SqlStore:
             self._created(c, run)
             return run, True
 
-        return await self._db.write(Op(rest, first, run.id))
+        # (without events, ``rest`` only reads: one statement on every dialect)
+        single = _always if both or not events else None
+        return await self._db.write(Op(rest, first, run.id, single=single))
 
     @staticmethod
     def _created(c: Conn, run: Run) -> None:
@@ -294,12 +306,12 @@ class SqlStore:
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
         params = self._params(id=run_id, owner=owner, until=lease_expires, now=now)
         first = (self._sql.claim, params, RETURNING)
-        return await self._db.write(Op(self._run_or_none, first, run_id))
+        return await self._db.write(Op(self._run_or_none, first, run_id, single=_always))
 
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
         params = self._params(id=run_id, owner=owner, until=lease_expires)
         first = (self._sql.renew, params, RETURNING)
-        return await self._db.write(Op(self._run_or_none, first, run_id))
+        return await self._db.write(Op(self._run_or_none, first, run_id, single=_always))
 
     async def commit(
         self, run_id: str, owner: str | None, now: float, update: Update
@@ -338,8 +350,11 @@ class SqlStore:
             def rest(c: Conn, row: Any) -> CommitResult:
                 return self._commit_locked(c, run_id, owner, now, update)
 
-        # a release with notify takes the key's advisory lock: a transaction of its own
-        op = Op(rest, first, run_id, solo=update.notify is not None)
+        # a release with notify takes the key's advisory lock: a transaction of its own. The
+        # fast path is complete when its UPDATE matched (PostgreSQL: events inserted by the
+        # same statement), so it can run as one statement in autocommit
+        single = _hit if fast is not None and (fast[2] or not n) else None
+        op = Op(rest, first, run_id, solo=update.notify is not None, single=single)
         return await self._db.write(op)
 
     def _commit_locked(
@@ -483,7 +498,8 @@ class SqlStore:
             return run
 
         stmt = sql.deliver_and_insert if both else sql.deliver
-        return await self._db.write(Op(rest, (stmt, params, RETURNING), run_id))
+        single = _hit if both else None
+        return await self._db.write(Op(rest, (stmt, params, RETURNING), run_id, single=single))
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
         sql = self._sql
