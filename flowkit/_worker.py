@@ -87,6 +87,11 @@ class Worker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._poke = asyncio.Event()
+        # a run of this instance got a future wake time since the poller last read the store:
+        # the earliest such time, and the event that lowers the poller's deadline to it
+        # (no store read: the poller only needs to wake up by then)
+        self._earliest: float | None = None
+        self._rearm = asyncio.Event()
         self._sem = asyncio.Semaphore(engine.max_concurrency)
         self._running = False
         self._unwatch: Callable[[], None] | None = None
@@ -156,6 +161,13 @@ class Worker:
         """Re-scan the store now (new due work may exist)."""
         self._poke.set()
 
+    def wake_by(self, at: float) -> None:
+        """Poll the store no later than ``at`` (a run this instance committed is due then):
+        lowers the poller's deadline without a store read."""
+        if self._earliest is None or at < self._earliest:
+            self._earliest = at
+            self._rearm.set()
+
     def dispatch(self, run_id: str) -> None:
         """Try to activate ``run_id`` on this instance now."""
         if not self._running:
@@ -205,6 +217,8 @@ class Worker:
         names = tuple(eng.registry)
         while self._running:
             self._poke.clear()
+            self._rearm.clear()
+            self._earliest = None  # the reads below see every commit made before them
             now = eng.clock.now()
             try:
                 due = await self.store.due_runs(now, eng.max_concurrency, names)
@@ -225,15 +239,23 @@ class Worker:
             await self._wait(deadline)
 
     async def _wait(self, deadline: float | None) -> None:
-        poke = asyncio.ensure_future(self._poke.wait())
-        waits: set[asyncio.Future[Any]] = {poke}
-        if deadline is not None:
-            waits.add(asyncio.ensure_future(self.engine.clock.sleep_until(deadline)))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
+        """Until poked or ``deadline``, which ``wake_by`` may lower meanwhile."""
+        while True:
+            if self._earliest is not None and (deadline is None or self._earliest < deadline):
+                deadline = self._earliest
+            self._rearm.clear()
+            poke = asyncio.ensure_future(self._poke.wait())
+            rearm = asyncio.ensure_future(self._rearm.wait())
+            waits: set[asyncio.Future[Any]] = {poke, rearm}
+            if deadline is not None:
+                waits.add(asyncio.ensure_future(self.engine.clock.sleep_until(deadline)))
+            try:
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if done != {rearm}:
+                return
 
     async def _renew_loop(self) -> None:
         eng = self.engine
@@ -347,7 +369,10 @@ class Worker:
         ):
             self._again.add(run.id)
         elif new.wake_at is not None:
-            eng._poke()
+            if new.wake_at <= eng.clock.now():
+                eng._poke()
+            elif self._running:
+                self.wake_by(new.wake_at)
         return new
 
     async def _drive(self, run: Run, events: list[Event] | None = None) -> None:

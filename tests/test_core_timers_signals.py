@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import pytest
@@ -346,3 +347,34 @@ async def test_same_seed_gives_byte_identical_histories() -> None:
     again = await _two_instance_histories(11)
     assert first == again
     assert all('"run_completed"' in h for h in first)
+
+
+@workflow(name="short-nap")
+class ShortNap:
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        await ctx.sleep(0.05)
+        return "rested"
+
+
+async def test_a_timer_set_here_wakes_the_poller_without_a_store_read() -> None:
+    """A run that parks with a future wake time lowers this instance's poll deadline
+    locally: the poller reads the store again when the timer is due (here far before its
+    60 s poll interval), not once more right after the park."""
+    from flowkit.stores import MemoryStore
+
+    class Counting(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: Counter[str] = Counter()
+
+        async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
+            self.calls["next_due_at"] += 1
+            return await super().next_due_at(exclude_lease_owners)
+
+    store = Counting()
+    engine = flowkit.Engine(store, [ShortNap()], clock=flowkit.SystemClock(), poll_interval=60)
+    async with engine:
+        await engine.start(ShortNap, None, "nap")
+        assert await engine.result("nap", timeout=10) == "rested"
+    # the poller's first pass, and one when the timer fired (none when the run parked)
+    assert store.calls["next_due_at"] == 2

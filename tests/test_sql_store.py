@@ -1155,10 +1155,10 @@ async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
     waiter rows): the conditional hand-off misses, the waiter is only woken."""
     s = sql_backend.store
     await _gated(s)
-    real = SqlStore._sharing
+    real = SqlStore._locked_with_sharing
 
-    def racing(self: SqlStore, c: Any, workflow: str, tag: str) -> list[Run]:
-        found = real(self, c, workflow, tag)
+    def racing(self: SqlStore, c: Any, run_id: str, workflow: str, tag: str) -> Any:
+        found = real(self, c, run_id, workflow, tag)
         c.write(
             "UPDATE flowkit_runs SET status = 'running', lease_owner = 'other', "
             "lease_expires = 9999999999.0, wake_at = NULL WHERE id = 'w1'",
@@ -1166,7 +1166,7 @@ async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
         )
         return found
 
-    monkeypatch.setattr(SqlStore, "_sharing", racing)
+    monkeypatch.setattr(SqlStore, "_locked_with_sharing", racing)
     res = await s.commit("h", "x", T0 + 3, _release())
     monkeypatch.undo()
     assert res.handed == () and res.woken == ("w1",)
@@ -1232,33 +1232,33 @@ async def test_a_dropped_connection_is_replaced_and_the_call_retried(
         engine.dispose()
 
 
-async def test_a_waiter_whose_history_cannot_be_read_is_woken_not_handed(tmp_path: Path) -> None:
-    """The hand-off reads the waiter's history inside the holder's release; an event this code
-    cannot parse (a newer flowkit's, a damaged row) must not fail the release."""
-    import sqlite3
-
-    path = tmp_path / "flowkit.db"
-    store = SqlStore(f"sqlite:///{path}")
-    try:
-        h = Run(
-            id="h", workflow="lane", workflow_version="1", status=RunStatus.PENDING, input=None,
-            tags=("singleton:k",), created_at=T0, updated_at=T0, singleton_key="k",
-        )  # fmt: skip
-        w = replace(h, id="w", created_at=T0 + 1, updated_at=T0 + 1)
-        await store.create_run(h, [RunStarted(workflow="lane", version="1", input=None, at=T0)])
-        await store.create_run(w, [RunStarted(workflow="lane", version="1", input=None, at=T0 + 1)])
-        assert await store.try_admit_singleton("h", "singleton:k", "lane", 1, T0 + 5)
-        assert not await store.try_admit_singleton("w", "singleton:k", "lane", 1, T0 + 50)
-        with sqlite3.connect(path) as con:
-            con.execute(
-                'UPDATE flowkit_events SET body = \'{"type": "from_the_future"}\''
-                " WHERE run_id = 'w' AND seq = 1"
-            )
-        n = Notify("lane", "singleton:k", 1, claim_owner="me", lease_expires=T0 + 100)
-        update = Update(events=[RunCompleted(at=T0 + 2)], status=RunStatus.COMPLETED, notify=n)
-        res = await store.commit("h", None, T0 + 2, update)
-        assert (res.run.status, res.handed, res.woken) == (RunStatus.COMPLETED, (), ("w",))
-        got = await store.get_run("w")
-        assert got is not None and (got.lease_owner, got.wake_at) == (None, T0 + 2)
-    finally:
-        store.close()
+async def test_a_waiter_whose_history_cannot_be_read_is_woken_not_handed(
+    sql_backend: Backend,
+) -> None:
+    """The hand-off reads the waiter's history inside the holder's release (in the round trip
+    of its conditional update); an event this code cannot parse (a newer flowkit's, a damaged
+    row) must not fail the release: the hand-off is undone and the waiter only woken."""
+    store = sql_backend.store
+    h = Run(
+        id="h", workflow="lane", workflow_version="1", status=RunStatus.PENDING, input=None,
+        tags=("singleton:k",), created_at=T0, updated_at=T0, singleton_key="k",
+    )  # fmt: skip
+    w = replace(h, id="w", created_at=T0 + 1, updated_at=T0 + 1)
+    await store.create_run(h, [RunStarted(workflow="lane", version="1", input=None, at=T0)])
+    await store.create_run(w, [RunStarted(workflow="lane", version="1", input=None, at=T0 + 1)])
+    assert await store.try_admit_singleton("h", "singleton:k", "lane", 1, T0 + 5)
+    assert not await store.try_admit_singleton("w", "singleton:k", "lane", 1, T0 + 50)
+    parked = await store.get_run("w")
+    with store._db.tx() as conn:
+        conn.exec_driver_sql(
+            'UPDATE flowkit_events SET body = \'{"type": "from_the_future"}\''
+            " WHERE run_id = 'w' AND seq = 1"
+        )
+    n = Notify("lane", "singleton:k", 1, claim_owner="me", lease_expires=T0 + 100)
+    update = Update(events=[RunCompleted(at=T0 + 2)], status=RunStatus.COMPLETED, notify=n)
+    res = await store.commit("h", None, T0 + 2, update)
+    assert (res.run.status, res.handed, res.woken) == (RunStatus.COMPLETED, (), ("w",))
+    got = await store.get_run("w")
+    assert parked is not None and got is not None
+    # exactly the parked waiter, woken: not admitted, not leased, due now
+    assert got == replace(parked, wake_at=T0 + 2)

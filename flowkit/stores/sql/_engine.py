@@ -179,9 +179,21 @@ class Conn:
 
     def _send_later(self, sql: str | None = None, params: Any = None) -> list[Any] | None:
         """Send the queued statements (and ``sql``, whose rows are returned) in one pipeline."""
+        if sql is None:
+            self._pipeline(())
+            return None
+        return self._pipeline(((sql, params),))[0]
+
+    def _pipeline(
+        self, stmts: Sequence[tuple[str, Any]], *, commit: bool = False
+    ) -> list[list[Any]]:
+        """What ``later`` queued, then ``stmts`` (and the ``COMMIT`` with ``commit``) in one
+        pipeline: one round trip. The rows of each of ``stmts`` (``[]`` for a statement
+        without rows); ``last_rowcount`` is the last one's. After an error nothing of the
+        pipeline took effect for good: the transaction is failed."""
         queued, self._later = self._later, []
         curs: list[Any] = []
-        rows: list[Any] | None = None
+        out: list[list[Any]] = []
         try:
             with self.dbapi.pipeline() as pipe:
                 for q, ps in queued:
@@ -189,23 +201,40 @@ class Conn:
                     cur = self.dbapi.cursor()
                     cur.execute(q, ps)
                     curs.append(cur)
-                last = None
-                if sql is not None:
-                    self.sql = sql
-                    last = self.dbapi.cursor()
-                    curs.append(last)
-                    last.execute(sql, params)
-                pipe.sync()
-                if last is not None:
-                    rows = list(last.fetchall()) if last.description is not None else []
-                    self.last_rowcount = int(last.rowcount)
+                mine: list[Any] = []
+                for q, ps in stmts:
+                    self.sql = q
+                    cur = self.dbapi.cursor()
+                    curs.append(cur)
+                    mine.append(cur)
+                    cur.execute(q, ps)
+                if commit:
+                    self.sql = "COMMIT"
+                    self.dbapi.commit()
+                else:
+                    pipe.sync()
+                for cur in mine:
+                    out.append(list(cur.fetchall()) if cur.description is not None else [])
+                    self.last_rowcount = int(cur.rowcount)
         finally:
             for cur in curs:
                 cur.close()
-        n = len(queued) + (sql is not None)
+        n = len(queued) + len(stmts)
         self.statements += n
         self.stats["statements"] += n
-        return rows
+        return out
+
+    def reads(self, stmts: Sequence[tuple[str, Any]], *, wrote: bool = False) -> list[list[Any]]:
+        """The rows of several statements, run in order; on PostgreSQL in one pipeline with
+        what ``later`` queued (one round trip). ``wrote``: some of them write."""
+        if self.committed and wrote:
+            raise AssertionError("a write after a single-statement call committed")
+        if not self.can_pipeline or self.committed:
+            return [self.all(q, ps) for q, ps in stmts]
+        out = self._pipeline(stmts)
+        if wrote:
+            self.dirty = True
+        return out
 
     def flush_later(self) -> None:
         """Send what ``later`` queued (a call's writes must not wait for the next call)."""
@@ -305,8 +334,13 @@ class Conn:
             self.cur.execute("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
-        if self._later:
-            self._send_later()
+        if self._later:  # PostgreSQL: the queued writes, the wake-up and COMMIT in one trip
+            stmts: list[tuple[str, Any]] = []
+            if self.wakes:
+                stmts.append(self._notify_stmt())
+            self._pipeline(stmts, commit=True)
+            self.dbapi.autocommit = True
+            return
         if self.wakes:
             self._emit()
         self.sql = "COMMIT"
@@ -316,16 +350,21 @@ class Conn:
         else:
             self.cur.execute("COMMIT")
 
-    def notify_now(self) -> None:
-        """Outside a transaction (after a single-statement call): the wake-up on its own,
-        one more round trip (``pg_notify`` in autocommit delivers at once)."""
+    def _notify_stmt(self) -> tuple[str, Any]:
+        """PostgreSQL: the statement of the pending wake-up (``pg_notify``; it is delivered
+        when its transaction commits)."""
         data = _wakeup.payload(self.wakes)
         self.wakes.clear()
         self.stats["wakeups"] += 1
+        return "SELECT pg_notify(%(c)s, %(p)s)", {"c": _wakeup.CHANNEL, "p": data}
+
+    def notify_now(self) -> None:
+        """Outside a transaction (after a single-statement call): the wake-up on its own,
+        one more round trip (``pg_notify`` in autocommit delivers at once)."""
+        self.sql, params = self._notify_stmt()
         self.statements += 1
         self.stats["statements"] += 1
-        self.sql = "SELECT pg_notify(%(c)s, %(p)s)"
-        self.cur.execute(self.sql, {"c": _wakeup.CHANNEL, "p": data})
+        self.cur.execute(self.sql, params)
 
     def _emit(self) -> None:
         """The transaction's one wake-up, right before its ``COMMIT`` (see ``_wakeup``)."""

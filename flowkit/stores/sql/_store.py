@@ -162,6 +162,18 @@ class SqlStore:
         q, params = self._sql.sharing(workflow, tag)
         return [r for r in map(self._sql.to_run, c.all(q, params)) if tag in r.tags]
 
+    def _locked_with_sharing(
+        self, c: Conn, run_id: str, workflow: str, tag: str
+    ) -> tuple[Any, list[Run]]:
+        """The run's row, locked, and the active runs sharing ``tag`` (as ``_sharing``), read
+        in one round trip on PostgreSQL (with the key's advisory lock ``later`` queued)."""
+        q, params = self._sql.sharing(workflow, tag)
+        got, found = c.reads(
+            [(self._sql.get_run_locked, self._params(id=run_id)), (q, params)]
+        )
+        sharing = [r for r in map(self._sql.to_run, found) if tag in r.tags]
+        return (got[0] if got else None), sharing
+
     def _write_changes(
         self, c: Conn, old: Run, new: Run, *, later: bool = False, **extra: Any
     ) -> None:
@@ -371,8 +383,12 @@ class SqlStore:
         before the first write."""
         n = update.notify
         sql = self._sql
+        sharing: list[Run] | None = None
         if n is not None:  # advisory lock before any row lock: the admission lock order
             self._lock_key(c, n.workflow, n.tag)
+            if row is None:  # the key's runs come with the row lock (one round trip)
+                locked, sharing = self._locked_with_sharing(c, run_id, n.workflow, n.tag)
+                row = (locked,)
         row = self._fetch(c, run_id, lock=True) if row is None else row[0]
         if row is None:
             raise RunNotFoundError(run_id)
@@ -408,9 +424,17 @@ class SqlStore:
         woken: list[str] = []
         handed: list[HandOff] = []
         if n is not None:
-            for w, admitted in plan_release(self._sharing(c, n.workflow, n.tag), n, now):
+            if sharing is None:
+                sharing = self._sharing(c, n.workflow, n.tag)
+            else:  # read before this commit's own change: see the run as it now is
+                sharing = [
+                    r
+                    for r in (new if r.id == run_id else r for r in sharing)
+                    if r.status.active and n.tag in r.tags
+                ]
+            for w, admitted in plan_release(sharing, n, now):
                 if admitted is not None:
-                    got = self._hand_off(c, admitted, now)
+                    got = self._hand_off(c, w, admitted, now)
                     if got is not None:
                         handed.append(got)
                         continue
@@ -421,34 +445,40 @@ class SqlStore:
                 woken.append(w.id)
         return CommitResult(new, seqs, tuple(woken), tuple(handed))
 
-    def _hand_off(self, c: Conn, admitted: Run, now: float) -> HandOff | None:
+    def _hand_off(self, c: Conn, waiter: Run, admitted: Run, now: float) -> HandOff | None:
         """Apply a planned hand-off if the waiter is still free to take (not leased, not
         cancelling, not admitted: on PostgreSQL another process's poller may have claimed it
-        since it was read), with its history; ``None`` on a miss."""
+        since it was read), with its history; ``None`` on a miss.
+
+        The conditional update and the history read share a round trip. A history this code
+        cannot read (a newer flowkit's event, a damaged row) must not fail the holder's
+        release: the hand-off is then undone (``None``: the waiter is woken instead)."""
         sql = self._sql
-        try:  # first: a history this code cannot read must not fail the holder's release
-            evs = self._events(c, admitted.id) or []
-        except Exception as exc:
-            if isinstance(exc, self._db._dbapi_error):
-                raise  # the database failed (the transaction with it), not the parsing
+        params = {
+            "id": admitted.id,
+            "tags": dumps(list(admitted.tags)),
+            "admitted": True,
+            "owner": admitted.lease_owner,
+            "until": admitted.lease_expires,
+            "now": now,
+        }
+        found, updated = c.reads(
+            [(sql.load_events, self._params(id=admitted.id)), (sql.hand_off, params)],
+            wrote=True,
+        )
+        if not updated:
+            return None
+        handed = sql.to_run(updated[0])
+        try:
+            to_event = sql.to_event
+            evs = tuple(to_event(seq, body) for seq, body in found if seq is not None)
+        except Exception:
             log.warning(
                 "not handing over %s: its history cannot be read", admitted.id, exc_info=True
             )
+            self._write_changes(c, handed, waiter)  # as it was, before the hand-off
             return None
-        row = c.returning(
-            sql.hand_off,
-            {
-                "id": admitted.id,
-                "tags": dumps(list(admitted.tags)),
-                "admitted": True,
-                "owner": admitted.lease_owner,
-                "until": admitted.lease_expires,
-                "now": now,
-            },
-        )
-        if row is None:
-            return None
-        return HandOff(sql.to_run(row), tuple(evs))
+        return HandOff(handed, evs)
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None
@@ -521,21 +551,22 @@ class SqlStore:
         def op(c: Conn, _: None) -> bool:
             # 1. serialize competing claims of this key (PostgreSQL; SQLite holds its write
             #    lock already), 2. lock our own row against a concurrent cancel, 3. read only
-            #    the active runs of this key, 4. decide with the shared helpers and persist.
+            #    the active runs of this key (2 and 3 in one round trip with 1), 4. decide with
+            #    the shared helpers and persist (the write goes out with the COMMIT).
             self._lock_key(c, workflow, tag)
-            row = self._fetch(c, run_id, lock=True)
+            row, sharing = self._locked_with_sharing(c, run_id, workflow, tag)
             if row is None:
                 raise RunNotFoundError(run_id)
             run = self._sql.to_run(row)
-            sharing = self._sharing(c, workflow, tag)
             tags = _sg.admission_tags(sharing, run_id, tag, workflow, limit)
             if tags is not None:
                 if list(run.tags) != tags:
-                    self._write_changes(c, run, dataclasses.replace(run, tags=tuple(tags)))
+                    new = dataclasses.replace(run, tags=tuple(tags))
+                    self._write_changes(c, run, new, later=True)
                 return True
             patch = _sg.denial_patch(sharing, run_id, tag, workflow, retry_wake_at)
             if patch:
-                self._write_changes(c, run, dataclasses.replace(run, **patch))
+                self._write_changes(c, run, dataclasses.replace(run, **patch), later=True)
             return False
 
         return await self._db.write(Op(op, None, run_id, solo=True))
