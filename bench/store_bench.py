@@ -32,6 +32,7 @@ import cProfile
 import inspect
 import itertools
 import math
+import os
 import pstats
 import sqlite3
 import statistics
@@ -66,6 +67,13 @@ WRITE_CALLS = ("create_run", "claim", "commit", "try_admit_singleton", "renew_le
 # -- backends ----------------------------------------------------------------------------
 
 
+# The benchmarks' PostgreSQL keeps its default durability (``fsync``, ``synchronous_commit``
+# and ``full_page_writes`` on): a commit waits for its WAL flush, the "durable write" the raw
+# baseline stands for. ``FLOWKIT_BENCH_PG_FSYNC=off`` runs the tests' non-durable server
+# instead, where a commit costs round trips and CPU only.
+PG_DURABLE = os.environ.get("FLOWKIT_BENCH_PG_FSYNC", "on").lower() not in ("off", "0", "no")
+
+
 @contextlib.contextmanager
 def postgres_server() -> Iterator[str | None]:
     """A throwaway PostgreSQL (``tests/pg.py``): its server URL, or ``None`` with a note."""
@@ -75,7 +83,7 @@ def postgres_server() -> Iterator[str | None]:
         print(f"note: PostgreSQL skipped (cannot import tests.pg: {exc})")
         yield None
         return
-    server = start_postgres()
+    server = start_postgres(durable=PG_DURABLE)
     try:
         url = server.__enter__()
     except (PostgresUnavailable, RuntimeError) as exc:
@@ -210,7 +218,11 @@ def server_info(store: SqlStore) -> str:
         ver = conn.exec_driver_sql("SHOW server_version").scalar()
         fsync = conn.exec_driver_sql("SHOW fsync").scalar()
         sc = conn.exec_driver_sql("SHOW synchronous_commit").scalar()
-        return f"PostgreSQL {ver}, fsync={fsync}, synchronous_commit={sc} (tests/pg.py)"
+        fpw = conn.exec_driver_sql("SHOW full_page_writes").scalar()
+        return (
+            f"PostgreSQL {ver}, fsync={fsync}, synchronous_commit={sc},"
+            f" full_page_writes={fpw} (tests/pg.py)"
+        )
 
 
 # -- 2. durable step throughput ----------------------------------------------------------
