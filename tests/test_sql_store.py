@@ -999,6 +999,9 @@ async def test_a_failed_commit_fails_every_call_of_the_batch(
         real(self)
 
     monkeypatch.setattr(_engine.Conn, "commit", failing_commit)
+    # the general batch path (a batch of single statements goes out in one pipeline on
+    # PostgreSQL: see the next test)
+    monkeypatch.setattr(_engine.Database, "_single_batch", lambda self, c, ops: None)
     got = await asyncio.gather(
         s.commit("a", None, T0 + 1, Update(events=[fired(T0 + 1)])),
         s.claim("b", "w", T0 + 1, T0 + 31),
@@ -1011,6 +1014,57 @@ async def test_a_failed_commit_fails_every_call_of_the_batch(
     assert b is not None and b.lease_owner is None
     # the connection is still good
     assert (await s.claim("b", "w", T0 + 2, T0 + 32)) is not None
+
+
+@pytest.mark.postgres
+async def test_a_batch_of_single_statements_is_one_round_trip_and_a_failed_one_runs_again(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: concurrent single-statement calls (step records, claims) go out as BEGIN,
+    their statements and COMMIT in one pipeline. When that transaction fails on the server
+    (here a statement error injected into the pipeline: PostgreSQL then rolls it back),
+    nothing of it was applied, and the calls run again the general way: each is applied
+    exactly once."""
+    import psycopg
+
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    s = SqlStore(url, group_commit=True)
+    try:
+        for rid in ("a", "b", "c"):
+            await put(s, mk(rid))
+        before = _stats(s)
+        got = await asyncio.gather(
+            s.claim("a", "w", T0 + 1, T0 + 31),
+            s.claim("b", "w", T0 + 1, T0 + 31),
+            s.claim("c", "w", T0 + 1, T0 + 31),
+        )
+        assert all(r is not None and r.lease_owner == "w" for r in got)
+        after = _stats(s)
+        assert after["single_batches"] - before["single_batches"] == 1
+        assert after["write_tx"] - before["write_tx"] == 1
+
+        real = psycopg.Cursor.execute
+        broke: list[str] = []
+
+        def failing(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            # the first statement of the first pipelined batch fails on the server
+            if self.connection._pipeline is not None and not broke and "flowkit_runs" in query:
+                broke.append(query)
+                return real(self, "SELECT 1/0", None)
+            return real(self, query, params, **kw)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", failing)
+        res = await asyncio.gather(
+            s.commit("a", "w", T0 + 2, Update(events=[fired(T0 + 2)])),
+            s.commit("b", "w", T0 + 2, Update(events=[fired(T0 + 2)])),
+        )
+        monkeypatch.undo()
+        assert broke, "the injected failure did not fire"
+        assert [r.seqs for r in res] == [(2,), (2,)]
+        for rid in ("a", "b"):
+            assert [e.seq for e in await s.load_events(rid)] == [1, 2]  # once, not twice
+    finally:
+        s.close()
 
 
 async def test_a_cancelled_caller_in_the_queue_writes_nothing(gc_backend: Backend) -> None:

@@ -795,6 +795,12 @@ class Database:
         return [o if o is not None else (AssertionError("lost outcome"), None) for o in out]
 
     def _shared(self, ops: list[Op[Any]]) -> list[Outcome] | None:
+        if self._pg and len(ops) >= 2 and all(op.single is not None for op in ops):
+            c = self._connection()
+            if c.can_pipeline and not c.broken():
+                done = self._single_batch(c, ops)
+                if done is not None:
+                    return done
         for attempt in (0, 1):
             c = self._connection()
             res: list[Outcome] = []
@@ -845,10 +851,67 @@ class Database:
                 return [(err, None)] * len(ops)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _pipelined(self, c: Conn, ops: list[Op[Any]]) -> list[tuple[Any, bool]]:
+    def _single_batch(self, c: Conn, ops: list[Op[Any]]) -> list[Outcome] | None:
+        """PostgreSQL, a batch of single-statement calls (``Op.single``): ``BEGIN``, every
+        call's statement and ``COMMIT`` in one pipeline, one round trip for the whole batch.
+        A call whose result ``single`` rejects changed nothing: it runs again in a
+        transaction of its own. ``None`` when the pipeline failed and nothing was committed:
+        the caller runs the batch the general way, which sorts out whose error it was."""
+        c.begin()
+        try:
+            firsts = self._pipelined(c, ops, commit=True)
+        except Exception as exc:
+            c.rollback()
+            if not isinstance(exc, self._dbapi_error):
+                raise
+            if not c.broken():
+                return None  # the server rolled the failed transaction back: nothing applied
+            if self._terminated(c, exc):
+                return None  # the session ended before the pipeline was read
+            # the connection broke with the COMMIT on its way: it may have been applied, so
+            # running the calls again could apply them twice; each fails like a failed COMMIT
+            self._drop(c)
+            err = self._wrap(c, exc)
+            return [(err, None)] * len(ops)
+        c.dbapi.autocommit = True
+        out: list[Outcome] = []
+        again: list[int] = []
+        c.wakes.clear()
+        c.committed = True
+        try:
+            for k, op in enumerate(ops):
+                got = firsts[k][0]
+                assert op.single is not None
+                if not op.single(got):
+                    again.append(k)
+                    out.append((None, None))
+                    continue
+                try:
+                    out.append((None, op.rest(c, got)))
+                except Exception as exc:  # (a rest that raises after its statement committed)
+                    out.append((exc, None))
+        finally:
+            c.committed = False
+        self.stats["ops"] += len(ops) - len(again)
+        self.stats["single_batches"] += 1
+        if c.wakes:
+            try:
+                c.notify_now()
+            except Exception:  # a hint: the timer poll still finds the work
+                log.warning("sending a wake-up failed", exc_info=True)
+                if c.broken():
+                    self._drop(c)
+        for k in again:
+            out[k] = self._solo(ops[k])
+        return out
+
+    def _pipelined(
+        self, c: Conn, ops: list[Op[Any]], *, commit: bool = False
+    ) -> list[tuple[Any, bool]]:
         """PostgreSQL: send the first statement of every call in one pipeline, together with
-        the transaction's ``BEGIN`` (the server runs them in order), and collect ``(result,
-        wrote)`` per call. After a database error the rest of the pipeline did not run."""
+        the transaction's ``BEGIN`` (the server runs them in order; with ``commit`` also its
+        ``COMMIT``), and collect ``(result, wrote)`` per call. After a database error the
+        rest of the pipeline did not run."""
         dbapi = c.dbapi
         curs: list[Any] = []
         try:
@@ -862,7 +925,11 @@ class Database:
                     cur = dbapi.cursor()
                     cur.execute(f[0], f[1])
                     curs.append(cur)
-                pipe.sync()
+                if commit:
+                    c.sql = "COMMIT"
+                    dbapi.commit()
+                else:
+                    pipe.sync()
                 out: list[tuple[Any, bool]] = []
                 for op, cur in zip(ops, curs, strict=True):
                     if cur is None:
