@@ -7,11 +7,12 @@ import random
 import uuid
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
 from . import _serde
+from . import _singleton as gate
 from ._bus import Bus
 from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
@@ -21,6 +22,7 @@ from ._history import (
     RunCancelled,
     RunRetried,
     RunStarted,
+    SingletonGated,
     SingletonReleased,
 )
 from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
@@ -36,7 +38,15 @@ from .errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
-from .stores.base import ConflictError, Notify, QueueCap, Store, Update
+from .stores.base import (
+    Admission,
+    AdmitsOnCreate,
+    ConflictError,
+    Notify,
+    QueueCap,
+    Store,
+    Update,
+)
 
 
 class Engine:
@@ -211,10 +221,30 @@ class Engine:
         first = RunStarted(
             seq=1, at=now, workflow=defn.name, version=defn.version, input=input_json, tags=clean
         )
-        stored, created = await self.store.create_run(run, [first], queue_cap=cap)
+        admission: Admission | None = None
+        if sg is not None and claim and getattr(self.store, "admits_on_create", False):
+            # Admission at creation: the store decides the gate in the insert's transaction,
+            # so a queued start costs one transaction instead of three (create, admit, park)
+            # and no activation. The worker's own gate check stays the fallback (no capacity,
+            # a store without the capability, and every re-check of a parked run).
+            assert key is not None
+            retry_at = gate.retry_wake_at(now, self.rng)
+            gated = SingletonGated(key=key, retry_at=retry_at, at=now)
+            admission = Admission(defn.name, clean[0], sg.limit, retry_at, (gated,))
+            stored, created = await cast(AdmitsOnCreate, self.store).create_run(
+                run, [first], queue_cap=cap, admission=admission
+            )
+        else:
+            stored, created = await self.store.create_run(run, [first], queue_cap=cap)
         if created:
-            if claim and self._worker is not None:
-                self._worker.run_claimed(stored, [first])
+            worker = self._worker
+            if admission is not None and stored.lease_owner is None:
+                # gated: parked behind the key's holders, unleased. A release hands it over
+                # or wakes it; else its re-check, which the poller must not sleep past
+                if worker is not None and stored.wake_at is not None:
+                    worker.wake_by(stored.wake_at)
+            elif claim and worker is not None:
+                worker.run_claimed(stored, [first])
             else:
                 self._wake(run_id)
         return stored

@@ -2,11 +2,21 @@
 
 from ._clock import DEFAULT_START, VirtualClock
 from ._env import TestEnv
-from ._faults import CRASH_POINTS, FaultPlan, InjectedFault, InstanceCrashed, Rule
+from ._faults import (
+    CRASH_POINTS,
+    CRASH_SITES,
+    CrashSite,
+    FaultPlan,
+    InjectedFault,
+    InstanceCrashed,
+    Rule,
+)
 
 __all__ = [
     "CRASH_POINTS",
+    "CRASH_SITES",
     "DEFAULT_START",
+    "CrashSite",
     "FaultPlan",
     "InjectedFault",
     "InstanceCrashed",

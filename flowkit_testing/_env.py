@@ -14,7 +14,7 @@ from flowkit._bus import Bus
 from flowkit.stores import MemoryStore
 
 from ._clock import DEFAULT_START, VirtualClock
-from ._faults import CRASH_POINTS, FaultPlan, InstanceStore, Rule
+from ._faults import CRASH_SITES, CrashSite, FaultPlan, InstanceStore, Rule
 
 
 class TestEnv:
@@ -127,17 +127,33 @@ class TestEnv:
         task.add_done_callback(self._pending.discard)
 
     def crash_at(self, i: int, point: str, *, match: Any = None, times: int | None = 1) -> Rule:
-        """Crash instance ``i`` at a named point (see ``CRASH_POINTS``): e.g.
+        """Crash instance ``i`` at a named point (see ``CRASH_SITES``): e.g.
         ``"before_step_record"`` (a step's result computed, not recorded) or
-        ``"after_step_record"``. ``match(args, kwargs)`` narrows it further."""
-        if point not in CRASH_POINTS:
-            raise ValueError(f"unknown crash point {point!r}; one of {sorted(CRASH_POINTS)}")
-        op, phase, base = CRASH_POINTS[point]
+        ``"after_step_record"``. ``match(args, kwargs)`` narrows it further; it sees the
+        arguments of whichever store call the point fires at (``"after_admission"``:
+        ``try_admit_singleton(run_id, ...)`` or ``create_run(run, events, admission=...)``)."""
+        if point not in CRASH_SITES:
+            raise ValueError(f"unknown crash point {point!r}; one of {sorted(CRASH_SITES)}")
 
-        def both(args: Any, kwargs: Any) -> bool:
-            return base(args, kwargs) and (match is None or bool(match(args, kwargs)))
+        def narrowed(site: CrashSite) -> CrashSite:
+            base = site.match
 
-        rule = Rule(op, "crash", phase, instance=i, times=times, match=both)
+            def both(args: Any, kwargs: Any) -> bool:
+                return base(args, kwargs) and (match is None or bool(match(args, kwargs)))
+
+            return CrashSite(site.op, site.phase, both, site.result)
+
+        first, *more = (narrowed(s) for s in CRASH_SITES[point])
+        assert first.result is None  # a point's first site is a plain (op, phase, match)
+        rule = Rule(
+            first.op,
+            "crash",
+            first.phase,
+            instance=i,
+            times=times,
+            match=first.match,
+            also=tuple(more),
+        )
         self.rules.append(rule)
         return rule
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from flowkit._history import StepCompleted
+from flowkit._run import Run
 from flowkit.stores.base import Update
 
 Phase = Literal["before", "after"]
@@ -59,7 +60,10 @@ class InstanceCrashed(BaseException):
 
 
 def _run_of(args: tuple[Any, ...]) -> str | None:
-    """The run id a store call is about (its first argument), when it has one."""
+    """The run id a store call is about (its first argument, or the run ``create_run``
+    creates), when it has one."""
+    if args and isinstance(args[0], Run):
+        return args[0].id
     return args[0] if args and isinstance(args[0], str) else None
 
 
@@ -68,51 +72,105 @@ def _records_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return isinstance(update, Update) and any(isinstance(e, StepCompleted) for e in update.events)
 
 
-#: Named crash points: (store operation, phase, matcher of the call's arguments).
-CRASH_POINTS: dict[str, tuple[str, Phase, Callable[[tuple[Any, ...], dict[str, Any]], bool]]] = {
+Matcher = Callable[[tuple[Any, ...], dict[str, Any]], bool]
+"""Decides from a store call's ``(args, kwargs)`` whether a rule or crash site applies."""
+
+
+def _always(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return True
+
+
+def _admits_on_create(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return kwargs.get("admission") is not None
+
+
+def _created_admitted(result: Any) -> bool:
+    """``create_run``'s result: the run was created, and admitted by its own transaction."""
+    return bool(result[1]) and isinstance(result[0], Run) and result[0].admitted
+
+
+@dataclass(frozen=True)
+class CrashSite:
+    """One place a named crash point fires: store operation ``op``, ``phase`` of the call,
+    ``match`` of its arguments and, for an ``"after"`` site, ``result`` of what it returned
+    (``None``: any)."""
+
+    op: str
+    phase: Phase
+    match: Matcher = _always
+    result: Callable[[Any], bool] | None = None
+
+    def hit(self, op: str, phase: Phase, args: Any, kwargs: Any, result: Any) -> bool:
+        if op != self.op or phase != self.phase or not self.match(args, kwargs):
+            return False
+        return self.result is None or (phase == "after" and self.result(result))
+
+
+#: Named crash points, each with every site where it fires (the first without ``result``).
+CRASH_SITES: dict[str, tuple[CrashSite, ...]] = {
     # a step's result is computed but not yet recorded: on recovery the step runs again
-    "before_step_record": ("commit", "before", _records_step),
+    "before_step_record": (CrashSite("commit", "before", _records_step),),
     # the step is recorded, the next one has not started: on recovery it is not re-run
-    "after_step_record": ("commit", "after", _records_step),
+    "after_step_record": (CrashSite("commit", "after", _records_step),),
     # the run was claimed (lease taken) and nothing else happened
-    "after_claim": ("claim", "after", lambda a, k: True),
-    # the singleton claim committed, its admission event not yet recorded
-    "after_admission": ("try_admit_singleton", "after", lambda a, k: True),
+    "after_claim": (CrashSite("claim", "after"),),
+    # the singleton slot is claimed and stored, its admission event not yet recorded: by the
+    # worker's gate check, or by the start's own create_run (admission at creation)
+    "after_admission": (
+        CrashSite("try_admit_singleton", "after"),
+        CrashSite("create_run", "after", _admits_on_create, _created_admitted),
+    ),
+}
+
+#: Named crash points as (store operation, phase, matcher of the call's arguments): the first
+#: site of each (``CRASH_SITES`` lists them all; ``crash_at`` and ``FaultPlan`` use every one).
+CRASH_POINTS: dict[str, tuple[str, Phase, Matcher]] = {
+    name: (sites[0].op, sites[0].phase, sites[0].match) for name, sites in CRASH_SITES.items()
 }
 
 
 @dataclass
 class Rule:
     """Fire ``action`` on ``op`` (``phase`` of the call) for instance ``instance`` (any when
-    ``None``), when ``match(args, kwargs)`` holds, ``times`` times (``None``: always)."""
+    ``None``), when ``match(args, kwargs)`` holds, ``times`` times (``None``: always).
+
+    ``also`` lists further sites the same rule fires at (a named crash point with several:
+    ``CRASH_SITES``); ``times`` counts the firings at all of them."""
 
     op: str
     action: Literal["fault", "crash"] = "fault"
     phase: Phase = "before"
     instance: int | None = None
     times: int | None = 1
-    match: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None
+    match: Matcher | None = None
+    also: tuple[CrashSite, ...] = ()
     fired: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        if self.op not in STORE_OPS:
-            raise ValueError(f"unknown store operation {self.op!r}; one of {STORE_OPS}")
+        for op in (self.op, *(site.op for site in self.also)):
+            if op not in STORE_OPS:
+                raise ValueError(f"unknown store operation {op!r}; one of {STORE_OPS}")
 
-    def applies(self, instance: int, op: str, phase: Phase, args: Any, kwargs: Any) -> bool:
-        if op != self.op or phase != self.phase:
-            return False
+    def applies(
+        self, instance: int, op: str, phase: Phase, args: Any, kwargs: Any, result: Any = None
+    ) -> bool:
+        """Whether the rule fires at this call (``result``: what an ``"after"`` call
+        returned)."""
         if self.instance is not None and self.instance != instance:
             return False
         if self.times is not None and self.fired >= self.times:
             return False
-        return self.match is None or bool(self.match(args, kwargs))
+        own = op == self.op and phase == self.phase
+        if own and (self.match is None or self.match(args, kwargs)):
+            return True
+        return any(site.hit(op, phase, args, kwargs, result) for site in self.also)
 
 
 @dataclass
 class FaultPlan:
     """Seeded random faults: each write operation fails with probability ``rate``, before or
     after the write (chosen by the seed too); with ``crash_rate`` an instance also dies at a
-    named crash point (see ``CRASH_POINTS``) with that probability each time it passes one."""
+    named crash point (see ``CRASH_SITES``) with that probability each time it passes one."""
 
     rate: float = 0.0
     ops: tuple[str, ...] = WRITE_OPS
@@ -154,13 +212,20 @@ class InstanceStore:
         self.calls += 1
         self._apply(op, "before", args, kwargs)
         result = await fn(*args, **kwargs)
-        self._apply(op, "after", args, kwargs)
+        self._apply(op, "after", args, kwargs, result)
         return result
 
-    def _apply(self, op: str, phase: Phase, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _apply(
+        self,
+        op: str,
+        phase: Phase,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        result: Any = None,
+    ) -> None:
         env = self._env
         for rule in env.rules:
-            if rule.applies(self.index, op, phase, args, kwargs):
+            if rule.applies(self.index, op, phase, args, kwargs, result):
                 rule.fired += 1
                 env.fired.append((self.index, op, phase, rule.action, _run_of(args)))
                 if rule.action == "crash":
@@ -174,8 +239,7 @@ class InstanceStore:
         rng: random.Random = env.rng
         if plan.crash_rate > 0:
             for point in plan.crash_points:
-                p_op, p_phase, p_match = CRASH_POINTS[point]
-                hit = p_op == op and p_phase == phase and p_match(args, kwargs)
+                hit = any(s.hit(op, phase, args, kwargs, result) for s in CRASH_SITES[point])
                 if hit and rng.random() < plan.crash_rate:  # the seed draws only at a point
                     env.fired.append((self.index, op, phase, "crash", _run_of(args)))
                     self.crashed = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
@@ -108,19 +108,39 @@ async def events_of(env: TestEnv, run_id: str, type_: str) -> list[Event]:
     return [e for e in await history(env, run_id) if e.type == type_]
 
 
-def spy_admissions(env: TestEnv) -> list[tuple[str, bool, dict[str, Run]]]:
-    """Record every ``try_admit_singleton`` call: (run id, result, runs as they were before)."""
-    calls: list[tuple[str, bool, dict[str, Run]]] = []
+class AdmissionCall(NamedTuple):
+    """One admission decision of the store: ``op`` is ``"create_run"`` (admission at creation,
+    ``Admission``) or ``"try_admit_singleton"`` (the worker's gate check)."""
+
+    op: str
+    run_id: str
+    ok: bool
+    before: dict[str, Run]  # the runs as they were before the call
+
+
+def spy_admissions(env: TestEnv) -> list[AdmissionCall]:
+    """Record every admission the store decides: each ``try_admit_singleton`` call and each
+    ``create_run`` with an ``admission`` that created its run."""
+    calls: list[AdmissionCall] = []
     store = env.store
     real = store.try_admit_singleton
+    real_create = store.create_run
 
     async def spy(run_id: str, *args: Any, **kwargs: Any) -> bool:
         before = {r.id: r for r in await store.list_runs()}
         ok = await real(run_id, *args, **kwargs)
-        calls.append((run_id, ok, before))
+        calls.append(AdmissionCall("try_admit_singleton", run_id, ok, before))
         return bool(ok)
 
+    async def spy_create(run: Run, events: Any, **kwargs: Any) -> tuple[Run, bool]:
+        before = {r.id: r for r in await store.list_runs()}
+        stored, created = await real_create(run, events, **kwargs)
+        if created and kwargs.get("admission") is not None:
+            calls.append(AdmissionCall("create_run", run.id, stored.admitted, before))
+        return stored, created
+
     store.try_admit_singleton = spy
+    store.create_run = spy_create
     return calls
 
 

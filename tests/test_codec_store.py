@@ -22,12 +22,13 @@ from flowkit._history import (
     RunFailed,
     RunStarted,
     SignalReceived,
+    SingletonGated,
     StepCompleted,
     StepFailed,
 )
 from flowkit.errors import FlowkitError, WorkflowFailedError
 from flowkit.stores import MemoryStore
-from flowkit.stores.base import Store, Update
+from flowkit.stores.base import Admission, Store, Update
 from flowkit.stores.codec import STRING_PREFIX, AESGCMCodec, Codec, CodecError, CodecStore
 from flowkit.stores.sql import SqlStore
 from flowkit_testing import DEFAULT_START, TestEnv, VirtualClock
@@ -570,6 +571,64 @@ async def test_singleton_admits_and_gates_through_codec_store(tmp_path: Path) ->
         assert raw.output["$codec"] == "aesgcm"
     finally:
         store.close()
+
+
+class NoCreateAdmissionStore(MemoryStore):
+    admits_on_create = False
+
+
+async def test_admission_at_creation_goes_through_only_when_inner_admits_on_create() -> None:
+    inner = MemoryStore()
+    store = CodecStore(inner, codec())
+    assert store.admits_on_create is True
+    tag = "singleton:A"
+
+    def lane_run(run_id: str, t: float) -> Run:
+        return replace(
+            _run(run_id, singleton_key="A", lease_owner="w", lease_expires=t + 30),
+            tags=(tag,),
+            created_at=t,
+            updated_at=t,
+            status=RunStatus.RUNNING,
+        )
+
+    def started(run: Run) -> RunStarted:
+        return RunStarted(at=run.created_at, workflow="wf", version="1", input=run.input)
+
+    # a gated record carrying a payload is encoded like any other event
+    gated = (
+        SingletonGated(key="A", retry_at=T0 + 2, at=T0 + 1),
+        SignalReceived(pos="0", name="note", payload={"s": SECRET}, at=T0 + 1),
+    )
+    h, created = await store.create_run(
+        lane_run("h", T0), [started(lane_run("h", T0))], admission=Admission("wf", tag, 1, T0 + 1)
+    )
+    assert created and h.admitted and h.input == {"s": SECRET}
+    w_run = lane_run("w", T0 + 1)
+    w, created = await store.create_run(
+        w_run, [started(w_run)], admission=Admission("wf", tag, 1, T0 + 2, gated)
+    )
+    assert created and not w.admitted
+    assert (w.status, w.wake_at, w.lease_owner, w.input) == (
+        RunStatus.SUSPENDED,
+        T0 + 2,
+        None,
+        {"s": SECRET},
+    )
+    events = await store.load_events("w")
+    assert [e.type for e in events] == ["run_started", "singleton_gated", "signal_received"]
+    assert events[2].payload == {"s": SECRET}  # type: ignore[union-attr]
+    raw = await inner.load_events("w")
+    assert raw[2].payload["$codec"] == "aesgcm"  # type: ignore[union-attr]
+    assert SECRET not in repr(inner._d)
+
+    # over a store without the capability: no flag, and an Admission is refused unsent
+    plain = CodecStore(NoCreateAdmissionStore(), codec())
+    assert plain.admits_on_create is False
+    with pytest.raises(TypeError, match="admits_on_create"):
+        await plain.create_run(w_run, [], admission=Admission("wf", tag, 1, T0 + 2))
+    assert await plain.get_run("w") is None
+    assert (await plain.create_run(w_run, []))[1]  # a plain create still works
 
 
 class NoneAdmitStore(MemoryStore):

@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from flowkit import ADMITTED_TAG
 from flowkit import singleton as sg
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
 from flowkit.stores.base import Store, Update
+from flowkit.stores.memory import admit_new
 from flowkit_testing.conformance import CHECKS, ConformanceError, run_all
 
 try:
@@ -100,11 +102,22 @@ def test_registry_covers_every_check_function() -> None:
         "competing_claims",
         "competing_commits",
         "competing_admissions",
+        "competing_create_admissions",
     }
     # plain checks first, then those needing optional methods, then the competing ones
     order = [(c.kind == "pair", bool(c.requires)) for c in CHECKS.values()]
     assert order == sorted(order)
     assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {"namespace_scoping"}
+    on_create = {n for n, c in CHECKS.items() if "admits_on_create" in c.requires}
+    assert on_create == {
+        "create_admits_on_a_free_key",
+        "create_gates_behind_holders",
+        "create_admission_is_fifo_behind_waiters",
+        "create_admission_of_an_existing_id_writes_nothing",
+        "create_admission_respects_the_queue_cap",
+        "competing_create_admissions",
+    }
+    assert all(CHECKS[n].singleton for n in on_create)  # parked runs re-check with it
 
 
 async def test_run_all_returns_every_check_name() -> None:
@@ -135,6 +148,26 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
     with pytest.raises(ConformanceError, match="admission_respects_limit"):
         await run_all(NoSingletonStore, singleton=True, checks=["admission_respects_limit"])
     assert "admission_respects_limit" not in await run_all(MemoryStore, singleton=False)
+
+
+class NoAdmissionOnCreateStore(MemoryStore):
+    """A store with singleton admission but without admission at creation."""
+
+    admits_on_create = False
+
+
+async def test_run_all_skips_the_admission_at_creation_checks_without_the_capability() -> None:
+    ran = await run_all(NoAdmissionOnCreateStore)
+    on_create = [n for n, c in CHECKS.items() if "admits_on_create" in c.requires]
+    assert ran == [n for n in CHECKS if n not in on_create]
+    assert "admission_respects_limit" in ran
+    # a CodecStore over it does not claim the capability either; over a MemoryStore it does
+    wrapped = CodecStore(NoAdmissionOnCreateStore(), AESGCMCodec([("k1", KEY)]))
+    assert not wrapped.admits_on_create
+    assert CodecStore(MemoryStore(), AESGCMCodec([("k1", KEY)])).admits_on_create
+    assert await run_all(lambda: wrapped, checks=on_create) == []
+    # insisting on the singleton checks does not insist on a capability the store lacks
+    assert await run_all(NoAdmissionOnCreateStore, singleton=True, checks=on_create) == []
 
 
 def test_the_kit_does_not_import_pytest() -> None:
@@ -205,6 +238,43 @@ class ForgetsStickyCancel(MemoryStore):
         return res
 
 
+class AdmitsOnCreateIgnoringWaiters(MemoryStore):
+    """Admits a new run whenever a slot is free, ignoring older waiters of the key."""
+
+    async def create_run(self, run: Any, events: Any, **kw: Any) -> Any:
+        adm = kw.get("admission")
+        if adm is not None and run.id not in self._d.runs:
+            held = len(sg.holders(self._sharing(adm.workflow, adm.tag), adm.tag, adm.workflow))
+            if held < adm.limit:
+                run = dataclasses.replace(run, tags=(*run.tags, ADMITTED_TAG))
+                kw["admission"] = None
+        return await super().create_run(run, events, **kw)
+
+
+class RacyCreateAdmission(MemoryStore):
+    """Decides the admission at creation, yields to the loop, then inserts: not serialized
+    per key."""
+
+    async def create_run(self, run: Any, events: Any, **kw: Any) -> Any:
+        adm = kw.pop("admission", None)
+        if adm is None or run.id in self._d.runs:
+            return await super().create_run(run, events, **kw)
+        decided, evs = admit_new(run, events, adm, self._sharing(adm.workflow, adm.tag))
+        await asyncio.sleep(0)
+        return await super().create_run(decided, evs, **kw)
+
+
+class GatesAnExistingRun(MemoryStore):
+    """Appends the gated events to an existing run on a repeated create."""
+
+    async def create_run(self, run: Any, events: Any, **kw: Any) -> Any:
+        adm = kw.get("admission")
+        existing = self._d.runs.get(run.id)
+        if adm is not None and existing is not None and not existing.admitted:
+            self._append(run.id, adm.gated)
+        return await super().create_run(run, events, **kw)
+
+
 def _pair_of(cls: type[MemoryStore]) -> Any:
     def pair() -> tuple[Store, Store]:
         m = cls()
@@ -229,6 +299,24 @@ BROKEN = [
     pytest.param(RacyAdmission, {"competing_admissions"}, "admissions racing", id="racy-admission"),
     pytest.param(
         ForgetsStickyCancel, {"cancelling_is_sticky"}, "cancelling", id="forgets-sticky-cancel"
+    ),
+    pytest.param(
+        AdmitsOnCreateIgnoringWaiters,
+        {"create_admission_is_fifo_behind_waiters", "create_admission_respects_the_queue_cap"},
+        "behind the older waiter",
+        id="admits-on-create-ignoring-waiters",
+    ),
+    pytest.param(
+        RacyCreateAdmission,
+        {"competing_create_admissions"},
+        "competing creates",
+        id="racy-create-admission",
+    ),
+    pytest.param(
+        GatesAnExistingRun,
+        {"create_admission_of_an_existing_id_writes_nothing"},
+        "must write nothing",
+        id="gates-an-existing-run",
     ),
 ]
 

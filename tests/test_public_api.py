@@ -63,3 +63,20 @@ def test_status_values_and_helpers() -> None:
     assert callable(flowkit.singleton.denial_patch)
     assert callable(MemoryStore().try_admit_singleton)
     assert {"TestEnv", "VirtualClock"} <= set(flowkit_testing.__all__)
+
+
+def test_store_capabilities_and_crash_points_are_exported() -> None:
+    import flowkit.stores
+
+    assert {"Admission", "AdmitsOnCreate", "QueueCap", "Store"} <= set(flowkit.stores.__all__)
+    assert MemoryStore.admits_on_create is True
+    assert flowkit.stores.SqlStore.admits_on_create is True
+    assert {"CRASH_POINTS", "CRASH_SITES", "CrashSite"} <= set(flowkit_testing.__all__)
+    # the (op, phase, matcher) form of the named points is kept; "after_admission" also
+    # fires where admission now usually happens: in the start's create_run
+    assert flowkit_testing.CRASH_POINTS["after_admission"][:2] == ("try_admit_singleton", "after")
+    sites = flowkit_testing.CRASH_SITES["after_admission"]
+    assert [(s.op, s.phase) for s in sites] == [
+        ("try_admit_singleton", "after"),
+        ("create_run", "after"),
+    ]

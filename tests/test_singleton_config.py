@@ -161,7 +161,10 @@ async def test_store_without_admission_rejects_singleton_start(store_cls: type) 
 
 
 class FlakyAdmitStore(MemoryStore):
-    """A store whose admission transaction fails ``failures`` times, then works."""
+    """A store whose admission transaction fails ``failures`` times, then works. It does not
+    admit at creation, so every admission is the worker's gate check."""
+
+    admits_on_create = False
 
     def __init__(self, failures: int = 1) -> None:
         super().__init__()
@@ -201,6 +204,46 @@ async def test_failing_admission_never_runs_body_and_recovery_claims_again() -> 
         assert lane.body["r1"] == 1
         t = await types(env, "r1")
         assert t.count("singleton_admitted") == 1
+        assert t[-2:] == ["singleton_released", "run_completed"]
+
+
+class FlakyCreateAdmitStore(MemoryStore):
+    """A store whose admission at creation fails ``failures`` times (the transaction is
+    rolled back: nothing written), then works."""
+
+    def __init__(self, failures: int = 1) -> None:
+        super().__init__()
+        self.failures = failures
+        self.admit_calls = 0
+
+    async def create_run(self, run: Any, events: Any, **kw: Any) -> tuple[Any, bool]:
+        if kw.get("admission") is not None and self.failures:
+            self.failures -= 1
+            raise RuntimeError("admission transaction failed: database is locked")
+        return await super().create_run(run, events, **kw)
+
+    async def try_admit_singleton(self, *args: Any, **kw: Any) -> bool:
+        self.admit_calls += 1
+        return await super().try_admit_singleton(*args, **kw)
+
+
+async def test_failing_admission_at_creation_writes_nothing_and_a_new_start_runs() -> None:
+    lane = make_lane()
+    store = FlakyCreateAdmitStore(failures=1)
+    async with TestEnv([lane], store=store) as env:
+        with pytest.raises(RuntimeError, match="admission transaction failed"):
+            await env.start("lane", inp("A"), "r1")
+        assert await store.list_runs() == []
+        assert lane.body["r1"] == 0
+        await env.run_until_idle()
+        assert await store.get_run("r1") is None  # nothing left behind to recover
+
+        await env.start("lane", inp("A"), "r1")  # the caller's retry
+        assert (await env.get_run("r1")).status is RunStatus.COMPLETED
+        assert lane.body["r1"] == 1
+        assert store.admit_calls == 0  # admitted by its create_run
+        t = await types(env, "r1")
+        assert t == ["run_started", "singleton_admitted", *t[2:]]
         assert t[-2:] == ["singleton_released", "run_completed"]
 
 

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from flowkit import Engine, History, Run, RunStatus
 from flowkit._history import Event, RunCompleted, RunStarted, SingletonGated, TimerFired
 from flowkit.stores import MemoryStore
-from flowkit.stores.base import Notify, Update
+from flowkit.stores.base import Admission, Notify, Update
 from flowkit.stores.codec import CodecStore
 from flowkit.stores.sql import SqlStore, _wakeup
 from flowkit_testing import TestEnv
@@ -179,6 +179,34 @@ async def test_which_writes_emit_a_wake_up(stores: Callable[..., SqlStore]) -> N
     await asyncio.gather(*(put(s, r) for r in runs))
     assert stats["write_tx"] - before["write_tx"] == 1
     assert stats["wakeups"] - before["wakeups"] == 1
+
+
+async def test_a_create_that_admits_emits_by_what_it_stored(
+    stores: Callable[..., SqlStore],
+) -> None:
+    """Admission at creation applies the creation rule to the run as stored: one claimed by its
+    creator (admitted) or parked until its re-check (gated) wakes nobody; an admitted run
+    nobody holds (pending) is claimable now and wakes the workers."""
+    s = stores()
+    stats = s._db.stats
+
+    async def emitted(run: Run, retry: float) -> tuple[Run, int]:
+        before = stats["wakeups"]
+        key = run.singleton_key
+        assert key is not None
+        gated = (SingletonGated(key=key, retry_at=retry, at=run.created_at),)
+        adm = Admission("wf", f"singleton:{key}", 1, retry, gated)
+        stored, created = await s.create_run(run, first_events(run), admission=adm)
+        assert created
+        return stored, int(stats["wakeups"] - before)
+
+    leased = dict(status=S.RUNNING, lease_owner="x", lease_expires=T0 + 30)
+    h, n = await emitted(mk("h", key="k", **leased), T0 + 1)
+    assert h.admitted and n == 0
+    w, n = await emitted(mk("w", key="k", t=T0 + 1, **leased), T0 + 2)
+    assert (w.admitted, w.status, w.lease_owner) == (False, S.SUSPENDED, None) and n == 0
+    p, n = await emitted(mk("p", key="other"), T0 + 1)
+    assert (p.admitted, p.status) == (True, S.PENDING) and n == 1
 
 
 @pytest.mark.parametrize("owner", ["x", None], ids=["hands-over", "only-wakes"])

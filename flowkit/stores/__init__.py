@@ -1,12 +1,25 @@
 """Bundled stores and the store protocol."""
 
-from .base import CommitResult, ConflictError, HandOff, InboxSignal, Notify, QueueCap, Store, Update
+from .base import (
+    Admission,
+    AdmitsOnCreate,
+    CommitResult,
+    ConflictError,
+    HandOff,
+    InboxSignal,
+    Notify,
+    QueueCap,
+    Store,
+    Update,
+)
 from .codec import AESGCMCodec, Codec, CodecError, CodecStore
 from .memory import MemoryStore
 from .sql import SqlStore
 
 __all__ = [
     "AESGCMCodec",
+    "Admission",
+    "AdmitsOnCreate",
     "Codec",
     "CodecError",
     "CodecStore",

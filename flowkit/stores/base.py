@@ -7,7 +7,9 @@ store against this contract.
 Two methods are optional: ``try_admit_singleton`` (in ``Store``; without it singleton workflows
 are refused) and ``watch`` (``Watchable``; without it workers find work started elsewhere at
 their next timer poll). Leave an optional method out, or set it to ``None``; wrappers expose
-one only when the store they wrap has it."""
+one only when the store they wrap has it. One capability is optional too: ``admits_on_create``
+(``AdmitsOnCreate``: ``create_run`` takes an ``Admission`` and decides a singleton run's
+admission in its own transaction; without it the worker admits the run after creating it)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,26 @@ class QueueCap:
     @property
     def capacity(self) -> int:
         return self.limit + self.max_queue_depth
+
+
+@dataclass(frozen=True)
+class Admission:
+    """``create_run`` decides a new singleton run's admission in its own transaction (stores
+    with ``admits_on_create``; see ``AdmitsOnCreate``).
+
+    Atomically with the insert (after the ``QueueCap`` check, if any), the store selects with
+    ``flowkit.singleton.admission_tags`` over the active runs of ``workflow`` carrying ``tag``
+    (``"singleton:" + key``) plus the new run, with ``limit`` slots. Admitted: the run is
+    stored with the admission marker, otherwise as passed. Denied: it is stored parked as
+    ``flowkit.singleton.denial_patch`` says (``suspended``, ``wake_at=retry_wake_at``) and
+    without a lease, and ``gated`` (the engine's ``singleton_gated`` record) is appended after
+    the run's events. An existing id is returned as it is: no admission, nothing written."""
+
+    workflow: str
+    tag: str
+    limit: int
+    retry_wake_at: float
+    gated: tuple[Event, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,7 +154,8 @@ class Store(Protocol):
         """Atomically create ``run`` with ``events`` (seq 1..n), or return ``(existing, False)``
         when ``run.id`` exists, writing nothing. With ``queue_cap``, the count of active runs
         sharing the tag and the insert are atomic per key; at capacity it raises
-        ``SingletonQueueFullError`` and writes nothing."""
+        ``SingletonQueueFullError`` and writes nothing. A store with ``admits_on_create``
+        (``AdmitsOnCreate``) also takes ``admission``."""
         ...
 
     async def get_run(self, run_id: str) -> Run | None:
@@ -207,6 +230,36 @@ class Store(Protocol):
         ...
 
 
+class AdmitsOnCreate(Protocol):
+    """The optional capability ``admits_on_create`` (``MemoryStore`` and ``SqlStore`` have it;
+    ``CodecStore`` when the store it wraps has it).
+
+    Such a store's ``create_run`` takes ``admission``: the engine then starts a singleton run
+    in one transaction (admitted and leased to the starting worker, or parked behind the key's
+    holders) instead of three (create, ``try_admit_singleton``, and the commit that parks a
+    denied run). Without it (the attribute absent or false) the engine never passes
+    ``admission`` and the worker admits the run after creating it. A store with it still needs
+    ``try_admit_singleton``: parked runs re-check with it."""
+
+    admits_on_create: bool
+
+    async def create_run(
+        self,
+        run: Run,
+        events: Sequence[Event],
+        *,
+        queue_cap: QueueCap | None = None,
+        admission: Admission | None = None,
+    ) -> tuple[Run, bool]:
+        """``Store.create_run``; with ``admission`` and a new id, the run's admission is decided
+        atomically with the insert, under the same serialization of the key as
+        ``try_admit_singleton`` (``Admission``): first the ``queue_cap`` check, then
+        ``admission_tags`` over the key's active runs and the new run (FIFO by
+        ``(created_at, id)``). Returns the run as stored and ``True``. An existing id:
+        ``(existing, False)``, nothing written, no admission."""
+        ...
+
+
 class Watchable(Protocol):
     """The optional ``watch`` method: cross-process wake-ups (``SqlStore`` has it).
 
@@ -229,6 +282,8 @@ class Watchable(Protocol):
 
 __all__ = [
     "UNSET",
+    "Admission",
+    "AdmitsOnCreate",
     "CommitResult",
     "ConflictError",
     "HandOff",

@@ -44,7 +44,7 @@ from .._history import (
 )
 from .._run import Run, RunStatus
 from ..errors import FlowkitError
-from .base import UNSET, CommitResult, HandOff, InboxSignal, QueueCap, Update
+from .base import UNSET, Admission, CommitResult, HandOff, InboxSignal, QueueCap, Update
 
 STRING_PREFIX = "$codec:"
 """Marks an encoded value stored in a string-typed field (error messages)."""
@@ -223,11 +223,14 @@ class CodecStore:
     ``try_admit_singleton``, ``scoped`` and ``watch`` exist only when ``inner`` has them (not
     ``None``): the engine refuses singleton workflows (``UnsupportedStoreError``) on a store
     without admission, and a ``CodecStore`` must not pretend otherwise. ``watch`` (wake-ups
-    carry no payload) is ``inner``'s own."""
+    carry no payload) is ``inner``'s own. Likewise ``admits_on_create`` is true only when
+    ``inner``'s is: ``create_run`` then forwards an ``Admission`` (its gated events encoded
+    like every other event)."""
 
     try_admit_singleton: _AdmitFn
     scoped: _ScopedFn
     watch: _WatchFn
+    admits_on_create: bool = False
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -242,6 +245,8 @@ class CodecStore:
             self.scoped = self._scoped
         if getattr(inner, "watch", None) is not None:
             self.watch = self._watch
+        if getattr(inner, "admits_on_create", False):
+            self.admits_on_create = True
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)
@@ -376,10 +381,21 @@ class CodecStore:
 
     # -- the contract (see flowkit.stores.base.Store) --------------------------------------
     async def create_run(
-        self, run: Run, events: Sequence[Event], *, queue_cap: QueueCap | None = None
+        self,
+        run: Run,
+        events: Sequence[Event],
+        *,
+        queue_cap: QueueCap | None = None,
+        admission: Admission | None = None,
     ) -> tuple[Run, bool]:
+        extra: dict[str, Any] = {}
+        if admission is not None:  # only to an inner store that takes it
+            if not self.admits_on_create:
+                raise TypeError(f"{self.inner!r} does not admit on create (admits_on_create)")
+            gated = tuple(self._event_in(e) for e in admission.gated)
+            extra["admission"] = dataclasses.replace(admission, gated=gated)
         stored, created = await self.inner.create_run(
-            self._run_in(run), [self._event_in(e) for e in events], queue_cap=queue_cap
+            self._run_in(run), [self._event_in(e) for e in events], queue_cap=queue_cap, **extra
         )
         return self._run_out(stored), bool(created)
 

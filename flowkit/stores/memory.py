@@ -18,6 +18,7 @@ from .._run import ACTIVE_STATUSES, ADMITTED_TAG, Run, RunStatus
 from ..errors import LeaseLostError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from .base import (
     UNSET,
+    Admission,
     CommitResult,
     ConflictError,
     HandOff,
@@ -41,6 +42,9 @@ class _Data:
 
 class MemoryStore:
     """An in-process store (see ``flowkit.stores.base.Store`` for the contract)."""
+
+    admits_on_create = True
+    """``create_run`` takes an ``Admission`` (``flowkit.stores.base.AdmitsOnCreate``)."""
 
     def __init__(self, namespace: str | None = None, *, _data: _Data | None = None) -> None:
         self.namespace = namespace
@@ -93,7 +97,12 @@ class MemoryStore:
 
     # -- the contract ------------------------------------------------------------------
     async def create_run(
-        self, run: Run, events: Sequence[Event], *, queue_cap: QueueCap | None = None
+        self,
+        run: Run,
+        events: Sequence[Event],
+        *,
+        queue_cap: QueueCap | None = None,
+        admission: Admission | None = None,
     ) -> tuple[Run, bool]:
         existing = self._d.runs.get(run.id)
         if existing is not None:
@@ -108,6 +117,9 @@ class MemoryStore:
                 )
         if self.namespace is not None and run.namespace is None:
             run = dataclasses.replace(run, namespace=self.namespace)
+        if admission is not None:
+            sharing = self._sharing(admission.workflow, admission.tag)
+            run, events = admit_new(run, events, admission, sharing)
         self._put(run)
         self._append(run.id, events)
         return run, True
@@ -287,6 +299,33 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
             waiting_signals=(),
         )
     return dataclasses.replace(run, **changes)
+
+
+def admit_new(
+    run: Run, events: Sequence[Event], admission: Admission, sharing: Sequence[Run]
+) -> tuple[Run, list[Event]]:
+    """Admission at creation, for every store: the new ``run`` as it must be stored and its
+    events, decided over ``sharing`` (the active runs of the admission's workflow carrying its
+    tag, read under the key's serialization) with the shared helpers. Admitted: the run with
+    the admission marker. Denied: parked as ``denial_patch`` says, without a lease, with
+    ``admission.gated`` after ``events``. A run the helpers neither admit nor park (a
+    cancelling or settled one) is stored as passed."""
+    if run.workflow != admission.workflow or admission.tag not in run.tags:
+        raise ValueError(
+            f"admission of run {run.id!r} ({run.workflow!r}, tags {list(run.tags)!r}) for "
+            f"{admission.workflow!r} / {admission.tag!r}: the run does not carry the key"
+        )
+    runs = [r for r in sharing if r.id != run.id]
+    runs.append(run)
+    wf, tag = admission.workflow, admission.tag
+    tags = _sg.admission_tags(runs, run.id, tag, wf, admission.limit)
+    if tags is not None:
+        return dataclasses.replace(run, tags=tuple(tags)), list(events)
+    patch = _sg.denial_patch(runs, run.id, tag, wf, admission.retry_wake_at)
+    if not patch:
+        return run, list(events)
+    parked = dataclasses.replace(run, **patch, lease_owner=None, lease_expires=None)
+    return parked, [*events, *admission.gated]
 
 
 def plan_release(sharing: Sequence[Run], n: Notify, now: float) -> list[tuple[Run, Run | None]]:

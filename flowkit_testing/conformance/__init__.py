@@ -23,9 +23,17 @@ from ._competing import (
     check_competing_admissions,
     check_competing_claims,
     check_competing_commits,
+    check_competing_create_admissions,
     check_competing_create_run,
 )
-from ._registry import CHECKS, OPTIONAL_METHODS, Check, optional_methods, sort_checks
+from ._registry import (
+    CHECKS,
+    OPTIONAL_CAPABILITIES,
+    OPTIONAL_METHODS,
+    Check,
+    optional_methods,
+    sort_checks,
+)
 from ._runs import (
     check_cancelling_is_sticky,
     check_claim_exclusive,
@@ -53,6 +61,11 @@ from ._singleton import (
     check_admission_marker_persisted,
     check_admission_respects_limit,
     check_admission_skips_cancelling_and_terminal,
+    check_create_admission_is_fifo_behind_waiters,
+    check_create_admission_of_an_existing_id_writes_nothing,
+    check_create_admission_respects_the_queue_cap,
+    check_create_admits_on_a_free_key,
+    check_create_gates_behind_holders,
     check_denial_parks_waiter,
     check_notify_hands_the_slot_over,
     check_notify_wakes_oldest_waiters,
@@ -73,15 +86,16 @@ async def run_all(
 
     Without ``make_pair`` the competing checks run on one store object used twice (still
     concurrent through ``asyncio.gather``, but not two connections). Checks that need an
-    optional store method (``try_admit_singleton``, ``scoped``) run only when a store from
-    ``make_store`` has it; ``singleton=True``/``False`` forces the singleton checks in or
-    out. Every selected check runs; if any fail, one ``ConformanceError`` lists them all
-    (chained to the first failure)."""
+    optional store method (``try_admit_singleton``, ``scoped``) or capability
+    (``admits_on_create``) run only when a store from ``make_store`` has it;
+    ``singleton=True``/``False`` forces the singleton checks in or out (those of admission
+    at creation still need ``admits_on_create``). Every selected check runs; if any fail,
+    one ``ConformanceError`` lists them all (chained to the first failure)."""
     selected = list(CHECKS) if checks is None else list(checks)
     unknown = [n for n in selected if n not in CHECKS]
     if unknown:
         raise ValueError(f"unknown conformance checks: {', '.join(unknown)}")
-    available = set(OPTIONAL_METHODS)
+    available = {*OPTIONAL_METHODS, *OPTIONAL_CAPABILITIES}
     if any(CHECKS[n].requires for n in selected):
         available = await optional_methods(make_store)
     if singleton is not None:
@@ -131,8 +145,14 @@ __all__ = [
     "check_competing_admissions",
     "check_competing_claims",
     "check_competing_commits",
+    "check_competing_create_admissions",
     "check_competing_create_run",
     "check_consumed_signal_conflict_writes_nothing",
+    "check_create_admission_is_fifo_behind_waiters",
+    "check_create_admission_of_an_existing_id_writes_nothing",
+    "check_create_admission_respects_the_queue_cap",
+    "check_create_admits_on_a_free_key",
+    "check_create_gates_behind_holders",
     "check_create_run_idempotent",
     "check_create_run_writes_its_events",
     "check_deliver_signal_wakes_waiter",

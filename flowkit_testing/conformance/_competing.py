@@ -10,6 +10,7 @@ from flowkit.errors import LeaseLostError
 from flowkit.stores.base import Notify, Store, Update
 
 from ._registry import check
+from ._singleton import admission, claimed, create
 from ._support import (
     T0,
     WF,
@@ -200,3 +201,74 @@ async def check_competing_admissions(factory: PairFactory) -> None:
             f"(wake_at={w.wake_at!r}): a lost wake-up",
         )
         expect(len(await admitted_ids(s1, key)) <= 1, f"double admission on {key}")
+
+
+@check(kind="pair", requires=["try_admit_singleton", "admits_on_create"])
+async def check_competing_create_admissions(factory: PairFactory) -> None:
+    """Two instances creating runs of one key at once with an ``Admission`` never admit more
+    runs than slots, and every run they do not admit is parked; a create racing an older
+    waiter's ``try_admit_singleton`` gates the new run; a create racing a release is admitted
+    or due at once (never a lost wake-up)."""
+    s1, s2 = await make_pair(factory)
+    # A: one slot, two new runs created at once through different instances
+    for i in range(4):
+        key = f"a{i}"
+        a, b = _orders(s1, s2, i)
+        ra, rb = claimed(f"{key}-1", key=key, t=T0), claimed(f"{key}-2", key=key, t=T0 + 1)
+        pair = await asyncio.gather(
+            create(a, ra, admission(T0 + 1, key=key)), create(b, rb, admission(T0 + 2, key=key))
+        )
+        expect_eq(
+            sorted(run.admitted for run, _ in pair),
+            [False, True],
+            f"runs admitted by two competing creates for one slot of {key}",
+        )
+        for s in (s1, s2):
+            expect_eq(len(await admitted_ids(s, key)), 1, f"holders of {key} after the race")
+    # B: two slots, six new runs at once
+    two = admission(T0 + 9, limit=2, key="b")
+    got = await asyncio.gather(
+        *(
+            create(_orders(s1, s2, i)[0], claimed(f"b-{i}", key="b", t=T0 + i), two)
+            for i in range(6)
+        )
+    )
+    expect_eq(sum(run.admitted for run, _ in got), 2, "runs admitted by six competing creates")
+    for run, _ in got:
+        if not run.admitted:
+            expect_eq((run.status, run.lease_owner), (S.SUSPENDED, None), f"{run.id} not admitted")
+    for s in (s1, s2):
+        expect_eq(len(await admitted_ids(s, "b")), 2, "holders of key b (limit 2)")
+    # C: a new run is created while an older waiter is being admitted: the waiter wins
+    for i in range(4):
+        key = f"c{i}"
+        a, b = _orders(s1, s2, i)
+        await put(s1, mk(f"{key}-old", key=key, t=T0))
+        admit = a.try_admit_singleton(f"{key}-old", tag_of(key), WF, 1, T0 + 2)
+        new = create(b, claimed(f"{key}-new", key=key, t=T0 + 1), admission(T0 + 2, key=key))
+        if i < 2:
+            ok, (created, _) = await asyncio.gather(admit, new)
+        else:
+            (created, _), ok = await asyncio.gather(new, admit)
+        expect(ok, f"the older waiter of {key} lost its slot to a run created meanwhile")
+        expect(not created.admitted, f"{key}-new was admitted ahead of the older waiter")
+        for s in (s1, s2):
+            expect_eq(await admitted_ids(s, key), [f"{key}-old"], f"holders of {key}")
+    # D: a release races a create: the new run is admitted, or woken to retry at once
+    for i in range(4):
+        key = f"d{i}"
+        a, b = _orders(s1, s2, i)
+        await create(s1, claimed(f"{key}-h", key=key), admission(T0 + 1, key=key))
+        tag = tag_of(key)
+        release = Update(
+            events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED, notify=Notify(WF, tag, 1)
+        )
+        commit = a.commit(f"{key}-h", "w1", T0 + 3, release)
+        new = create(b, claimed(f"{key}-w", key=key, t=T0 + 1), admission(T0 + 50, key=key))
+        await (asyncio.gather(commit, new) if i < 2 else asyncio.gather(new, commit))
+        w = await get(s2, f"{key}-w")
+        expect(
+            w.admitted or (w.wake_at is not None and w.wake_at <= T0 + 3),
+            f"after a release racing its creation, {key}-w is neither admitted nor due "
+            f"(wake_at={w.wake_at!r}): a lost wake-up",
+        )

@@ -20,6 +20,9 @@ F = TypeVar("F", bound=CheckFn)
 
 OPTIONAL_METHODS = ("try_admit_singleton", "scoped")
 """Store methods the contract lets a store leave out (absent or ``None``)."""
+OPTIONAL_CAPABILITIES = ("admits_on_create",)
+"""Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
+(``create_run`` takes an ``Admission``)."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,8 @@ class Check:
 
     ``kind`` says what ``func`` takes: ``"store"`` checks take ``make_store``, ``"pair"``
     checks take ``make_pair`` (two store objects over the same data). ``requires`` names the
-    optional store methods the check needs (``try_admit_singleton``, ``scoped``)."""
+    optional store methods and capabilities the check needs (``try_admit_singleton``,
+    ``scoped``, ``admits_on_create``)."""
 
     name: str
     func: CheckFn
@@ -59,7 +63,7 @@ def check(
     """Register the decorated ``check_<name>`` function as ``CHECKS["<name>"]``; the
     function returned prefixes its ``ConformanceError`` messages with the check's name."""
     needs = tuple(requires)
-    unknown = set(needs) - set(OPTIONAL_METHODS)
+    unknown = set(needs) - set(OPTIONAL_METHODS) - set(OPTIONAL_CAPABILITIES)
     if unknown:
         raise ValueError(f"unknown optional store methods {sorted(unknown)}")
 
@@ -94,6 +98,8 @@ def sort_checks() -> None:
 
 
 async def optional_methods(factory: StoreFactory) -> set[str]:
-    """The optional methods a store from ``factory`` has."""
+    """The optional methods (present, not ``None``) and capabilities (true) a store from
+    ``factory`` has."""
     store = await make_store(factory)
-    return {m for m in OPTIONAL_METHODS if getattr(store, m, None) is not None}
+    have = {m for m in OPTIONAL_METHODS if getattr(store, m, None) is not None}
+    return have | {c for c in OPTIONAL_CAPABILITIES if getattr(store, c, False)}

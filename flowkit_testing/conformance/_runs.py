@@ -22,6 +22,7 @@ from flowkit.errors import (
 from flowkit.stores.base import ConflictError, QueueCap, Update
 
 from ._registry import check
+from ._singleton import admission, claimed, create
 from ._support import (
     T0,
     S,
@@ -873,4 +874,19 @@ async def check_namespace_scoping(factory: StoreFactory) -> None:
     expect(
         not await base.try_admit_singleton("sn", tag, "wf", 2, T0 + 1),
         "the unscoped store admitted a third run to two slots held across namespaces",
+    )
+    if not getattr(base, "admits_on_create", False):
+        return
+    # admission at creation: the same rules, decided by create_run
+    qa, _ = await create(a, claimed("qa", key="q"), admission(T0 + 1, key="q"))
+    expect(qa.admitted and qa.namespace == "A", f"'qa' created in A: {qa!r}")
+    qb, _ = await create(b, claimed("qb", key="q", t=T0 + 1), admission(T0 + 2, key="q"))
+    expect(qb.admitted, f"'qb' was gated in B although the key's holder 'qa' is in A: {qb!r}")
+    qn, _ = await create(
+        base, claimed("qn", key="q", t=T0 + 2), admission(T0 + 3, limit=2, key="q")
+    )
+    expect(
+        not qn.admitted and qn.status is S.SUSPENDED,
+        f"the unscoped store admitted a third run at creation to two slots held across "
+        f"namespaces: {qn!r}",
     )

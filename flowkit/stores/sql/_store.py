@@ -45,8 +45,8 @@ from ...errors import (
     RunNotFoundError,
     SingletonQueueFullError,
 )
-from ..base import CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
-from ..memory import apply_update, claimable, due_time, plan_release
+from ..base import Admission, CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
+from ..memory import admit_new, apply_update, claimable, due_time, plan_release
 from . import _rows as rows
 from ._engine import RETURNING, ROWCOUNT, SELECT, Conn, Database, Deferred, Op
 from ._schema import runs
@@ -82,6 +82,9 @@ class SqlStore:
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts). The schema is
     created on first use. ``namespace`` scopes the store like ``MemoryStore(namespace)``.
 
+    ``admits_on_create``: ``create_run`` takes an ``Admission`` (``base.AdmitsOnCreate``) and
+    decides it in the insert's transaction, under the key's advisory lock on PostgreSQL.
+
     ``group_commit`` (default on) lets concurrent writes of one event loop share a transaction;
     ``False`` runs each write at once in its own transaction and never yields to the event loop
     inside a call (reproducible interleavings for ``flowkit_testing.TestEnv``). It is shared by
@@ -91,6 +94,8 @@ class SqlStore:
     (PostgreSQL: a ``LISTEN`` connection; SQLite: a check every 10 ms); ``False`` leaves
     workers to their timer poll, e.g. behind a PgBouncer in transaction mode, which cannot
     ``LISTEN``. Writes emit wake-ups either way. Shared by the scoped views."""
+
+    admits_on_create = True
 
     def __init__(
         self,
@@ -206,31 +211,19 @@ class SqlStore:
 
     # -- the contract ------------------------------------------------------------------
     async def create_run(
-        self, run: Run, events: Sequence[Event], *, queue_cap: QueueCap | None = None
+        self,
+        run: Run,
+        events: Sequence[Event],
+        *,
+        queue_cap: QueueCap | None = None,
+        admission: Admission | None = None,
     ) -> tuple[Run, bool]:
         if self.namespace is not None and run.namespace is None:
             run = dataclasses.replace(run, namespace=self.namespace)
+        if queue_cap is not None or admission is not None:
+            return await self._create_keyed(run, events, queue_cap, admission)
         values = self._sql.run_params(run, len(events))
         sql = self._sql
-
-        if queue_cap is not None:
-
-            def capped(c: Conn, _: None) -> tuple[Run, bool]:
-                self._lock_key(c, queue_cap.workflow, queue_cap.tag)
-                row = c.one(sql.get_any_run, {"id": run.id})
-                if row is not None:
-                    return self._existing_row(row), False
-                cap = queue_cap
-                if self._count_sharing(c, cap) >= cap.capacity:
-                    raise SingletonQueueFullError(
-                        cap.workflow, cap.key, cap.max_queue_depth, cap.limit
-                    )
-                c.write(sql.insert_run, values)
-                self._append(c, run.id, 1, events)
-                self._created(c, run)
-                return run, True
-
-            return await self._db.write(Op(capped, None, run.id, solo=True))
         # an existing id (even one a concurrent transaction is inserting) is no error: the
         # insert does nothing and the existing run is returned
         both = self._pg and bool(events)
@@ -252,16 +245,75 @@ class SqlStore:
         single = _always if both or not events else None
         return await self._db.write(Op(rest, first, run.id, single=single))
 
+    async def _create_keyed(
+        self,
+        run: Run,
+        events: Sequence[Event],
+        cap: QueueCap | None,
+        admission: Admission | None,
+    ) -> tuple[Run, bool]:
+        """``create_run`` serialized with the key's other claims (a queue cap, an admission at
+        creation) in a transaction of its own: 1. the key's advisory lock (PostgreSQL; SQLite
+        holds its write lock already), 2. in one round trip with it: the id, the key's count
+        (for the cap) and its active runs (for the admission), 3. decide with the shared rules
+        (``memory.admit_new``), 4. insert the run and its events (they go out with the
+        ``COMMIT``: the second and last round trip)."""
+        sql = self._sql
+        keyed = [k for k in (cap, admission) if k is not None]
+        locks = sorted({rows.lock_name(k.workflow, k.tag) for k in keyed})
+        # the admission's read of the key's runs counts them for the cap too (same key)
+        counted = admission is not None and (
+            cap is None or (cap.workflow, cap.tag) == (admission.workflow, admission.tag)
+        )
+        stmts: list[tuple[str, Any]] = [(sql.get_any_run, {"id": run.id})]
+        if cap is not None and not counted:
+            stmts.append(self._count_stmt(cap))
+        if admission is not None:
+            stmts.append(sql.sharing(admission.workflow, admission.tag))
+
+        def op(c: Conn, _: None) -> tuple[Run, bool]:
+            if self._pg:  # each granted before the next statement runs: one round trip
+                for name in locks:
+                    c.later(sql.lock_key, {"k": name}, wrote=False)
+            got = c.reads(stmts)
+            if got[0]:
+                return self._existing_row(got[0][0]), False
+            sharing: list[Run] = []
+            if admission is not None:
+                sharing = [r for r in map(sql.to_run, got[-1]) if admission.tag in r.tags]
+            if cap is not None:
+                n = len(sharing) if counted else self._count_of(cap, got[1])
+                if n >= cap.capacity:
+                    raise SingletonQueueFullError(
+                        cap.workflow, cap.key, cap.max_queue_depth, cap.limit
+                    )
+            stored, evs = run, list(events)
+            if admission is not None:
+                stored, evs = admit_new(run, events, admission, sharing)
+            c.later(sql.insert_run, sql.run_params(stored, len(evs)))
+            self._append(c, stored.id, 1, evs, later=True)
+            self._created(c, stored)
+            return stored, True
+
+        return await self._db.write(Op(op, None, run.id, solo=True))
+
     @staticmethod
     def _created(c: Conn, run: Run) -> None:
         """A new run nobody holds (a client's start) is claimable: wake the workers."""
         _wake_if_free(c, run, run.updated_at)
 
-    def _count_sharing(self, c: Conn, cap: QueueCap) -> int:
+    def _count_stmt(self, cap: QueueCap) -> tuple[str, Any]:
+        """The statement counting the active runs sharing ``cap``'s tag (``_count_of``)."""
         if cap.tag.startswith(SINGLETON_TAG_PREFIX):
             params = self._params(wf=cap.workflow, key=cap.tag[len(SINGLETON_TAG_PREFIX) :])
-            return int(c.one(self._sql.count_key, params)[0])
-        return len(self._sharing(c, cap.workflow, cap.tag))
+            return self._sql.count_key, params
+        return self._sql.sharing(cap.workflow, cap.tag)
+
+    def _count_of(self, cap: QueueCap, found: list[Any]) -> int:
+        """The count from the rows of ``_count_stmt``."""
+        if cap.tag.startswith(SINGLETON_TAG_PREFIX):
+            return int(found[0][0])
+        return sum(cap.tag in r.tags for r in map(self._sql.to_run, found))
 
     def _existing(self, c: Conn, run_id: str) -> Run:
         row = c.one(self._sql.get_any_run, {"id": run_id})
