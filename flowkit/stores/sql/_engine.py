@@ -26,7 +26,7 @@ import collections
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar, cast
 
@@ -149,6 +149,11 @@ class Conn:
         # the rest of a single-statement call runs after its statement committed: it must
         # not write (``_writing`` guards it)
         self.committed = False
+        # the advisory locks the current transaction holds (or has queued); once its calls'
+        # declared locks are taken (``Op.locks``), no other may be: it would come after a
+        # row lock, out of the order every transaction keeps
+        self.held: set[str] = set()
+        self.locks_closed = False
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken connection
@@ -308,12 +313,31 @@ class Conn:
             return rows[0]
         return None
 
+    def lock(self, name: str) -> None:
+        """PostgreSQL: take the transaction-scoped advisory lock ``name`` (a hash of it) unless
+        this transaction holds it already; sent with the next statement (``later``)."""
+        if not self.pg or name in self.held:
+            return
+        if self.locks_closed:
+            raise AssertionError(f"advisory lock {name!r} not declared in the call's Op.locks")
+        self.held.add(name)
+        self.later(LOCK_SQL, {"k": name}, wrote=False)
+
+    def lock_all(self, names: Iterable[str]) -> None:
+        """``lock`` each of ``names`` in name order (the one order every transaction uses),
+        then refuse any other lock for the rest of the transaction."""
+        for name in sorted(set(names)):
+            self.lock(name)
+        self.locks_closed = True
+
     def first(self, f: tuple[str, Any, int]) -> Any:
         """Run an ``Op``'s first statement: the row (``RETURNING``, ``SELECT``) or rowcount."""
         if f[2] == RETURNING:
             return self.returning(f[0], f[1])
         if f[2] == SELECT:
             return self.one(f[0], f[1])
+        if f[2] == ROWS:
+            return self.all(f[0], f[1])
         return self.write(f[0], f[1])
 
     def wakeup(self, namespace: str | None) -> None:
@@ -326,6 +350,8 @@ class Conn:
         self.statements = 0
         self.wakes.clear()
         self._later.clear()
+        self.held.clear()
+        self.locks_closed = False
         self.stats["write_tx"] += 1
         if self.pg:
             self.dbapi.autocommit = False  # BEGIN goes out with the first statement
@@ -387,6 +413,8 @@ class Conn:
     def rollback(self) -> None:
         self.wakes.clear()
         self._later.clear()
+        self.held.clear()
+        self.locks_closed = False
         try:
             if self.pg:
                 if not self.broken():
@@ -398,9 +426,13 @@ class Conn:
             log.debug("rollback failed", exc_info=True)
 
 
+LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(k)s, 0))"
+"""A transaction-scoped advisory lock on a name (a singleton key's ``lock_name``)."""
+
 RETURNING = 1  # Op.first's kind: a single-row write with RETURNING (the row, or None)
 ROWCOUNT = 2  # a write without RETURNING (the number of rows it changed)
 SELECT = 3  # a read (the first row, or None), e.g. a row lock
+ROWS = 4  # a read of all its rows (a list), e.g. a row lock together with related rows
 
 
 class Op(Generic[T]):
@@ -412,6 +444,12 @@ class Op(Generic[T]):
     orders a batch; ``solo`` calls run in a transaction of their own on PostgreSQL (they take
     an advisory lock).
 
+    ``locks`` names the advisory locks (PostgreSQL: a singleton key's, ``lock_name``) the
+    call's transaction must hold before it locks any row: a transaction takes all of its
+    calls' locks first, in name order, so transactions of any process that share keys
+    always wait for each other in the same order (no lock cycle), and a call with locks can
+    still share a group commit with others.
+
     ``single(result of first)`` says the call is complete once ``first`` has run: ``rest``
     then only reads and decides. On PostgreSQL such a call, when it runs alone, sends
     ``first`` in autocommit: one statement is its own transaction, one round trip instead of
@@ -419,7 +457,7 @@ class Op(Generic[T]):
     nothing (a conditional write that matched no row) and the call runs again in a
     transaction."""
 
-    __slots__ = ("first", "fut", "key", "rest", "single", "solo")
+    __slots__ = ("first", "fut", "key", "locks", "rest", "single", "solo")
 
     def __init__(
         self,
@@ -429,12 +467,15 @@ class Op(Generic[T]):
         *,
         solo: bool = False,
         single: Callable[[Any], bool] | None = None,
+        locks: tuple[str, ...] = (),
     ) -> None:
         self.rest = rest
         self.first = first
         self.key = key
         self.solo = solo
-        self.single = single if first is not None else None
+        self.locks = locks
+        # a call that needs advisory locks needs a transaction around its statements
+        self.single = single if first is not None and not locks else None
         self.fut: Any = None
 
     def __call__(self, c: Conn) -> T:
@@ -677,6 +718,8 @@ class Database:
                 try:
                     c.begin()
                     c.dirty = False
+                    if isinstance(fn, Op):
+                        c.lock_all(fn.locks)
                     out = fn(c)
                     c.commit()
                     self.stats["ops"] += 1
@@ -806,6 +849,9 @@ class Database:
             res: list[Outcome] = []
             try:
                 c.begin()
+                # every call's advisory locks before any row lock (sent with the first
+                # statements)
+                c.lock_all(name for op in ops for name in op.locks)
                 firsts = None
                 if c.can_pipeline and len(ops) >= 3:  # below that it costs more than it saves
                     try:
@@ -914,8 +960,17 @@ class Database:
         rest of the pipeline did not run."""
         dbapi = c.dbapi
         curs: list[Any] = []
+        queued, c._later = c._later, []  # (the batch's advisory locks) go first
         try:
             with dbapi.pipeline() as pipe:
+                for q, ps in queued:
+                    c.sql = q
+                    cur = dbapi.cursor()
+                    cur.execute(q, ps)
+                    curs.append(cur)
+                    c.statements += 1
+                    self.stats["statements"] += 1
+                mine = len(curs)
                 for op in ops:
                     f = op.first
                     if f is None:
@@ -931,9 +986,11 @@ class Database:
                 else:
                     pipe.sync()
                 out: list[tuple[Any, bool]] = []
-                for op, cur in zip(ops, curs, strict=True):
+                for op, cur in zip(ops, curs[mine:], strict=True):
                     if cur is None:
                         out.append((None, False))
+                    elif op.first is not None and op.first[2] == ROWS:
+                        out.append((list(cur.fetchall()), False))
                     elif op.first is not None and op.first[2] != ROWCOUNT:
                         rows = cur.fetchall()
                         wrote = bool(rows) and op.first[2] == RETURNING
@@ -945,7 +1002,7 @@ class Database:
             for cur in curs:
                 if cur is not None:
                     cur.close()
-        sent = sum(cur is not None for cur in curs)
+        sent = sum(cur is not None for cur in curs[len(queued) :])
         c.statements += sent
         self.stats["statements"] += sent
         return out
@@ -1001,8 +1058,10 @@ class Database:
 
 
 __all__ = [
+    "LOCK_SQL",
     "RETURNING",
     "ROWCOUNT",
+    "ROWS",
     "SELECT",
     "SQLITE_BUSY_TIMEOUT_MS",
     "Conn",
