@@ -1209,18 +1209,17 @@ async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
     waiter rows): the conditional hand-off misses, the waiter is only woken."""
     s = sql_backend.store
     await _gated(s)
-    real = SqlStore._locked_with_sharing
+    real = SqlStore._hand_off
 
-    def racing(self: SqlStore, c: Any, run_id: str, workflow: str, tag: str) -> Any:
-        found = real(self, c, run_id, workflow, tag)
+    def racing(self: SqlStore, c: Any, waiter: Run, admitted: Run, now: float) -> Any:
         c.write(
             "UPDATE flowkit_runs SET status = 'running', lease_owner = 'other', "
             "lease_expires = 9999999999.0, wake_at = NULL WHERE id = 'w1'",
             {},
         )
-        return found
+        return real(self, c, waiter, admitted, now)
 
-    monkeypatch.setattr(SqlStore, "_locked_with_sharing", racing)
+    monkeypatch.setattr(SqlStore, "_hand_off", racing)
     res = await s.commit("h", "x", T0 + 3, _release())
     monkeypatch.undo()
     assert res.handed == () and res.woken == ("w1",)
@@ -1316,3 +1315,42 @@ async def test_a_waiter_whose_history_cannot_be_read_is_woken_not_handed(
     assert parked is not None and got is not None
     # exactly the parked waiter, woken: not admitted, not leased, due now
     assert got == replace(parked, wake_at=T0 + 2)
+
+
+@pytest.mark.postgres
+async def test_a_release_shares_a_group_commit_and_its_key_lock_comes_first(
+    request: pytest.FixtureRequest,
+) -> None:
+    """PostgreSQL: a release takes its key's advisory lock, declared in ``Op.locks``, before
+    any row lock of its transaction, so it can share a group commit with other calls (one
+    transaction, one COMMIT) instead of running alone; a lock a call did not declare is
+    refused, as it would come after the batch's row locks."""
+    from flowkit.stores.sql import _engine
+
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    s = SqlStore(url, group_commit=True)
+    try:
+        await _gated(s)
+        await put(s, mk("other"))
+        assert await s.claim("other", "x", T0 + 2, T0 + 32)
+        before = _stats(s)
+        stepped, released, claimed = await asyncio.gather(
+            s.commit("other", "x", T0 + 3, Update(events=[fired(T0 + 3)])),
+            s.commit("h", "x", T0 + 3, _release()),
+            s.claim("w2", "y", T0 + 60, T0 + 90),
+        )
+        after = _stats(s)
+        assert after["write_tx"] - before["write_tx"] == 1  # all three in one transaction
+        assert after["batched_ops"] - before["batched_ops"] == 3
+        assert stepped.seqs == (2,)
+        assert [h.run.id for h in released.handed] == ["w1"]
+        assert claimed is not None and claimed.lease_owner == "y"
+        assert (await s.get_run("w1")) == released.handed[0].run
+
+        def undeclared(c: Any, _: Any) -> None:
+            c.lock("not declared")
+
+        with pytest.raises(AssertionError, match="not declared"):
+            await s._db.write(_engine.Op(undeclared, None, "x"))
+    finally:
+        s.close()

@@ -441,8 +441,7 @@ class Op(Generic[T]):
     ``first`` is an optional single statement ``(sql, params, RETURNING|ROWCOUNT|SELECT)`` that
     runs before ``rest``: on PostgreSQL a group commit sends the first statements of its calls
     in one pipeline (one round trip), then runs each call's ``rest``. ``key`` (the run id)
-    orders a batch; ``solo`` calls run in a transaction of their own on PostgreSQL (they take
-    an advisory lock).
+    orders a batch.
 
     ``locks`` names the advisory locks (PostgreSQL: a singleton key's, ``lock_name``) the
     call's transaction must hold before it locks any row: a transaction takes all of its
@@ -457,7 +456,7 @@ class Op(Generic[T]):
     nothing (a conditional write that matched no row) and the call runs again in a
     transaction."""
 
-    __slots__ = ("first", "fut", "key", "locks", "rest", "single", "solo")
+    __slots__ = ("first", "fut", "key", "locks", "rest", "single")
 
     def __init__(
         self,
@@ -465,14 +464,12 @@ class Op(Generic[T]):
         first: tuple[str, Any, int] | None = None,
         key: str = "",
         *,
-        solo: bool = False,
         single: Callable[[Any], bool] | None = None,
         locks: tuple[str, ...] = (),
     ) -> None:
         self.rest = rest
         self.first = first
         self.key = key
-        self.solo = solo
         self.locks = locks
         # a call that needs advisory locks needs a transaction around its statements
         self.single = single if first is not None and not locks else None
@@ -800,9 +797,10 @@ class Database:
             return exc, None
 
     def run_batch(self, ops: Sequence[Op[Any]]) -> list[Outcome]:
-        """Run the calls of one group commit: those that may share a transaction together
-        (one ``COMMIT``; in run-id order on PostgreSQL, so two processes' batches take row
-        locks in the same order), the others (``solo``) one transaction each.
+        """Run the calls of one group commit in one transaction (one ``COMMIT``): first the
+        advisory locks they declare (``Op.locks``, in name order), then, on PostgreSQL, their
+        first statements in run-id order, so two processes' batches take row locks in the
+        same order.
 
         A call that fails clean (it raised before it wrote) keeps its exception and the
         batch goes on. One that fails after writing (or with a database error) rolls the
@@ -810,11 +808,10 @@ class Database:
         call's outcome is that of a committed (or cleanly failed) transaction. A failing
         ``BEGIN``/``COMMIT`` fails every call of the batch. A call that raises ``Deferred``
         (clean) runs again in a transaction of its own after the batch committed."""
-        pg = self._pg
         out: list[Outcome | None] = [None] * len(ops)
-        shared = [i for i, op in enumerate(ops) if not (op.solo and pg)]
-        solo = [i for i, op in enumerate(ops) if op.solo and pg]
-        if pg:
+        shared = list(range(len(ops)))
+        solo: list[int] = []
+        if self._pg:
             shared.sort(key=lambda i: ops[i].key)
         if len(shared) == 1:
             solo.insert(0, shared.pop())
@@ -1019,8 +1016,7 @@ class Database:
         issue before it runs joins the same transaction: one ``COMMIT`` (one fsync on SQLite,
         one commit round trip on PostgreSQL) for all of them. A call that nothing else could
         join (the loop's ready queue is empty, as for a sequential caller) runs at once
-        without yielding. ``solo`` calls (they take a singleton key's advisory lock on
-        PostgreSQL) still run in a transaction of their own."""
+        without yielding."""
         if self.group_commit:
             loop = asyncio.get_running_loop()
             queue = self._queues.get(loop)

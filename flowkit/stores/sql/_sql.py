@@ -209,6 +209,7 @@ class Sql:
         self._updates: dict[tuple[str, ...], str] = {}
         self._commits: dict[tuple[Any, ...], str] = {}
         self._cache: dict[tuple[str, int], str] = {}
+        self._cache_text: dict[str, str] = {}
 
     # -- placeholders ---------------------------------------------------------------------
     def p(self, name: str) -> str:
@@ -490,6 +491,24 @@ class Sql:
         )
 
     # -- singleton keys -------------------------------------------------------------------
+    def locked_with_sharing(
+        self, run_id: str, workflow: str, tag: str
+    ) -> tuple[str, dict[str, Any]]:
+        """One statement: the run's row, locked (first column ``0``), and the active runs of
+        ``workflow`` carrying ``tag`` (``1``, as ``sharing``), the run itself included when
+        it is one of them. One round trip for what an admission or a release reads."""
+        q, params = self.sharing(workflow, tag)
+        params = {**params, "id": run_id}
+        sql = self._cache_text.get(q)
+        if sql is None:
+            sql = (
+                f"WITH h AS ({self.get_run_locked}) SELECT 0 AS k, h.* FROM h"
+                f" UNION ALL SELECT 1 AS k, s.* FROM ({q}) AS s"
+            )
+            if len(self._cache_text) < 64:
+                self._cache_text[q] = sql
+        return sql, params
+
     def sharing(self, workflow: str, tag: str) -> tuple[str, dict[str, Any]]:
         """The active runs of ``workflow`` carrying ``tag`` (for a singleton tag exactly the
         rows of one key, through ``ix_flowkit_runs_singleton``)."""

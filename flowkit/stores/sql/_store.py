@@ -48,7 +48,7 @@ from ...errors import (
 from ..base import Admission, CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
 from ..memory import admit_new, apply_update, claimable, due_time, plan_release
 from . import _rows as rows
-from ._engine import RETURNING, ROWCOUNT, SELECT, Conn, Database, Deferred, Op
+from ._engine import RETURNING, ROWCOUNT, ROWS, SELECT, Conn, Database, Deferred, Op
 from ._schema import runs
 from ._sql import LAST_SEQ, Sql, dumps
 
@@ -160,8 +160,14 @@ class SqlStore:
         return c.one(q, self._params(id=run_id))
 
     def _lock_key(self, c: Conn, workflow: str, tag: str) -> None:
-        if self._pg:  # granted before the next statement runs: it can share its round trip
-            c.later(self._sql.lock_key, {"k": rows.lock_name(workflow, tag)}, wrote=False)
+        """The key's advisory lock (PostgreSQL), which the call must have declared in its
+        ``Op.locks``: then its transaction holds it already, taken before any row lock."""
+        c.lock(rows.lock_name(workflow, tag))
+
+    @staticmethod
+    def _key_locks(workflow: str, tag: str) -> tuple[str, ...]:
+        """``Op.locks`` of a call that serializes on one singleton key."""
+        return (rows.lock_name(workflow, tag),)
 
     def _sharing(self, c: Conn, workflow: str, tag: str) -> list[Run]:
         q, params = self._sql.sharing(workflow, tag)
@@ -170,14 +176,25 @@ class SqlStore:
     def _locked_with_sharing(
         self, c: Conn, run_id: str, workflow: str, tag: str
     ) -> tuple[Any, list[Run]]:
-        """The run's row, locked, and the active runs sharing ``tag`` (as ``_sharing``), read
-        in one round trip on PostgreSQL (with the key's advisory lock ``later`` queued)."""
-        q, params = self._sql.sharing(workflow, tag)
-        got, found = c.reads(
-            [(self._sql.get_run_locked, self._params(id=run_id)), (q, params)]
-        )
-        sharing = [r for r in map(self._sql.to_run, found) if tag in r.tags]
-        return (got[0] if got else None), sharing
+        """The run's row, locked, and the active runs sharing ``tag`` (as ``_sharing``): one
+        statement (``Sql.locked_with_sharing``)."""
+        q, params = self._sql.locked_with_sharing(run_id, workflow, tag)
+        return self._split(c.all(q, params), tag)
+
+    def _split(self, found: Sequence[Any], tag: str) -> tuple[Any, list[Run]]:
+        """The rows of ``Sql.locked_with_sharing``: the run's row (or ``None``) and the runs
+        sharing ``tag``."""
+        row: Any = None
+        sharing: list[Run] = []
+        to_run = self._sql.to_run
+        for r in found:
+            if r[0] == 0:
+                row = tuple(r[1:])
+            else:
+                other = to_run(r[1:])
+                if tag in other.tags:
+                    sharing.append(other)
+        return row, sharing
 
     def _write_changes(
         self, c: Conn, old: Run, new: Run, *, later: bool = False, **extra: Any
@@ -272,9 +289,7 @@ class SqlStore:
             stmts.append(sql.sharing(admission.workflow, admission.tag))
 
         def op(c: Conn, _: None) -> tuple[Run, bool]:
-            if self._pg:  # each granted before the next statement runs: one round trip
-                for name in locks:
-                    c.later(sql.lock_key, {"k": name}, wrote=False)
+            # (the key locks, declared below, went out with these reads: one round trip)
             got = c.reads(stmts)
             if got[0]:
                 return self._existing_row(got[0][0]), False
@@ -295,7 +310,7 @@ class SqlStore:
             self._created(c, stored)
             return stored, True
 
-        return await self._db.write(Op(op, None, run.id, solo=True))
+        return await self._db.write(Op(op, None, run.id, locks=tuple(locks)))
 
     @staticmethod
     def _created(c: Conn, run: Run) -> None:
@@ -408,17 +423,24 @@ class SqlStore:
             def rest(c: Conn, row: Any) -> CommitResult:
                 return self._commit_locked(c, run_id, owner, now, update, row=(row,))
 
-        else:  # a release with notify: the key's advisory lock before the row lock
-            first = None
+        else:  # a release with notify: the key's lock, then its row with the key's runs
+            rn = update.notify
+            first = (*sql.locked_with_sharing(run_id, rn.workflow, rn.tag), ROWS)
 
-            def rest(c: Conn, row: Any) -> CommitResult:
-                return self._commit_locked(c, run_id, owner, now, update)
+            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
+                row, sharing = self._split(row, rn.tag)
+                return self._commit_locked(
+                    c, run_id, owner, now, update, row=(row,), sharing=sharing
+                )
 
-        # a release with notify takes the key's advisory lock: a transaction of its own. The
-        # fast path is complete when its UPDATE matched (PostgreSQL: events inserted by the
-        # same statement), so it can run as one statement in autocommit
+        # a release with notify holds the key's advisory lock (taken before any row lock of
+        # its transaction, which it may share with other calls). The fast path is complete
+        # when its UPDATE matched (PostgreSQL: events inserted by the same statement), so it
+        # can run as one statement in autocommit
         single = _hit if fast is not None and (fast[2] or not n) else None
-        op = Op(rest, first, run_id, solo=update.notify is not None, single=single)
+        rel = update.notify
+        locks = () if rel is None else self._key_locks(rel.workflow, rel.tag)
+        op = Op(rest, first, run_id, single=single, locks=locks)
         return await self._db.write(op)
 
     def _commit_locked(
@@ -429,13 +451,14 @@ class SqlStore:
         now: float,
         update: Update,
         row: tuple[Any] | None = None,
+        sharing: list[Run] | None = None,
     ) -> CommitResult:
         """The general commit: lock the row (unless ``row`` holds it, already locked),
         decide with ``apply_update``, write the changed columns. Every precondition is checked
-        before the first write."""
+        before the first write. A release (``update.notify``) may come with the key's runs,
+        read with its row lock (``sharing``)."""
         n = update.notify
         sql = self._sql
-        sharing: list[Run] | None = None
         if n is not None:  # advisory lock before any row lock: the admission lock order
             self._lock_key(c, n.workflow, n.tag)
             if row is None:  # the key's runs come with the row lock (one round trip)
@@ -600,13 +623,13 @@ class SqlStore:
         limit: int,
         retry_wake_at: float | None = None,
     ) -> bool:
-        def op(c: Conn, _: None) -> bool:
-            # 1. serialize competing claims of this key (PostgreSQL; SQLite holds its write
-            #    lock already), 2. lock our own row against a concurrent cancel, 3. read only
-            #    the active runs of this key (2 and 3 in one round trip with 1), 4. decide with
-            #    the shared helpers and persist (the write goes out with the COMMIT).
-            self._lock_key(c, workflow, tag)
-            row, sharing = self._locked_with_sharing(c, run_id, workflow, tag)
+        def op(c: Conn, found: Any) -> bool:
+            # 1. serialize competing claims of this key (PostgreSQL, ``Op.locks``; SQLite
+            #    holds its write lock already), 2. lock our own row against a concurrent
+            #    cancel, 3. read only the active runs of this key (2 and 3 are one statement,
+            #    sent with 1), 4. decide with the shared helpers and persist (the write goes
+            #    out with the COMMIT).
+            row, sharing = self._split(found, tag)
             if row is None:
                 raise RunNotFoundError(run_id)
             run = self._sql.to_run(row)
@@ -621,7 +644,8 @@ class SqlStore:
                 self._write_changes(c, run, dataclasses.replace(run, **patch), later=True)
             return False
 
-        return await self._db.write(Op(op, None, run_id, solo=True))
+        first = (*self._sql.locked_with_sharing(run_id, workflow, tag), ROWS)
+        return await self._db.write(Op(op, first, run_id, locks=self._key_locks(workflow, tag)))
 
 
 __all__ = ["SqlStore"]
