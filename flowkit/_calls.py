@@ -22,6 +22,7 @@ from ._activation_parts import (
     error_info,
 )
 from ._definition import RetryPolicy
+from ._eager import start_next
 from ._history import (
     ErrorInfo,
     Event,
@@ -211,7 +212,7 @@ class StepCalls:
                 value = _await(value)
             else:
                 return value
-        task = asyncio.ensure_future(value)
+        task = start_next(value) if asyncio.iscoroutine(value) else asyncio.ensure_future(value)
         self._step_tasks.add(task)
         try:
             return await task

@@ -444,3 +444,23 @@ async def test_result_sees_a_run_queued_here_but_completed_by_another_instance()
             release.set()
             if other is not None:
                 await other.stop()
+
+
+async def test_a_step_and_a_handed_run_start_before_other_ready_work() -> None:
+    """``start_next`` (a step's task, a run a release handed over) puts the new task's first
+    step at the front of the event loop's ready queue: it continues the work that created it
+    instead of waiting behind every other run's ready callbacks."""
+    from flowkit._eager import start_next
+
+    order: list[str] = []
+
+    async def mine() -> None:
+        order.append("started next")
+
+    loop = asyncio.get_running_loop()
+    loop.call_soon(order.append, "ready before")
+    loop.call_soon(order.append, "ready before, too")
+    task = start_next(mine())
+    await task
+    assert order[0] == "started next"
+    assert order[1:] == ["ready before", "ready before, too"]

@@ -1354,3 +1354,32 @@ async def test_a_release_shares_a_group_commit_and_its_key_lock_comes_first(
             await s._db.write(_engine.Op(undeclared, None, "x"))
     finally:
         s.close()
+
+
+async def test_admission_and_release_read_only_the_holders_and_the_first_waiters(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admission check or a release reads the key's holders and only as many of its oldest
+    waiters as slots can be free (a key with a deep queue costs what a short one does); a
+    waiter behind them still decides about itself: denied and parked with its new re-check."""
+    s = sql_backend.store
+    await put(s, mk("h", key="k", t=T0))
+    for i in range(1, 7):
+        await put(s, mk(f"w{i}", key="k", t=T0 + i))
+    assert await s.try_admit_singleton("h", TAG, "wf", 1, T0 + 1)
+    read: list[int] = []
+    real = SqlStore._split
+
+    def counting(self: SqlStore, found: Any, tag: str) -> Any:
+        read.append(len(found))
+        return real(self, found, tag)
+
+    monkeypatch.setattr(SqlStore, "_split", counting)
+    assert not await s.try_admit_singleton("w6", TAG, "wf", 1, T0 + 50)
+    assert read == [3]  # its own row, the holder, the oldest waiter (not w2..w6)
+    w6 = await s.get_run("w6")
+    assert w6 is not None and (w6.status, w6.wake_at) == (S.SUSPENDED, T0 + 50)
+    assert await s.claim("h", "x", T0 + 2, T0 + 32)
+    res = await s.commit("h", "x", T0 + 3, _release())
+    assert [h.run.id for h in res.handed] == ["w1"]
+    assert read[1] == 3  # the holder's row, itself as a holder, the oldest waiter

@@ -1044,7 +1044,11 @@ class Database:
             for op in ops:
                 op.fut.cancel()
             raise
-        for op, (exc, value) in zip(ops, outcomes, strict=True):
+        # callers resume in the order their futures complete: the calls that serialize on a
+        # singleton key (a release handing its slot over, an admission) first, since a
+        # handover's latency waits on them
+        done = sorted(zip(ops, outcomes, strict=True), key=lambda pair: not pair[0].locks)
+        for op, (exc, value) in done:
             if op.fut.done():
                 continue
             if exc is None:

@@ -492,21 +492,36 @@ class Sql:
 
     # -- singleton keys -------------------------------------------------------------------
     def locked_with_sharing(
-        self, run_id: str, workflow: str, tag: str
+        self, run_id: str, workflow: str, tag: str, waiters: int | None = None
     ) -> tuple[str, dict[str, Any]]:
         """One statement: the run's row, locked (first column ``0``), and the active runs of
-        ``workflow`` carrying ``tag`` (``1``, as ``sharing``), the run itself included when
-        it is one of them. One round trip for what an admission or a release reads."""
+        ``workflow`` carrying ``tag`` (``1``, as ``sharing``). One round trip for what an
+        admission or a release reads.
+
+        With ``waiters`` (a singleton tag): only the key's holders and its ``waiters`` oldest
+        waiters by ``(created_at, id)``, which is all that admission and notify-on-release
+        decide on when at most ``waiters`` slots can be free (``flowkit.singleton``); a key
+        with 10,000 queued runs costs a release what a key with a few does."""
         q, params = self.sharing(workflow, tag)
         params = {**params, "id": run_id}
-        sql = self._cache_text.get(q)
+        truncated = waiters is not None and tag.startswith(SINGLETON_TAG_PREFIX)
+        if truncated:
+            params["n"] = waiters
+        key = f"{q}|{truncated}"
+        sql = self._cache_text.get(key)
         if sql is None:
-            sql = (
-                f"WITH h AS ({self.get_run_locked}) SELECT 0 AS k, h.* FROM h"
-                f" UNION ALL SELECT 1 AS k, s.* FROM ({q}) AS s"
-            )
+            head = f"WITH h AS ({self.get_run_locked}) SELECT 0 AS k, h.* FROM h"
+            if truncated:
+                sql = (
+                    f"{head} UNION ALL SELECT 1 AS k, a.* FROM ({q} AND admitted) AS a"
+                    f" UNION ALL SELECT 1 AS k, w.* FROM ({q} AND NOT admitted"
+                    f" AND status <> 'cancelling' ORDER BY created_at, id"
+                    f" LIMIT {self.p('n')}) AS w"
+                )
+            else:
+                sql = f"{head} UNION ALL SELECT 1 AS k, s.* FROM ({q}) AS s"
             if len(self._cache_text) < 64:
-                self._cache_text[q] = sql
+                self._cache_text[key] = sql
         return sql, params
 
     def sharing(self, workflow: str, tag: str) -> tuple[str, dict[str, Any]]:

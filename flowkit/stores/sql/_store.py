@@ -194,6 +194,10 @@ class SqlStore:
                 other = to_run(r[1:])
                 if tag in other.tags:
                     sharing.append(other)
+        if row is not None and all(r.id != row[0] for r in sharing):
+            me = to_run(row)  # (a waiter behind the ones read: it decides about itself)
+            if me.status.active and tag in me.tags:
+                sharing.append(me)
         return row, sharing
 
     def _write_changes(
@@ -425,7 +429,9 @@ class SqlStore:
 
         else:  # a release with notify: the key's lock, then its row with the key's runs
             rn = update.notify
-            first = (*sql.locked_with_sharing(run_id, rn.workflow, rn.tag), ROWS)
+            # (the waiters a release can wake: as many as slots can be free, one if unknown)
+            wake = rn.limit if rn.limit is not None else 1
+            first = (*sql.locked_with_sharing(run_id, rn.workflow, rn.tag, wake), ROWS)
 
             def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
                 row, sharing = self._split(row, rn.tag)
@@ -644,7 +650,7 @@ class SqlStore:
                 self._write_changes(c, run, dataclasses.replace(run, **patch), later=True)
             return False
 
-        first = (*self._sql.locked_with_sharing(run_id, workflow, tag), ROWS)
+        first = (*self._sql.locked_with_sharing(run_id, workflow, tag, limit), ROWS)
         return await self._db.write(Op(op, first, run_id, locks=self._key_locks(workflow, tag)))
 
 
