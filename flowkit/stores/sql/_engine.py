@@ -769,15 +769,21 @@ class Database:
                 finally:
                     c.committed = False
                 self.stats["ops"] += 1
-                if c.wakes:
-                    try:
-                        c.notify_now()
-                    except Exception:  # a hint: the timer poll still finds the work
-                        log.warning("sending a wake-up failed", exc_info=True)
-                        if c.broken():
-                            self._drop(c)
+                self._notify_after(c)
                 return True, out
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _notify_after(self, c: Conn) -> None:
+        """The wake-up that single-statement calls asked for, after their commit (a hint: when
+        it fails, the timer poll still finds the work)."""
+        if not c.wakes:
+            return
+        try:
+            c.notify_now()
+        except Exception:
+            log.warning("sending a wake-up failed", exc_info=True)
+            if c.broken():
+                self._drop(c)
 
     def _terminated(self, c: Conn, exc: BaseException) -> bool:
         """The server ended ``c``'s session before it read the statement (SQLSTATE class 57,
@@ -937,13 +943,7 @@ class Database:
             c.committed = False
         self.stats["ops"] += len(ops) - len(again)
         self.stats["single_batches"] += 1
-        if c.wakes:
-            try:
-                c.notify_now()
-            except Exception:  # a hint: the timer poll still finds the work
-                log.warning("sending a wake-up failed", exc_info=True)
-                if c.broken():
-                    self._drop(c)
+        self._notify_after(c)
         for k in again:
             out[k] = self._solo(ops[k])
         return out
