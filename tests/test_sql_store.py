@@ -1383,3 +1383,39 @@ async def test_admission_and_release_read_only_the_holders_and_the_first_waiters
     res = await s.commit("h", "x", T0 + 3, _release())
     assert [h.run.id for h in res.handed] == ["w1"]
     assert read[1] == 3  # the holder's row, itself as a holder, the oldest waiter
+
+
+def _open_fresh(url: str, barrier: Any, out: Any) -> None:
+    """A process opening the store at the same moment as others (see the test below)."""
+    s = SqlStore(url)
+    barrier.wait()
+    try:
+        asyncio.run(s.get_run("x"))
+        out.put(None)
+    except Exception as exc:
+        out.put(repr(exc))
+    finally:
+        s.close()
+
+
+def test_processes_opening_a_fresh_sqlite_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """Several processes open the same fresh SQLite file at the same moment: switching it to
+    WAL mode needs an exclusive lock, and SQLite refuses competing switches at once instead of
+    waiting ("database is locked"); the store tries again until the file is in WAL mode, so
+    every process gets its store (this failed about once in 60 opens before)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    failures: list[str] = []
+    for trial in range(15):
+        url = f"sqlite:///{tmp_path / f'fresh-{trial}.db'}"
+        n = 8
+        barrier, out = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_open_fresh, args=(url, barrier, out)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        failures += [r for r in results if r is not None]
+    assert failures == []

@@ -25,7 +25,9 @@ import asyncio
 import collections
 import contextlib
 import logging
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar, cast
@@ -51,6 +53,29 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _enable_wal(cur: Any) -> None:
+    """Put the database file in WAL mode (persistent: once one connection did, the others
+    find it so). Switching needs an exclusive lock, and when several connections open a fresh
+    file at once and try together, SQLite refuses all but one *at once* ("database is
+    locked", without waiting on the busy timeout, to avoid a deadlock between them): try
+    again after a pause until the file is in WAL mode, for about the busy timeout."""
+    pause, waited = 0.005, 0.0
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                return
+            cur.execute("PRAGMA journal_mode = WAL").fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if waited >= SQLITE_BUSY_TIMEOUT_MS / 1000:
+                raise
+        time.sleep(pause)  # (connecting blocks anyway; no engine clock is involved)
+        waited += pause
+        pause = min(pause * 2, 0.1)
+
+
 def _setup_sqlite(engine: sa.Engine) -> None:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -60,7 +85,7 @@ def _setup_sqlite(engine: sa.Engine) -> None:
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
+            _enable_wal(cur)  # readers never block the writer
         finally:
             cur.close()
 
