@@ -172,7 +172,7 @@ class Conn:
         if self.pg:
             self.dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
         # the rest of a single-statement call runs after its statement committed: it must
-        # not write (``_writing`` guards it)
+        # not write (``_refuse_writes`` guards every write)
         self.committed = False
         # the advisory locks the current transaction holds (or has queued); once its calls'
         # declared locks are taken (``Op.locks``), no other may be: it would come after a
@@ -257,8 +257,8 @@ class Conn:
     def reads(self, stmts: Sequence[tuple[str, Any]], *, wrote: bool = False) -> list[list[Any]]:
         """The rows of several statements, run in order; on PostgreSQL in one pipeline with
         what ``later`` queued (one round trip). ``wrote``: some of them write."""
-        if self.committed and wrote:
-            raise AssertionError("a write after a single-statement call committed")
+        if wrote:
+            self._refuse_writes()
         if not self.can_pipeline or self.committed:
             return [self.all(q, ps) for q, ps in stmts]
         out = self._pipeline(stmts)
@@ -299,8 +299,7 @@ class Conn:
 
     def write(self, sql: str, params: Any) -> int:
         """A write without ``RETURNING``: the number of rows it changed."""
-        if self.committed:
-            raise AssertionError("a write after a single-statement call committed")
+        self._refuse_writes()
         if self._later:
             self._send_later(sql, params)
             n = self.last_rowcount
@@ -319,8 +318,7 @@ class Conn:
 
     def returning(self, sql: str, params: Any) -> Any:
         """A single-row write with ``RETURNING``: the row, or ``None`` when none matched."""
-        if self.committed:
-            raise AssertionError("a write after a single-statement call committed")
+        self._refuse_writes()
         if self._later:
             got = self._send_later(sql, params)
             if got:
@@ -337,6 +335,10 @@ class Conn:
             self.dirty = True
             return rows[0]
         return None
+
+    def _refuse_writes(self) -> None:
+        if self.committed:
+            raise AssertionError("a write after a single-statement call committed")
 
     def lock(self, name: str) -> None:
         """PostgreSQL: take the transaction-scoped advisory lock ``name`` (a hash of it) unless
