@@ -499,6 +499,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("FLOWKIT_DB", DEFAULT_DB),
         help=f"store URL (default: $FLOWKIT_DB, else {DEFAULT_DB})",
     )
+    p.add_argument(
+        "--codec-keys",
+        metavar="FILE",
+        default=os.environ.get("FLOWKIT_CODEC_KEYS") or None,
+        help="a store written through CodecStore(AESGCMCodec(keys)): a JSON file of key id -> "
+        "base64 key, oldest first; payloads are decrypted to print and signals encrypted "
+        "(default: $FLOWKIT_CODEC_KEYS)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     r = sub.add_parser("runs", help="list runs (the most recent, oldest first)")
     r.add_argument("--workflow", help="only runs of this workflow")
@@ -536,9 +544,42 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _load_codec(path: str) -> Any:
+    """The ``AESGCMCodec`` of a key file: a JSON object mapping key ids to base64 AES keys
+    (16, 24 or 32 bytes), oldest first, as the application's ``AESGCMCodec(keys)`` has them."""
+    import base64
+    import binascii
+
+    from .stores.codec import AESGCMCodec
+
+    try:
+        raw = Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read the codec key file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise CliError(f"the codec key file {path} is not JSON") from None
+    if not isinstance(data, dict) or not data:
+        raise CliError(
+            f"the codec key file {path} must hold a JSON object of key id -> base64 key"
+        )
+    keys: list[tuple[str, bytes]] = []
+    for kid, text in data.items():
+        try:
+            keys.append((kid, base64.b64decode(str(text), validate=True)))
+        except (binascii.Error, ValueError):
+            raise CliError(f"key {kid!r} in {path} is not base64") from None
+    try:
+        return AESGCMCodec(keys)
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"the codec key file {path}: {exc}") from None
+
+
 def _prepare(args: argparse.Namespace) -> None:
     """Checks and imports that need no database, done before the event loop starts (a user's
     module may run its own event loop when imported)."""
+    args.codec = _load_codec(args.codec_keys) if args.codec_keys else None
     if args.cmd == "runs" and args.limit < 0:
         raise CliError(f"--limit takes a count >= 0 (0: all runs), got {args.limit}")
     if args.cmd == "signal":
@@ -550,6 +591,10 @@ def _prepare(args: argparse.Namespace) -> None:
 async def _dispatch(args: argparse.Namespace, out: Out) -> int:
     handler, needs_store = COMMANDS[args.cmd]
     store = _open_store(args.db) if needs_store else None
+    if store is not None and args.codec is not None:
+        from .stores.codec import CodecStore
+
+        store = CodecStore(store, args.codec)
     try:
         return await handler(args, out, store)
     finally:

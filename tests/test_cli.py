@@ -354,3 +354,53 @@ async def test_plain_timeline_and_replay_of_a_directory(db: str, tmp_path: Path)
     (tmp_path / "nothing").mkdir()
     err = one_line_error(flowkit(tmp_path, "replay", "nothing", "--workflow", "cliwf:CliDemo"))
     assert "no *.json histories in nothing" in err
+
+
+async def test_an_encrypted_store_is_read_and_signalled_with_its_codec_keys(
+    cliwf: ModuleType, tmp_path: Path
+) -> None:
+    """A store written through ``CodecStore(AESGCMCodec(keys))``: with ``--codec-keys`` the CLI
+    prints its payloads in clear and encrypts the signals it sends; without, it shows the
+    envelopes; a key file without the right key, or a broken one, is a one-line error."""
+    import base64
+    import os
+
+    from flowkit.stores import AESGCMCodec, CodecStore
+
+    old, new = os.urandom(32), os.urandom(32)
+    keys = tmp_path / "keys.json"
+    b64 = {"old": base64.b64encode(old).decode(), "new": base64.b64encode(new).decode()}
+    keys.write_text(json.dumps(b64))
+    url = f"sqlite:///{tmp_path / 'flowkit.db'}"
+    store = CodecStore(SqlStore(url), AESGCMCodec([("old", old), ("new", new)]))
+    async with Engine(store, [cliwf.CliDemo(), cliwf.Approval()], poll_interval=0.05) as engine:
+        await engine.start("cli-demo", 21, "enc-1")
+        assert await engine.result("enc-1", timeout=10) == 42
+        await engine.start("cli-approval", "order-9", "enc-2")
+        await wait_for(engine, "enc-2", lambda r: "approve" in r.waiting_signals)
+
+        sent = flowkit(
+            tmp_path, "--db", url, "--codec-keys", str(keys), "signal", "enc-2", "approve",
+            '{"by": "cy"}',
+        )  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        assert await engine.result("enc-2", timeout=10) == "order-9: cy"
+
+    raw = (tmp_path / "flowkit.db").read_bytes()
+    assert b'"cy"' not in raw and b"order-9" not in raw  # encrypted at rest, the signal too
+
+    clear = flowkit(tmp_path, "--db", url, "--codec-keys", str(keys), "show", "enc-1")
+    assert clear.returncode == 0 and "output  42" in clear.stdout, clear.stderr
+    hist = flowkit(tmp_path, "--db", url, "--codec-keys", str(keys), "history", "enc-1", "--json")
+    assert History.from_json(hist.stdout)[1].result == 42  # type: ignore[attr-defined]
+    sealed = flowkit(tmp_path, "--db", url, "show", "enc-1")
+    assert sealed.returncode == 0 and "$codec" in sealed.stdout
+    assert "output  42" not in sealed.stdout
+
+    only_old = tmp_path / "old.json"
+    only_old.write_text(json.dumps({"old": b64["old"]}))
+    wrong = flowkit(tmp_path, "--db", url, "--codec-keys", str(only_old), "show", "enc-1")
+    assert "new" in one_line_error(wrong)  # the key id it lacks
+    (tmp_path / "bad.json").write_text('{"k": "not base64!"}')
+    bad = flowkit(tmp_path, "--db", url, "--codec-keys", str(tmp_path / "bad.json"), "runs")
+    assert "not base64" in one_line_error(bad)
