@@ -1419,3 +1419,28 @@ def test_processes_opening_a_fresh_sqlite_file_at_once_all_succeed(tmp_path: Pat
             p.join(timeout=60)
         failures += [r for r in results if r is not None]
     assert failures == []
+
+
+async def test_an_index_added_later_is_created_on_an_existing_database(
+    sql_backend: Backend,
+) -> None:
+    """Additive schema changes need no new schema version: a database created before
+    ``ix_flowkit_runs_queue`` existed gets it on first use, and keeps version 1 (an older
+    flowkit still opens it)."""
+    s = sql_backend.store
+    await put(s, mk("r"))
+    with s._db.tx() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_flowkit_runs_queue")
+    assert sql_backend.url is not None
+    fresh = SqlStore(sql_backend.url)
+    try:
+        assert await fresh.get_run("r") is not None  # first use: the schema check
+        with fresh._db.tx(write=False) as conn:
+            names = {ix["name"] for ix in sa.inspect(conn).get_indexes("flowkit_runs")}
+            version = conn.exec_driver_sql(
+                "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
+            ).scalar()
+        assert "ix_flowkit_runs_queue" in names
+        assert version == "1"
+    finally:
+        fresh.close()

@@ -103,6 +103,10 @@ runs = sa.Table(
     sa.Index("ix_flowkit_runs_due", "status", "wake_at"),
     # singleton admission and queue caps read only the active runs of one key
     sa.Index("ix_flowkit_runs_singleton", "workflow", "singleton_key", "status"),
+    # ... and an admission check or a release only its first waiters, in queue order
+    sa.Index(
+        "ix_flowkit_runs_queue", "workflow", "singleton_key", "admitted", "created_at", "id"
+    ),
     # list_runs order
     sa.Index("ix_flowkit_runs_created", "created_at", "id"),
 )
@@ -135,6 +139,9 @@ meta = sa.Table(
     sa.Column("value", sa.String(255), nullable=False),
 )
 
+# Indexes added after version 1 first shipped, created on databases that lack them.
+_ADDED_INDEXES = [ix for ix in runs.indexes if ix.name == "ix_flowkit_runs_queue"]
+
 # Two-int advisory lock space (distinct from the one-bigint space of the key locks).
 _PG_SCHEMA_LOCK = (0x666C6F77, 1)
 
@@ -159,6 +166,11 @@ def ensure_schema(conn: sa.Connection) -> None:
     if found is not None and found > SCHEMA_VERSION:
         raise SchemaVersionError(found, SCHEMA_VERSION)
     metadata.create_all(conn, checkfirst=True)
+    if found is not None:
+        # Additive changes need no new schema version (an older flowkit reads the same
+        # layout): indexes added since a database was created are created on first use.
+        for index in _ADDED_INDEXES:
+            index.create(conn, checkfirst=True)
     if found is None:
         conn.execute(sa.insert(meta).values(key=SCHEMA_VERSION_KEY, value=str(SCHEMA_VERSION)))
     # found < SCHEMA_VERSION: no older layout exists yet; migrations go here.

@@ -511,10 +511,14 @@ class Sql:
         sql = self._cache_text.get(key)
         if sql is None:
             head = f"WITH h AS ({self.get_run_locked}) SELECT 0 AS k, h.* FROM h"
+            # (equalities on ``admitted``: both reads are ranges of ix_flowkit_runs_queue)
+            true, false = ("true", "false") if self.pg else ("1", "0")
             if truncated:
+                if not self.pg:  # (``+status``: SQLite must not prefer ix_flowkit_runs_singleton)
+                    q = q.replace(" status IN (", " +status IN (", 1)
                 sql = (
-                    f"{head} UNION ALL SELECT 1 AS k, a.* FROM ({q} AND admitted) AS a"
-                    f" UNION ALL SELECT 1 AS k, w.* FROM ({q} AND NOT admitted"
+                    f"{head} UNION ALL SELECT 1 AS k, a.* FROM ({q} AND admitted = {true}) AS a"
+                    f" UNION ALL SELECT 1 AS k, w.* FROM ({q} AND admitted = {false}"
                     f" AND status <> 'cancelling' ORDER BY created_at, id"
                     f" LIMIT {self.p('n')}) AS w"
                 )
