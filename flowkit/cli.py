@@ -561,9 +561,7 @@ def _load_codec(path: str) -> Any:
     except ValueError:
         raise CliError(f"the codec key file {path} is not JSON") from None
     if not isinstance(data, dict) or not data:
-        raise CliError(
-            f"the codec key file {path} must hold a JSON object of key id -> base64 key"
-        )
+        raise CliError(f"the codec key file {path} must hold a JSON object of key id -> base64 key")
     keys: list[tuple[str, bytes]] = []
     for kid, text in data.items():
         try:

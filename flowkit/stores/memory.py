@@ -179,13 +179,7 @@ class MemoryStore:
         self, run_id: str, owner: str | None, now: float, update: Update
     ) -> CommitResult:
         run = self._get(run_id)
-        if owner is not None:
-            if run.lease_owner != owner:
-                raise LeaseLostError(run_id)
-        elif not update.ignore_lease and run.leased(now):
-            raise ConflictError(f"run {run_id!r} is leased by {run.lease_owner!r}")
-        if update.expect_status is not None and run.status not in update.expect_status:
-            raise ConflictError(f"run {run_id!r} is {run.status}")
+        check_commit(run, owner, now, update)
         inbox = self._d.inbox.get(run_id, [])
         if update.consume_signal is not None:
             idx = next((i for i, s in enumerate(inbox) if s.id == update.consume_signal), None)
@@ -326,6 +320,19 @@ def admit_new(
         return run, list(events)
     parked = dataclasses.replace(run, **patch, lease_owner=None, lease_expires=None)
     return parked, [*events, *admission.gated]
+
+
+def check_commit(run: Run, owner: str | None, now: float, update: Update) -> None:
+    """``commit``'s preconditions, for every store, checked before anything is written: the
+    caller's lease (``owner``), or no live lease unless ``ignore_lease``, and the expected
+    status."""
+    if owner is not None:
+        if run.lease_owner != owner:
+            raise LeaseLostError(run.id)
+    elif not update.ignore_lease and run.leased(now):
+        raise ConflictError(f"run {run.id!r} is leased by {run.lease_owner!r}")
+    if update.expect_status is not None and run.status not in update.expect_status:
+        raise ConflictError(f"run {run.id!r} is {run.status}")
 
 
 def plan_release(sharing: Sequence[Run], n: Notify, now: float) -> list[tuple[Run, Run | None]]:

@@ -104,9 +104,7 @@ runs = sa.Table(
     # singleton admission and queue caps read only the active runs of one key
     sa.Index("ix_flowkit_runs_singleton", "workflow", "singleton_key", "status"),
     # ... and an admission check or a release only its first waiters, in queue order
-    sa.Index(
-        "ix_flowkit_runs_queue", "workflow", "singleton_key", "admitted", "created_at", "id"
-    ),
+    sa.Index("ix_flowkit_runs_queue", "workflow", "singleton_key", "admitted", "created_at", "id"),
     # list_runs order
     sa.Index("ix_flowkit_runs_created", "created_at", "id"),
 )

@@ -40,13 +40,12 @@ from ... import singleton as _sg
 from ..._history import Event
 from ..._run import SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import (
-    LeaseLostError,
     RunIdTakenError,
     RunNotFoundError,
     SingletonQueueFullError,
 )
 from ..base import Admission, CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
-from ..memory import admit_new, apply_update, claimable, due_time, plan_release
+from ..memory import admit_new, apply_update, check_commit, claimable, due_time, plan_release
 from . import _rows as rows
 from ._engine import RETURNING, ROWCOUNT, ROWS, SELECT, Conn, Database, Deferred, Op
 from ._schema import runs
@@ -475,13 +474,7 @@ class SqlStore:
             raise RunNotFoundError(run_id)
         run = sql.to_run(row)
         last_seq = int(row[LAST_SEQ])
-        if owner is not None:
-            if run.lease_owner != owner:
-                raise LeaseLostError(run_id)
-        elif not update.ignore_lease and run.leased(now):
-            raise ConflictError(f"run {run_id!r} is leased by {run.lease_owner!r}")
-        if update.expect_status is not None and run.status not in update.expect_status:
-            raise ConflictError(f"run {run_id!r} is {run.status}")
+        check_commit(run, owner, now, update)
         if update.consume_signal is not None:
             gone = c.write(sql.consume_signal, {"sid": update.consume_signal, "id": run_id})
             if gone != 1:
