@@ -22,7 +22,6 @@ from ._activation_parts import (
     error_info,
 )
 from ._definition import RetryPolicy
-from ._eager import start_next
 from ._history import (
     ErrorInfo,
     Event,
@@ -47,7 +46,8 @@ class StepCalls:
     replay_only: bool
     _cancel_requested: bool
     _tearing_down: bool
-    _step_tasks: set[asyncio.Task[Any]]
+    _step_tasks: set[asyncio.Future[Any]]
+    _cancelled_hosts: set[asyncio.Future[Any]]
     _live: int
     _blocked: int
     store_error: Exception | None
@@ -212,12 +212,26 @@ class StepCalls:
                 value = _await(value)
             else:
                 return value
-        task = start_next(value) if asyncio.iscoroutine(value) else asyncio.ensure_future(value)
-        self._step_tasks.add(task)
+        if not asyncio.iscoroutine(value):
+            fut = asyncio.ensure_future(value)
+            self._step_tasks.add(fut)
+            try:
+                return await fut
+            finally:
+                self._step_tasks.discard(fut)
+        # a coroutine runs inline, in the task of the branch that awaits it (as a plain
+        # ``await`` would): no task of its own, no extra turn of the event loop per step.
+        # Cancelling the step cancels that task while it is inside the step (request_cancel)
+        host = asyncio.current_task()
+        assert host is not None
+        self._step_tasks.add(host)
         try:
-            return await task
+            return await value
         finally:
-            self._step_tasks.discard(task)
+            self._step_tasks.discard(host)
+            if host in self._cancelled_hosts:
+                self._cancelled_hosts.discard(host)
+                host.uncancel()
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         if not isinstance(seconds, int | float) or seconds < 0 or seconds != seconds:

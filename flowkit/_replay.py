@@ -110,7 +110,12 @@ class Activation(StepCalls):
         self._live = 0
         self._blocked = 0
         self._parks: list[_Park] = []
-        self._step_tasks: set[asyncio.Task[Any]] = set()
+        # what runs a step right now: the task of the branch awaiting it (a coroutine step
+        # runs inline), or the future of an awaitable step
+        self._step_tasks: set[asyncio.Future[Any]] = set()
+        # tasks request_cancel cancelled inside a step: the step's end takes that request
+        # back (Task.uncancel), as the body only sees the step's CancelledError
+        self._cancelled_hosts: set[asyncio.Future[Any]] = set()
         self._is_done = False  # the body settled or got stuck (see _mark_done)
         self._done_fut: asyncio.Future[None] | None = None
         self._cancel_requested = cancel_requested
@@ -167,7 +172,8 @@ class Activation(StepCalls):
             if not park.fut.done():
                 park.fut.set_exception(asyncio.CancelledError())
         for t in list(self._step_tasks):
-            t.cancel()
+            if t.cancel() and isinstance(t, asyncio.Task):
+                self._cancelled_hosts.add(t)
 
     def evict(self) -> None:
         """Stop at once without recording anything more (lease lost, engine stopping): the

@@ -22,6 +22,7 @@ class Cancellable:
         self.gate = asyncio.Event()
         self.step_saw_cancel = False
         self.body_saw_cancel = 0
+        self.cleanup_task_cancelling: list[int] = []
 
     def setup(self) -> str:
         self.calls["setup"] += 1
@@ -38,6 +39,11 @@ class Cancellable:
 
     def cleanup(self, where: str) -> str:
         self.calls[f"cleanup:{where}"] += 1
+        # a step runs in the task of the body that awaits it: the cancelled step's request
+        # must be taken back, or the task would stay "cancelling" (asyncio.timeout breaks)
+        task = asyncio.current_task()
+        assert task is not None
+        self.cleanup_task_cancelling.append(task.cancelling())
         return "cleaned"
 
     async def run(self, ctx: WorkflowCtx, input: str) -> str:
@@ -115,6 +121,7 @@ async def test_cancel_during_running_step() -> None:
         assert wf.step_saw_cancel
         await _assert_cancelled(env, wf, "r1", "step")
         assert wf.calls["blocking"] == 1
+        assert wf.cleanup_task_cancelling == [0]
         h = await env.history("r1")
         failed = [e for e in h if e.type == "step_failed"]
         assert len(failed) == 1 and failed[0].cancelled
