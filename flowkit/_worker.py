@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
@@ -39,7 +39,14 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from .errors import LeaseLostError
-from .stores.base import CommitResult, ConflictError, InboxSignal, Notify, Update
+from .stores.base import (
+    AppendsEvents,
+    CommitResult,
+    ConflictError,
+    InboxSignal,
+    Notify,
+    Update,
+)
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -58,7 +65,16 @@ class _Host:
         return self._w.engine.clock.now()
 
     async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
-        res = await self._w.store.commit(
+        w = self._w
+        # a step's record: events only (AppendsEvents); None: not that simple, commit
+        if (
+            w.appends is not None
+            and events
+            and consume_signal is None
+            and await w.appends.append_events(self._run_id, w.owner, self.now(), events)
+        ):
+            return False  # (the run was ``running``, so not cancelling)
+        res = await w.store.commit(
             self._run_id,
             self._w.owner,
             self.now(),
@@ -77,6 +93,12 @@ class Worker:
         self.engine = engine
         self.store = engine.store
         self.owner = engine.instance_id
+        # the store records steps with append_events (base.AppendsEvents), or None
+        self.appends: AppendsEvents | None = (
+            cast(AppendsEvents, self.store)
+            if getattr(self.store, "appends_events", False)
+            else None
+        )
         self._active: dict[str, Activation | None] = {}
         self._again: set[str] = set()
         # Runs handed to this instance while a stale activation of theirs was still winding

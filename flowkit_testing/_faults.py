@@ -29,6 +29,7 @@ STORE_OPS = (
     "claim",
     "renew_lease",
     "commit",
+    "append_events",
     "due_runs",
     "next_due_at",
     "deliver_signal",
@@ -40,6 +41,7 @@ WRITE_OPS = (
     "claim",
     "renew_lease",
     "commit",
+    "append_events",
     "deliver_signal",
     "try_admit_singleton",
 )
@@ -72,6 +74,12 @@ def _records_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return isinstance(update, Update) and any(isinstance(e, StepCompleted) for e in update.events)
 
 
+def _appends_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``append_events`` (stores with ``appends_events``: how the engine records a step)."""
+    events = kwargs.get("events", args[3] if len(args) > 3 else ())
+    return any(isinstance(e, StepCompleted) for e in events)
+
+
 Matcher = Callable[[tuple[Any, ...], dict[str, Any]], bool]
 """Decides from a store call's ``(args, kwargs)`` whether a rule or crash site applies."""
 
@@ -87,6 +95,11 @@ def _admits_on_create(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 def _created_admitted(result: Any) -> bool:
     """``create_run``'s result: the run was created, and admitted by its own transaction."""
     return bool(result[1]) and isinstance(result[0], Run) and result[0].admitted
+
+
+def _appended(result: Any) -> bool:
+    """``append_events``' result: the events were written (``None``: nothing was)."""
+    return result is not None
 
 
 @dataclass(frozen=True)
@@ -109,9 +122,16 @@ class CrashSite:
 #: Named crash points, each with every site where it fires (the first without ``result``).
 CRASH_SITES: dict[str, tuple[CrashSite, ...]] = {
     # a step's result is computed but not yet recorded: on recovery the step runs again
-    "before_step_record": (CrashSite("commit", "before", _records_step),),
+    # (a step is recorded by ``commit``, or by ``append_events`` where the store has it)
+    "before_step_record": (
+        CrashSite("commit", "before", _records_step),
+        CrashSite("append_events", "before", _appends_step),
+    ),
     # the step is recorded, the next one has not started: on recovery it is not re-run
-    "after_step_record": (CrashSite("commit", "after", _records_step),),
+    "after_step_record": (
+        CrashSite("commit", "after", _records_step),
+        CrashSite("append_events", "after", _appends_step, _appended),
+    ),
     # the run was claimed (lease taken) and nothing else happened
     "after_claim": (CrashSite("claim", "after"),),
     # the singleton slot is claimed and stored, its admission event not yet recorded: by the

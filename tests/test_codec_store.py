@@ -1,6 +1,7 @@
 """``CodecStore`` + ``AESGCMCodec``: every payload kind round-trips through an engine exactly as
 on the plain store, no plaintext reaches the database (SQLite file bytes, PostgreSQL rows),
-key rotation, unknown keys and tampering, and forwarding of ``try_admit_singleton``/``scoped``."""
+key rotation, unknown keys and tampering, and forwarding of ``try_admit_singleton``/``scoped``
+and of ``append_events`` (a step's record: encoded, and only over a store that has it)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import flowkit
 from flowkit import RetryPolicy, Run, RunStatus, Singleton, WorkflowCtx, workflow
 from flowkit._history import (
     ErrorInfo,
+    Event,
     RunCompleted,
     RunFailed,
     RunStarted,
@@ -152,6 +154,31 @@ def raw_bytes(kind: str, url: str) -> bytes:
     return sqlite_bytes(url) if kind == "sqlite" else pg_rows(url).encode()
 
 
+Appended = list[tuple[list[Event], "tuple[int, ...] | None"]]
+
+
+def log_appends(inner: SqlStore) -> Appended:
+    """Log every ``inner.append_events`` call: the events as they reached ``inner`` and the
+    seqs it returned (``None``: refused, the engine then committed them)."""
+    calls: Appended = []
+    real = inner.append_events
+
+    async def append_events(
+        run_id: str, owner: str, now: float, events: Any
+    ) -> tuple[int, ...] | None:
+        seqs = await real(run_id, owner, now, events)
+        calls.append((list(events), seqs))
+        return seqs
+
+    inner.append_events = append_events  # type: ignore[method-assign]
+    return calls
+
+
+def appended(calls: Appended) -> list[Event]:
+    """The events ``inner`` accepted through ``append_events``."""
+    return [e for evs, seqs in calls if seqs for e in evs]
+
+
 @pytest.mark.parametrize("kind", ["sqlite", PG])
 async def test_engine_round_trip_matches_plain_store_and_hides_plaintext(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -164,6 +191,8 @@ async def test_engine_round_trip_matches_plain_store_and_hides_plaintext(
         plain.close()
     enc_url = _url(kind, request, tmp_path, "enc.db")
     enc = CodecStore(SqlStore(enc_url), codec())
+    assert enc.appends_events is True
+    calls = log_appends(enc.inner)
     try:
         on_codec = await vault_scenario(enc)
     finally:
@@ -171,6 +200,13 @@ async def test_engine_round_trip_matches_plain_store_and_hides_plaintext(
     check_scenario(on_plain)
     # identical to the plain store: results, failures, snapshots, histories byte for byte
     assert on_codec == on_plain
+    # the failed attempts of "bad"'s step were recorded with append_events, encoded
+    failures = [e for e in appended(calls) if isinstance(e, StepFailed)]
+    assert [(f.name, f.retry_at is None) for f in failures] == [
+        ("Vault.explode", False),
+        ("Vault.explode", True),
+    ]
+    assert all(f.error.message.startswith(STRING_PREFIX) for f in failures)
 
     # the plain store does hold the secret (so this test can fail) ...
     plain_raw = raw_bytes(kind, plain_url)
@@ -351,6 +387,103 @@ async def test_isinstance_store_and_scoped_views(tmp_path: Path) -> None:
         assert raw is not None and raw.input["$codec"] == "aesgcm"
     finally:
         store.close()
+
+
+# -- a step's record: append_events ---------------------------------------------------------
+
+STEP_SECRET = "STEP-ONLY-SECRET-5c1e"
+
+
+@workflow(name="codec_steps")
+class CodecSteps:
+    """Its input and output are numbers: ``STEP_SECRET`` is only ever in the results of its
+    ``reveal`` steps. A step's record is flushed before the next step runs (the engine then
+    appends it), so each ``reveal`` is followed by a step; the last step's record travels in
+    the final commit."""
+
+    def reveal(self, n: int) -> str:
+        return f"{STEP_SECRET}-{n}"
+
+    def tally(self, *parts: str) -> int:
+        return sum(map(len, parts))
+
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        a = await ctx.step(self.reveal, input)
+        b = await ctx.step(self.reveal, input + 1)
+        n: int = await ctx.step(self.tally, a, b)
+        return n
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "codec"])
+async def test_step_results_recorded_by_append_events_store_no_plaintext(
+    encrypted: bool, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'steps.db'}"
+    inner = SqlStore(url)
+    store: Any = CodecStore(inner, codec()) if encrypted else inner
+    assert store.appends_events is True
+    calls = log_appends(inner)
+    try:
+        async with flowkit.Engine(store, [CodecSteps()], poll_interval=0.05) as engine:
+            await engine.start("codec_steps", 1, "r")
+            assert await engine.result("r", timeout=30) == 2 * len(f"{STEP_SECRET}-1")
+        history = await store.load_events("r")
+    finally:
+        inner.close()
+    done = [e for e in history if isinstance(e, StepCompleted)]
+    secrets = [f"{STEP_SECRET}-1", f"{STEP_SECRET}-2"]
+    assert [e.result for e in done] == [*secrets, 2 * len(secrets[0])]
+    # both reveal records went through append_events (accepted: no fall-back commit) ...
+    assert all(seqs for _, seqs in calls)
+    steps = [e for e in appended(calls) if isinstance(e, StepCompleted)]
+    assert [(e.pos, e.name) for e in steps] == [(e.pos, e.name) for e in done[:2]]
+    assert all(e.name == "CodecSteps.reveal" for e in steps)
+    if encrypted:  # ... as envelopes
+        assert all(e.result["$codec"] == "aesgcm" for e in steps)
+    else:
+        assert [e.result for e in steps] == secrets
+    # the plain database holds the results (so this test can fail), the encrypted one does not
+    raw = sqlite_bytes(url)
+    assert (STEP_SECRET.encode() in raw) is not encrypted
+    assert b"reveal" in raw and b"step_completed" in raw  # step names and types stay clear
+
+
+class NoAppendStore(MemoryStore):
+    appends_events = False
+
+
+async def test_append_events_goes_through_only_when_inner_appends_events() -> None:
+    inner = MemoryStore()
+    store = CodecStore(inner, codec())
+    assert store.appends_events is True
+    run = replace(_run("r"), status=RunStatus.RUNNING, lease_owner="w", lease_expires=T0 + 30)
+    await store.create_run(run, [])
+    step = StepCompleted(pos="0", name="f", result={"s": SECRET}, at=T0 + 1)
+    failure = StepFailed(
+        pos="1", name="f", error=ErrorInfo(type="ValueError", message=SECRET), at=T0 + 1
+    )
+    assert await store.append_events("r", "w", T0 + 1, [step, failure]) == (1, 2)
+    assert await store.append_events("r", "other", T0 + 1, [step]) is None
+    assert await store.append_events("r", "w", T0 + 1, []) is None
+    assert await store.load_events("r") == [
+        step.model_copy(update={"seq": 1}),
+        failure.model_copy(update={"seq": 2}),
+    ]
+    raw = await inner.load_events("r")
+    assert raw[0].result["$codec"] == "aesgcm"  # type: ignore[union-attr]
+    assert raw[1].error.message.startswith(STRING_PREFIX)  # type: ignore[union-attr]
+    assert SECRET not in repr(inner._d)
+
+    # over a store without the capability: no flag, and append_events is refused unsent
+    for lacking in (NoAppendStore(), NoAppendStore(namespace="ns")):
+        plain = CodecStore(lacking, codec())
+        assert plain.appends_events is False
+        await plain.create_run(run, [])
+        with pytest.raises(TypeError, match="appends_events"):
+            await plain.append_events("r", "w", T0 + 1, [step])
+        assert await plain.load_events("r") == []
+        assert (await plain.commit("r", "w", T0 + 1, Update(events=[step]))).seqs == (1,)
+    assert store.scoped("a").appends_events is True
 
 
 # -- AESGCMCodec -------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The store conformance kit (``flowkit_testing.conformance``): every check passes on
 MemoryStore, SqlStore on SQLite files, SqlStore on a throwaway PostgreSQL (tests/pg.py) and
 CodecStore (AES-GCM) over SqlStore on SQLite, one pytest test per check; deliberately broken
-stores fail the checks that guard what they break; ``run_all`` reports; and the kit never
-imports pytest."""
+stores fail the checks that guard what they break; checks of an optional capability
+(``admits_on_create``, ``appends_events``) are skipped for a store, or a CodecStore over a
+store, without it; ``run_all`` reports; and the kit never imports pytest."""
 
 from __future__ import annotations
 
@@ -107,7 +108,23 @@ def test_registry_covers_every_check_function() -> None:
     # plain checks first, then those needing optional methods, then the competing ones
     order = [(c.kind == "pair", bool(c.requires)) for c in CHECKS.values()]
     assert order == sorted(order)
-    assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {"namespace_scoping"}
+    appends = {n for n, c in CHECKS.items() if "appends_events" in c.requires}
+    assert appends == {
+        "append_events_continues_the_numbering",
+        "append_events_changes_only_the_history",
+        "append_events_fenced_by_owner_not_expiry",
+        "refused_append_events_writes_nothing",
+        "append_events_respects_namespaces",
+    }
+    assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {
+        "namespace_scoping",
+        *appends,
+    }
+    assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
+    assert all(
+        CHECKS[n].requires == ("appends_events",)
+        for n in appends - {"append_events_respects_namespaces"}
+    )
     on_create = {n for n, c in CHECKS.items() if "admits_on_create" in c.requires}
     assert on_create == {
         "create_admits_on_a_free_key",
@@ -142,7 +159,12 @@ class NoSingletonStore(MemoryStore):
 
 async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> None:
     ran = await run_all(NoSingletonStore)
-    assert ran == [n for n, c in CHECKS.items() if not c.requires]
+    # (it keeps the capabilities of a MemoryStore: those that need no optional method run)
+    assert ran == [
+        n for n, c in CHECKS.items() if set(c.requires) <= {"admits_on_create", "appends_events"}
+    ]
+    assert "append_events_continues_the_numbering" in ran
+    assert "append_events_respects_namespaces" not in ran
     assert "admission_respects_limit" not in ran and "namespace_scoping" not in ran
     assert "competing_claims" in ran
     with pytest.raises(ConformanceError, match="admission_respects_limit"):
@@ -168,6 +190,45 @@ async def test_run_all_skips_the_admission_at_creation_checks_without_the_capabi
     assert await run_all(lambda: wrapped, checks=on_create) == []
     # insisting on the singleton checks does not insist on a capability the store lacks
     assert await run_all(NoAdmissionOnCreateStore, singleton=True, checks=on_create) == []
+
+
+class NoAppendEventsStore(MemoryStore):
+    """A store whose steps are recorded by ``commit``: ``appends_events`` is false (its
+    inherited ``append_events`` is never called then)."""
+
+    appends_events = False
+
+
+class AbsentAppendEventsStore:
+    """Forwards everything but ``appends_events`` and ``append_events`` to a MemoryStore."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("appends_events", "append_events"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+APPENDS = [n for n, c in CHECKS.items() if "appends_events" in c.requires]
+
+
+@pytest.mark.parametrize("store_cls", [NoAppendEventsStore, AbsentAppendEventsStore])
+async def test_run_all_skips_the_append_checks_without_the_capability(store_cls: type) -> None:
+    assert len(APPENDS) == 5
+    ran = await run_all(store_cls)
+    assert ran == [n for n in CHECKS if n not in APPENDS]
+    assert "admission_respects_limit" in ran and "namespace_scoping" in ran
+    assert await run_all(store_cls, checks=APPENDS) == []
+    assert await run_all(store_cls, singleton=True, checks=APPENDS) == []
+    # a CodecStore over it does not claim the capability either; over a MemoryStore it does
+    wrapped = CodecStore(store_cls(), AESGCMCodec([("k1", KEY)]))
+    assert wrapped.appends_events is False
+    assert await run_all(lambda: wrapped, checks=APPENDS) == []
+    assert CodecStore(MemoryStore(), AESGCMCodec([("k1", KEY)])).appends_events is True
+    over_memory = lambda: CodecStore(MemoryStore(), AESGCMCodec([("k1", KEY)]))  # noqa: E731
+    assert await run_all(over_memory, checks=APPENDS) == APPENDS
 
 
 def test_the_kit_does_not_import_pytest() -> None:
@@ -275,6 +336,66 @@ class GatesAnExistingRun(MemoryStore):
         return await super().create_run(run, events, **kw)
 
 
+class AppendsForAnyOwner(MemoryStore):
+    """Appends to a running run whoever holds its lease."""
+
+    async def append_events(self, run_id: str, owner: str, now: float, events: Any) -> Any:
+        run = self._d.runs.get(run_id)
+        holder = run.lease_owner if run is not None and run.lease_owner else owner
+        return await super().append_events(run_id, holder, now, events)
+
+
+class AppendsToCancellingRuns(MemoryStore):
+    """Appends for the lease holder of a ``cancelling`` run too."""
+
+    async def append_events(self, run_id: str, owner: str, now: float, events: Any) -> Any:
+        run = self._d.runs.get(run_id)
+        if run is not None and run.status.value == "cancelling" and run.lease_owner == owner:
+            return self._append(run_id, events) if events else None
+        return await super().append_events(run_id, owner, now, events)
+
+
+class AppendTouchesRefusedRuns(MemoryStore):
+    """Moves ``updated_at`` before it decides, so a refused append writes too."""
+
+    async def append_events(self, run_id: str, owner: str, now: float, events: Any) -> Any:
+        run = self._d.runs.get(run_id)
+        if run is not None and now > run.updated_at:
+            self._d.runs[run_id] = dataclasses.replace(run, updated_at=now)
+        return await super().append_events(run_id, owner, now, events)
+
+
+class AppendForgetsLastSeq(MemoryStore):
+    """Numbers the events of ``create_run`` and ``commit`` after the last seq it counted,
+    which ``append_events`` forgets to advance (as a SQL store forgetting ``last_seq``): a
+    commit after an append reuses the appended seqs."""
+
+    _appending = False
+
+    def _appended(self) -> dict[str, int]:
+        counts: dict[str, int] = self._d.__dict__.setdefault("appended", {})
+        return counts
+
+    async def append_events(self, run_id: str, owner: str, now: float, events: Any) -> Any:
+        self._appending = True
+        try:
+            seqs = await super().append_events(run_id, owner, now, events)
+        finally:
+            self._appending = False
+        if seqs:
+            self._appended()[run_id] = self._appended().get(run_id, 0) + len(seqs)
+        return seqs
+
+    def _append(self, run_id: str, events: Any) -> tuple[int, ...]:
+        if self._appending:
+            return super()._append(run_id, events)
+        log = self._d.events.setdefault(run_id, [])
+        last = len(log) - self._appended().get(run_id, 0)
+        seqs = tuple(range(last + 1, last + 1 + len(events)))
+        log.extend(e.model_copy(update={"seq": q}) for e, q in zip(events, seqs, strict=True))
+        return seqs
+
+
 def _pair_of(cls: type[MemoryStore]) -> Any:
     def pair() -> tuple[Store, Store]:
         m = cls()
@@ -317,6 +438,31 @@ BROKEN = [
         {"create_admission_of_an_existing_id_writes_nothing"},
         "must write nothing",
         id="gates-an-existing-run",
+    ),
+    pytest.param(
+        AppendsForAnyOwner,
+        {"refused_append_events_writes_nothing", "append_events_fenced_by_owner_not_expiry"},
+        "an instance not holding the lease",
+        id="appends-for-any-owner",
+    ),
+    pytest.param(
+        AppendsToCancellingRuns,
+        {"refused_append_events_writes_nothing"},
+        "cancelling run",
+        id="appends-to-cancelling-runs",
+    ),
+    pytest.param(
+        AppendTouchesRefusedRuns,
+        # (not append_events_respects_namespaces: its scoped views are plain MemoryStores)
+        {"refused_append_events_writes_nothing", "append_events_fenced_by_owner_not_expiry"},
+        "must write nothing, but the run changed",
+        id="append-touches-refused-runs",
+    ),
+    pytest.param(
+        AppendForgetsLastSeq,
+        {"append_events_continues_the_numbering", "append_events_fenced_by_owner_not_expiry"},
+        "it must continue after them",
+        id="append-forgets-last-seq",
     ),
 ]
 

@@ -68,9 +68,16 @@ def test_status_values_and_helpers() -> None:
 def test_store_capabilities_and_crash_points_are_exported() -> None:
     import flowkit.stores
 
-    assert {"Admission", "AdmitsOnCreate", "QueueCap", "Store"} <= set(flowkit.stores.__all__)
+    assert {"Admission", "AdmitsOnCreate", "AppendsEvents", "QueueCap", "Store"} <= set(
+        flowkit.stores.__all__
+    )
+    assert flowkit.stores.AppendsEvents is flowkit.stores.base.AppendsEvents
+    assert "AppendsEvents" in flowkit.stores.base.__all__
     assert MemoryStore.admits_on_create is True
     assert flowkit.stores.SqlStore.admits_on_create is True
+    assert MemoryStore.appends_events is True
+    assert flowkit.stores.SqlStore.appends_events is True
+    assert flowkit.stores.CodecStore.appends_events is False  # true per instance, from inner
     assert {"CRASH_POINTS", "CRASH_SITES", "CrashSite"} <= set(flowkit_testing.__all__)
     # the (op, phase, matcher) form of the named points is kept; "after_admission" also
     # fires where admission now usually happens: in the start's create_run

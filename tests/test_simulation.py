@@ -10,6 +10,7 @@ import pytest
 
 from flowkit import RunStatus, WorkflowCtx, workflow
 from flowkit.stores import SqlStore
+from flowkit.stores.base import Update
 from flowkit_testing import FaultPlan, InjectedFault, InstanceCrashed, Rule, TestEnv
 
 
@@ -31,8 +32,9 @@ class ThreeSteps:
 
 def _step_named(name: str):  # type: ignore[no-untyped-def]
     def match(args, kwargs) -> bool:  # type: ignore[no-untyped-def]
-        update = args[3]
-        return any(getattr(e, "result", None) == name for e in update.events)
+        # a step's record: append_events(run_id, owner, now, events), or a commit's Update
+        events = args[3].events if isinstance(args[3], Update) else args[3]
+        return any(getattr(e, "result", None) == name for e in events)
 
     return match
 
@@ -61,12 +63,12 @@ async def test_crash_after_step_record_does_not_rerun_it() -> None:
 
 
 @pytest.mark.parametrize("phase", ["before", "after"])
-async def test_a_failing_commit_is_recovered(phase: str) -> None:
+async def test_a_failing_step_record_is_recovered(phase: str) -> None:
     wf = ThreeSteps()
     async with TestEnv([wf]) as env:
-        env.inject(Rule("commit", "fault", phase, match=_step_named("a")))  # type: ignore[arg-type]
+        env.inject(Rule("append_events", "fault", phase, match=_step_named("a")))  # type: ignore[arg-type]
         await env.start("three-steps", None, "r1")
-        assert [f[:4] for f in env.fired] == [(0, "commit", phase, "fault")]
+        assert [f[:4] for f in env.fired] == [(0, "append_events", phase, "fault")]
         assert await env.result("r1") == "abc"
     # before: not recorded, so step a runs again; after: recorded, so it does not
     assert wf.calls[("r1", "a")] == (2 if phase == "before" else 1)

@@ -964,6 +964,8 @@ async def test_a_call_failing_after_it_wrote_reruns_the_batch_call_by_call(
                     run_id="b", seq=2, type="timer_fired", at=T0, body={"type": "timer_fired"}
                 )
             )
+            # (on SQLite the flowkit_events_last_seq trigger moved last_seq past it: undo)
+            conn.execute(sa.text("UPDATE flowkit_runs SET last_seq = 1 WHERE id = 'b'"))
     finally:
         engine.dispose()
     stats = _stats(s)
@@ -1442,5 +1444,91 @@ async def test_an_index_added_later_is_created_on_an_existing_database(
             ).scalar()
         assert "ix_flowkit_runs_queue" in names
         assert version == "1"
+    finally:
+        fresh.close()
+
+
+# -- append_events: a running step's record ------------------------------------------------
+
+
+async def test_append_events_is_one_statement_alone_and_shares_group_commits(
+    gc_backend: Backend,
+) -> None:
+    """Alone, a step's record is one statement in autocommit (no BEGIN/COMMIT statements on
+    SQLite, one round trip on PostgreSQL); concurrent ones share one transaction, each with
+    its own seqs, and a miss (a run not ``running``) writes nothing in either case."""
+    s = gc_backend.store
+    runs = [mk(f"r{i}", t=T0 + i) for i in range(6)]
+    for r in runs:
+        await put(s, r)
+        assert await s.claim(r.id, "w", T0 + 10, T0 + 40) is not None
+    before = _stats(s)
+    assert await s.append_events("r0", "w", T0 + 11, [fired(T0 + 11)]) == (2,)
+    assert _delta(s, before, "statements") == 1 and _delta(s, before, "single") == 1
+    # several events: PostgreSQL keeps one statement; SQLite reserves the seqs first
+    assert await s.append_events(
+        "r0", "w", T0 + 12, [fired(T0 + 12, "a"), fired(T0 + 12, "b")]
+    ) == (3, 4)
+    before = _stats(s)
+    got = await asyncio.gather(
+        *(
+            s.append_events(r.id, "w" if i != 3 else "other", T0 + 13, [fired(T0 + 13, "c")])
+            for i, r in enumerate(runs)
+        )
+    )
+    assert got == [(5,), (2,), (2,), None, (2,), (2,)]
+    assert _delta(s, before, "write_tx") == 1 and _delta(s, before, "batched_ops") == 6
+    assert [e.seq for e in await s.load_events("r0")] == [1, 2, 3, 4, 5]
+    assert [getattr(e, "pos", None) for e in await s.load_events("r0")] == [
+        None,
+        "0",
+        "a",
+        "b",
+        "c",
+    ]
+    assert [e.seq for e in await s.load_events("r3")] == [1]
+    # the run row moved with them: a commit continues the numbering
+    res = await s.commit("r1", "w", T0 + 14, Update(events=[fired(T0 + 14, "d")]))
+    assert res.seqs == (3,) and res.run.updated_at == T0 + 14
+    r1 = await s.get_run("r1")
+    assert r1 is not None and r1.status is S.RUNNING and r1.lease_owner == "w"
+
+
+async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
+    tmp_path: Path,
+) -> None:
+    """The trigger that lets a step's record be one ``INSERT`` is an additive change: a
+    database made before it existed gets it on first use (schema version unchanged), and
+    what an older flowkit writes (events at seqs its own ``UPDATE`` reserved) is untouched."""
+    from flowkit.stores.sql._schema import SQLITE_LAST_SEQ_TRIGGER
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = SqlStore(url)
+    try:
+        await put(old, mk("r"))
+        with old._db.tx() as conn:
+            conn.exec_driver_sql("DROP TRIGGER flowkit_events_last_seq")
+        assert await old.claim("r", "w", T0 + 1, T0 + 60) is not None
+        # an older flowkit's commit: last_seq and updated_at set by its UPDATE
+        res = await old.commit("r", "w", T0 + 2, Update(events=[fired(T0 + 2)]))
+        assert res.seqs == (2,)
+    finally:
+        old.close()
+    fresh = SqlStore(url)
+    try:
+        assert await fresh.get_run("r") is not None  # first use: the schema check
+        with fresh._db.tx(write=False) as conn:
+            sql = conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE name = 'flowkit_events_last_seq'"
+            ).scalar()
+            version = conn.exec_driver_sql(
+                "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
+            ).scalar()
+        assert sql is not None and "last_seq < NEW.seq" in sql
+        assert "IF NOT EXISTS" in SQLITE_LAST_SEQ_TRIGGER and version == "1"
+        assert await fresh.append_events("r", "w", T0 + 3, [fired(T0 + 3, "1")]) == (3,)
+        res = await fresh.commit("r", "w", T0 + 4, Update(events=[fired(T0 + 4, "2")]))
+        assert res.seqs == (4,) and res.run.updated_at == T0 + 4
+        assert [e.seq for e in await fresh.load_events("r")] == [1, 2, 3, 4]
     finally:
         fresh.close()

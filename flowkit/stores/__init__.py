@@ -3,6 +3,7 @@
 from .base import (
     Admission,
     AdmitsOnCreate,
+    AppendsEvents,
     CommitResult,
     ConflictError,
     HandOff,
@@ -20,6 +21,7 @@ __all__ = [
     "AESGCMCodec",
     "Admission",
     "AdmitsOnCreate",
+    "AppendsEvents",
     "Codec",
     "CodecError",
     "CodecStore",

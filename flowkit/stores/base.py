@@ -260,6 +260,31 @@ class AdmitsOnCreate(Protocol):
         ...
 
 
+class AppendsEvents(Protocol):
+    """The optional capability ``appends_events`` (``MemoryStore`` and ``SqlStore`` have it;
+    ``CodecStore`` when the store it wraps has it): the commit of a running step, narrowed.
+
+    Most commits of a run's life record a step's outcome: events appended by the lease holder,
+    nothing else changed. ``append_events`` is that commit alone, so a store can make it as
+    cheap as one statement (SQLite: one ``INSERT``; PostgreSQL: one round trip) and skip
+    returning the run. The engine calls it for such records and falls back to ``commit`` when
+    it returns ``None``; without the capability (absent or false) it always commits."""
+
+    appends_events: bool
+
+    async def append_events(
+        self, run_id: str, owner: str, now: float, events: Sequence[Event]
+    ) -> tuple[int, ...] | None:
+        """Atomically, when the run exists, ``owner`` holds its lease (as ``commit`` checks:
+        the owner, not the expiry) and its status is ``running``: append ``events`` (at least
+        one; the store assigns their seqs, returned in order) and move ``updated_at`` forward,
+        never back: to ``now`` (or to the newest event's ``at``, which the engine takes just
+        before) when that is later. Otherwise write nothing and return
+        ``None``: the caller then commits, and ``commit`` decides (``LeaseLostError``, a
+        ``cancelling`` run, an unknown run)."""
+        ...
+
+
 class Watchable(Protocol):
     """The optional ``watch`` method: cross-process wake-ups (``SqlStore`` has it).
 
@@ -284,6 +309,7 @@ __all__ = [
     "UNSET",
     "Admission",
     "AdmitsOnCreate",
+    "AppendsEvents",
     "CommitResult",
     "ConflictError",
     "HandOff",

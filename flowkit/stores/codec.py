@@ -225,12 +225,16 @@ class CodecStore:
     without admission, and a ``CodecStore`` must not pretend otherwise. ``watch`` (wake-ups
     carry no payload) is ``inner``'s own. Likewise ``admits_on_create`` is true only when
     ``inner``'s is: ``create_run`` then forwards an ``Admission`` (its gated events encoded
-    like every other event)."""
+    like every other event), and ``appends_events`` only when ``inner``'s is:
+    ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
+    ``Update.events``. Either, called on a wrapper whose ``inner`` lacks the capability,
+    raises ``TypeError`` and sends nothing."""
 
     try_admit_singleton: _AdmitFn
     scoped: _ScopedFn
     watch: _WatchFn
     admits_on_create: bool = False
+    appends_events: bool = False
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -247,6 +251,8 @@ class CodecStore:
             self.watch = self._watch
         if getattr(inner, "admits_on_create", False):
             self.admits_on_create = True
+        if getattr(inner, "appends_events", False):
+            self.appends_events = True
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)
@@ -445,6 +451,16 @@ class CodecStore:
                     exc_info=True,
                 )
         return dataclasses.replace(res, run=self._run_out(res.run), handed=tuple(handed))
+
+    async def append_events(
+        self, run_id: str, owner: str, now: float, events: Sequence[Event]
+    ) -> tuple[int, ...] | None:
+        if not self.appends_events:  # only to an inner store that has it
+            raise TypeError(f"{self.inner!r} does not append events (appends_events)")
+        seqs = await self.inner.append_events(
+            run_id, owner, now, [self._event_in(e) for e in events]
+        )
+        return None if seqs is None else tuple(seqs)
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None

@@ -45,6 +45,8 @@ class MemoryStore:
 
     admits_on_create = True
     """``create_run`` takes an ``Admission`` (``flowkit.stores.base.AdmitsOnCreate``)."""
+    appends_events = True
+    """``append_events`` records a running step (``flowkit.stores.base.AppendsEvents``)."""
 
     def __init__(self, namespace: str | None = None, *, _data: _Data | None = None) -> None:
         self.namespace = namespace
@@ -202,6 +204,22 @@ class MemoryStore:
                     self._put(dataclasses.replace(w, wake_at=now))
                 woken.append(w.id)
         return CommitResult(new, seqs, tuple(woken), tuple(handed))
+
+    async def append_events(
+        self, run_id: str, owner: str, now: float, events: Sequence[Event]
+    ) -> tuple[int, ...] | None:
+        run = self._d.runs.get(run_id)
+        if (
+            run is None
+            or not self._visible(run)
+            or run.lease_owner != owner
+            or run.status is not RunStatus.RUNNING
+            or not events
+        ):
+            return None
+        if now > run.updated_at:  # (status and tags unchanged: no index to maintain)
+            self._d.runs[run_id] = dataclasses.replace(run, updated_at=now)
+        return self._append(run_id, events)
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None

@@ -19,6 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ._appends import (
+    check_append_events_changes_only_the_history,
+    check_append_events_continues_the_numbering,
+    check_append_events_fenced_by_owner_not_expiry,
+    check_append_events_respects_namespaces,
+    check_refused_append_events_writes_nothing,
+)
 from ._competing import (
     check_competing_admissions,
     check_competing_claims,
@@ -87,10 +94,10 @@ async def run_all(
     Without ``make_pair`` the competing checks run on one store object used twice (still
     concurrent through ``asyncio.gather``, but not two connections). Checks that need an
     optional store method (``try_admit_singleton``, ``scoped``) or capability
-    (``admits_on_create``) run only when a store from ``make_store`` has it;
-    ``singleton=True``/``False`` forces the singleton checks in or out (those of admission
-    at creation still need ``admits_on_create``). Every selected check runs; if any fail,
-    one ``ConformanceError`` lists them all (chained to the first failure)."""
+    (``admits_on_create``, ``appends_events``) run only when a store from ``make_store`` has
+    it; ``singleton=True``/``False`` forces the singleton checks in or out (those of
+    admission at creation still need ``admits_on_create``). Every selected check runs; if
+    any fail, one ``ConformanceError`` lists them all (chained to the first failure)."""
     selected = list(CHECKS) if checks is None else list(checks)
     unknown = [n for n in selected if n not in CHECKS]
     if unknown:
@@ -137,6 +144,10 @@ __all__ = [
     "check_admission_marker_persisted",
     "check_admission_respects_limit",
     "check_admission_skips_cancelling_and_terminal",
+    "check_append_events_changes_only_the_history",
+    "check_append_events_continues_the_numbering",
+    "check_append_events_fenced_by_owner_not_expiry",
+    "check_append_events_respects_namespaces",
     "check_cancelling_is_sticky",
     "check_claim_exclusive",
     "check_claimable_rules",
@@ -167,6 +178,7 @@ __all__ = [
     "check_notify_wakes_oldest_waiters",
     "check_payloads_round_trip",
     "check_queue_cap_rejection_writes_nothing",
+    "check_refused_append_events_writes_nothing",
     "check_renew_lease",
     "check_signal_peek_fifo",
     "check_terminal_commit_clears_bookkeeping",

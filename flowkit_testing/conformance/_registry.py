@@ -20,9 +20,10 @@ F = TypeVar("F", bound=CheckFn)
 
 OPTIONAL_METHODS = ("try_admit_singleton", "scoped")
 """Store methods the contract lets a store leave out (absent or ``None``)."""
-OPTIONAL_CAPABILITIES = ("admits_on_create",)
+OPTIONAL_CAPABILITIES = ("admits_on_create", "appends_events")
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
-(``create_run`` takes an ``Admission``)."""
+(``create_run`` takes an ``Admission``) and ``appends_events`` (``append_events`` records a
+running step)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Check:
     ``kind`` says what ``func`` takes: ``"store"`` checks take ``make_store``, ``"pair"``
     checks take ``make_pair`` (two store objects over the same data). ``requires`` names the
     optional store methods and capabilities the check needs (``try_admit_singleton``,
-    ``scoped``, ``admits_on_create``)."""
+    ``scoped``, ``admits_on_create``, ``appends_events``)."""
 
     name: str
     func: CheckFn

@@ -140,6 +140,16 @@ meta = sa.Table(
 # Indexes added after version 1 first shipped, created on databases that lack them.
 _ADDED_INDEXES = [ix for ix in runs.indexes if ix.name == "ix_flowkit_runs_queue"]
 
+# SQLite: an event inserted past its run's ``last_seq`` moves ``last_seq`` (and ``updated_at``)
+# to it, so a step's record (``append_events``) is one ``INSERT`` statement. Every other write
+# inserts events at seqs its own ``UPDATE`` of the run row already reserved: for them the
+# trigger matches nothing, and a flowkit without it writes the same rows (additive).
+SQLITE_LAST_SEQ_TRIGGER = (
+    "CREATE TRIGGER IF NOT EXISTS flowkit_events_last_seq AFTER INSERT ON flowkit_events"
+    " BEGIN UPDATE flowkit_runs SET last_seq = NEW.seq, updated_at = max(updated_at, NEW.at)"
+    " WHERE id = NEW.run_id AND last_seq < NEW.seq; END"
+)
+
 # Two-int advisory lock space (distinct from the one-bigint space of the key locks).
 _PG_SCHEMA_LOCK = (0x666C6F77, 1)
 
@@ -169,6 +179,8 @@ def ensure_schema(conn: sa.Connection) -> None:
         # layout): indexes added since a database was created are created on first use.
         for index in _ADDED_INDEXES:
             index.create(conn, checkfirst=True)
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(SQLITE_LAST_SEQ_TRIGGER)  # (on existing databases too)
     if found is None:
         conn.execute(sa.insert(meta).values(key=SCHEMA_VERSION_KEY, value=str(SCHEMA_VERSION)))
     # found < SCHEMA_VERSION: no older layout exists yet; migrations go here.
@@ -176,6 +188,7 @@ def ensure_schema(conn: sa.Connection) -> None:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SQLITE_LAST_SEQ_TRIGGER",
     "SchemaVersionError",
     "StoreUnavailableError",
     "UnsupportedDatabaseError",

@@ -348,6 +348,39 @@ class Sql:
             f" SELECT * FROM u"
         )
 
+    # -- append_events: a running step's record --------------------------------------------
+    def append(self, n: int) -> tuple[str, bool]:
+        """The statement of ``append_events`` of ``n`` events (``event_params``; no seqs) and
+        whether it is the whole call. PostgreSQL: the row's ``UPDATE`` and the insert in one
+        statement, returning ``(id, last_seq)``. SQLite, one event: one ``INSERT ... SELECT``
+        from the run row, returning the seq (the ``flowkit_events_last_seq`` trigger moves
+        ``last_seq`` and ``updated_at``); more events: the ``UPDATE ... RETURNING last_seq``,
+        which the caller follows with the insert (``insert_events``) in its transaction. Either
+        way a run not leased by ``owner``, or not ``running``, matches nothing."""
+        key = ("append", n)
+        sql = self._cache.get(key)
+        if sql is None:
+            p = self.p
+            where = f"id = {p('id')}{self.ns} AND lease_owner = {p('owner')} AND status = 'running'"
+            if not self.pg and n == 1:
+                sql = (
+                    f"INSERT INTO flowkit_events (run_id, seq, type, at, body)"
+                    f" SELECT id, last_seq + 1, {p('t0')}, {p('a0')},"
+                    f" json_set({p('b0')}, '$.seq', last_seq + 1)"
+                    f" FROM flowkit_runs WHERE {where} RETURNING seq"
+                )
+            else:
+                greatest = "GREATEST" if self.pg else "max"  # (never backwards)
+                sql = (
+                    f"UPDATE flowkit_runs SET updated_at = {greatest}(updated_at, {p('now')}),"
+                    f" last_seq = last_seq + {p('n')} WHERE {where} RETURNING id, last_seq"
+                )
+                if self.pg:
+                    sql = self._commit_with_events(sql, n)
+            if n <= 16:
+                self._cache[key] = sql
+        return sql, self.pg or n == 1
+
     # -- writes of computed columns (the general paths) ------------------------------------
     def update(self, columns: Sequence[str]) -> str:
         """``UPDATE`` of ``columns`` (by run id); JSON columns take text."""

@@ -83,6 +83,8 @@ class SqlStore:
 
     ``admits_on_create``: ``create_run`` takes an ``Admission`` (``base.AdmitsOnCreate``) and
     decides it in the insert's transaction, under the key's advisory lock on PostgreSQL.
+    ``appends_events``: ``append_events`` records a running step in one statement
+    (``base.AppendsEvents``).
 
     ``group_commit`` (default on) lets concurrent writes of one event loop share a transaction;
     ``False`` runs each write at once in its own transaction and never yields to the event loop
@@ -95,6 +97,7 @@ class SqlStore:
     ``LISTEN``. Writes emit wake-ups either way. Shared by the scoped views."""
 
     admits_on_create = True
+    appends_events = True
 
     def __init__(
         self,
@@ -446,6 +449,38 @@ class SqlStore:
         rel = update.notify
         locks = () if rel is None else self._key_locks(rel.workflow, rel.tag)
         op = Op(rest, first, run_id, single=single, locks=locks)
+        return await self._db.write(op)
+
+    async def append_events(
+        self, run_id: str, owner: str, now: float, events: Sequence[Event]
+    ) -> tuple[int, ...] | None:
+        """``base.AppendsEvents``: one statement on its own (an autocommit ``INSERT`` on
+        SQLite, one round trip on PostgreSQL) when nothing shares its group commit."""
+        n = len(events)
+        if not n:
+            return None
+        sql, whole = self._sql.append(n)
+        params: dict[str, Any] = {"id": run_id, "owner": owner}
+        if self._sql.namespace is not None:
+            params["ns"] = self._sql.namespace
+        if self._pg or not whole:
+            params["now"] = now
+            params["n"] = n
+        if whole:  # the seqs are the statement's (bodies get theirs in the database)
+            self._sql.event_params(params, 0, events)
+            for i in range(n):
+                del params[f"s{i}"]
+
+        def rest(c: Conn, row: Any) -> tuple[int, ...] | None:
+            if row is None:
+                return None
+            last = int(row[-1])  # SQLite's one event: its seq; else the row's new last_seq
+            if not whole:  # (SQLite, several events) the insert at the reserved seqs
+                self._append(c, run_id, last - n + 1, events)
+            return tuple(range(last - n + 1, last + 1))
+
+        first = (sql, params, RETURNING)
+        op = Op(rest, first, run_id, single=_always if whole else None, lite=whole)
         return await self._db.write(op)
 
     def _commit_locked(
