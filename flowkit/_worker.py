@@ -348,7 +348,8 @@ class Worker:
         """A commit that may hand runs to us, safe against our own cancellation (stopping):
         the runs it handed over are then left to ``stop``, which gives their leases back,
         instead of staying leased to a stopped instance until the lease expires."""
-        commit = asyncio.ensure_future(self.store.commit(run_id, self.owner, now, update))
+        # (its own task, started next: a release's latency is the handover's)
+        commit = start_next(self.store.commit(run_id, self.owner, now, update))
         try:
             return await asyncio.shield(commit)
         except asyncio.CancelledError:

@@ -225,7 +225,7 @@ class Conn:
         curs: list[Any] = []
         out: list[list[Any]] = []
         try:
-            with self.dbapi.pipeline() as pipe:
+            with self.dbapi.pipeline():
                 for q, ps in queued:
                     self.sql = q
                     cur = self.dbapi.cursor()
@@ -239,13 +239,12 @@ class Conn:
                     mine.append(cur)
                     cur.execute(q, ps)
                 if commit:
-                    self.sql = "COMMIT"
-                    self.dbapi.commit()
-                else:
-                    pipe.sync()
-                for cur in mine:
-                    out.append(list(cur.fetchall()) if cur.description is not None else [])
-                    self.last_rowcount = int(cur.rowcount)
+                    self._commit_in_pipeline(curs)
+            # (leaving the block syncs once and collects every result: one round trip; a
+            # ``sync()`` inside it, or ``connection.commit()``, would cost a second one)
+            for cur in mine:
+                out.append(list(cur.fetchall()) if cur.description is not None else [])
+                self.last_rowcount = int(cur.rowcount)
         finally:
             for cur in curs:
                 cur.close()
@@ -253,6 +252,16 @@ class Conn:
         self.statements += n
         self.stats["statements"] += n
         return out
+
+    def _commit_in_pipeline(self, curs: list[Any]) -> None:
+        """Queue the transaction's ``COMMIT`` as a statement of the open pipeline. After a
+        failed statement the server skips the rest of the pipeline, this ``COMMIT``
+        included: nothing of it takes effect. (``connection.commit()`` would sync the
+        pipeline by itself, and leaving the block would then sync it again.)"""
+        self.sql = "COMMIT"
+        cur = self.dbapi.cursor()
+        curs.append(cur)
+        cur.execute("COMMIT")
 
     def reads(self, stmts: Sequence[tuple[str, Any]], *, wrote: bool = False) -> list[list[Any]]:
         """The rows of several statements, run in order; on PostgreSQL in one pipeline with
@@ -993,8 +1002,9 @@ class Database:
         dbapi = c.dbapi
         curs: list[Any] = []
         queued, c._later = c._later, []  # (the batch's advisory locks) go first
+        extra: list[Any] = []  # (the COMMIT's cursor)
         try:
-            with dbapi.pipeline() as pipe:
+            with dbapi.pipeline():
                 for q, ps in queued:
                     c.sql = q
                     cur = dbapi.cursor()
@@ -1013,25 +1023,23 @@ class Database:
                     cur.execute(f[0], f[1])
                     curs.append(cur)
                 if commit:
-                    c.sql = "COMMIT"
-                    dbapi.commit()
+                    c._commit_in_pipeline(extra)
+            # (leaving the block syncs once: one round trip, see Conn._pipeline)
+            out: list[tuple[Any, bool]] = []
+            for op, cur in zip(ops, curs[mine:], strict=True):
+                if cur is None:
+                    out.append((None, False))
+                elif op.first is not None and op.first[2] == ROWS:
+                    out.append((list(cur.fetchall()), False))
+                elif op.first is not None and op.first[2] != ROWCOUNT:
+                    rows = cur.fetchall()
+                    wrote = bool(rows) and op.first[2] == RETURNING
+                    out.append((rows[0] if rows else None, wrote))
                 else:
-                    pipe.sync()
-                out: list[tuple[Any, bool]] = []
-                for op, cur in zip(ops, curs[mine:], strict=True):
-                    if cur is None:
-                        out.append((None, False))
-                    elif op.first is not None and op.first[2] == ROWS:
-                        out.append((list(cur.fetchall()), False))
-                    elif op.first is not None and op.first[2] != ROWCOUNT:
-                        rows = cur.fetchall()
-                        wrote = bool(rows) and op.first[2] == RETURNING
-                        out.append((rows[0] if rows else None, wrote))
-                    else:
-                        n = int(cur.rowcount)
-                        out.append((n, n > 0))
+                    n = int(cur.rowcount)
+                    out.append((n, n > 0))
         finally:
-            for cur in curs:
+            for cur in [*curs, *extra]:
                 if cur is not None:
                     cur.close()
         sent = sum(cur is not None for cur in curs[len(queued) :])
