@@ -900,7 +900,7 @@ class Database:
                 # statements)
                 c.lock_all(name for op in ops for name in op.locks)
                 firsts = None
-                if c.can_pipeline and len(ops) >= 3:  # below that it costs more than it saves
+                if c.can_pipeline and len(ops) >= 2:  # (one round trip for all: one less at 2)
                     try:
                         firsts = self._pipelined(c, ops)
                         c.pipelined = True
