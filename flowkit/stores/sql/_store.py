@@ -13,12 +13,12 @@ deterministic mode ``flowkit_testing.TestEnv`` needs). Results are handed out on
 Concurrency between processes is the database's job (see ``_engine`` for the SQLite and
 PostgreSQL setup): every read-then-write runs in one transaction that first serializes its
 competitors (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: the key's advisory lock, then row locks).
-``claim`` and the common ``commit``\\ s are one conditional ``UPDATE ... WHERE <preconditions>
-RETURNING``; a ``commit`` that misses (or needs more: consuming a signal, notify-on-release)
-locks the run row (``SELECT ... FOR UPDATE``) and decides in Python with the shared rules of
-``flowkit.stores.memory``. Lock order is always advisory lock, then row locks; calls that take an
-advisory lock run in a transaction of their own on PostgreSQL, and the others of a group commit
-take their row locks in run-id order, so two processes' transactions cannot deadlock.
+A step's record (``append_events``) is one statement (SQLite: an ``INSERT ... SELECT`` from the
+run row, in autocommit); ``claim`` and the common ``commit``\\ s are one conditional ``UPDATE
+... WHERE <preconditions> RETURNING``; a ``commit`` that misses (or needs more: consuming a
+signal, notify-on-release) locks the run row (``SELECT ... FOR UPDATE``) and decides in Python
+with the shared rules of ``flowkit.stores.memory``. Lock order is always advisory locks (in
+name order), then row locks in run-id order, so two processes' transactions cannot deadlock.
 
 Wake-ups across processes (``_wakeup``): a transaction that leaves a run claimable now (a new
 ``pending`` run, a released lease, a signal or cancel that makes a parked run due) or stamps a
