@@ -1532,3 +1532,68 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
         assert [e.seq for e in await fresh.load_events("r")] == [1, 2, 3, 4]
     finally:
         fresh.close()
+
+
+@pytest.mark.postgres
+async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: the releases of one group commit send their hand-offs (the conditional
+    update, the waiter's history, the wake-up of a miss) together, in one round trip after
+    the batch's first statements, instead of one round trip per release; each still gets
+    its own hand-off, and a miss (a waiter another process took meanwhile) is woken."""
+    from flowkit.stores.sql import _engine
+
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    s = SqlStore(url, group_commit=True)
+    other = SqlStore(url)
+    keys = ["a", "b", "c", "d"]
+    try:
+        for i, k in enumerate(keys):
+            await put(s, mk(f"h{k}", key=k, t=T0 + i))
+            await put(s, mk(f"w{k}", key=k, t=T0 + 10 + i))
+            assert await s.try_admit_singleton(f"h{k}", f"singleton:{k}", "wf", 1, T0 + 1)
+            assert not await s.try_admit_singleton(f"w{k}", f"singleton:{k}", "wf", 1, T0 + 50)
+            assert await s.claim(f"h{k}", "x", T0 + 20, T0 + 60)
+        trips: list[str] = []
+        real_pipeline, real_pipelined = _engine.Conn._pipeline, _engine.Database._pipelined
+
+        real_commit = _engine.Conn.commit
+
+        def pipeline(self: Any, stmts: Any, *, commit: bool = False) -> Any:
+            if not commit:  # (a COMMIT with queued statements: counted below)
+                trips.append("pipeline")
+            return real_pipeline(self, stmts, commit=commit)
+
+        def commit(self: Any) -> None:
+            trips.append("COMMIT")
+            real_commit(self)
+
+        def pipelined(self: Any, c: Any, ops: Any, *, commit: bool = False) -> Any:
+            trips.append("firsts")
+            return real_pipelined(self, c, ops, commit=commit)
+
+        monkeypatch.setattr(_engine.Conn, "_pipeline", pipeline)
+        monkeypatch.setattr(_engine.Database, "_pipelined", pipelined)
+        monkeypatch.setattr(_engine.Conn, "commit", commit)
+        # another process's poller takes wd (parked, due at T0+50) before the release
+        assert await other.claim("wd", "y", T0 + 51, T0 + 90) is not None
+
+        def release(k: str) -> Update:
+            n = Notify("wf", f"singleton:{k}", 1, claim_owner="x", lease_expires=T0 + 99)
+            return Update(events=[RunCompleted(at=T0 + 52)], status=S.COMPLETED, notify=n)
+
+        got = await asyncio.gather(*(s.commit(f"h{k}", "x", T0 + 52, release(k)) for k in keys))
+        assert trips == ["firsts", "pipeline", "COMMIT"]  # 3 round trips for 4 releases
+        for k, res in zip(keys[:3], got[:3], strict=True):
+            assert res.woken == () and [h.run.id for h in res.handed] == [f"w{k}"]
+            (hand,) = res.handed
+            assert hand.run.admitted and hand.run.lease_owner == "x"
+            assert list(hand.events) == await s.load_events(f"w{k}")
+            assert await s.get_run(f"w{k}") == hand.run
+        assert got[3].handed == () and got[3].woken == ("wd",)
+        wd = await s.get_run("wd")
+        assert wd is not None and wd.lease_owner == "y" and not wd.admitted
+    finally:
+        s.close()
+        other.close()

@@ -167,7 +167,7 @@ class Conn:
         self.can_pipeline = self.pg and _has_pipeline(self.dbapi)
         # statements whose results nobody reads (``later``), sent in one pipeline with the
         # next statement that needs a result, or before the COMMIT (PostgreSQL)
-        self._later: list[tuple[str, Any]] = []
+        self._later: list[tuple[str, Any, list[Any] | None]] = []
         self.last_rowcount = 0
         if self.pg:
             self.dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
@@ -194,18 +194,41 @@ class Conn:
         return bool(getattr(c, "closed", False) or getattr(c, "broken", False))
 
     # -- statements ---------------------------------------------------------------------
-    def later(self, sql: str, params: Any, *, wrote: bool = True) -> None:
-        """A statement inside a transaction whose result the caller does not need (a lock
+    def later(
+        self, sql: str, params: Any, *, wrote: bool = True, into: list[Any] | None = None
+    ) -> None:
+        """A statement inside a transaction whose result the caller does not need now (a lock
         that blocks until granted, an ``UPDATE`` or ``INSERT`` that must simply happen). On
         PostgreSQL it is sent in one pipeline with the next statement that returns something
         (or with the ``COMMIT``), saving a round trip; its errors surface there and fail the
-        transaction. Elsewhere it runs at once."""
+        transaction. Elsewhere it runs at once. ``into`` receives ``(rows, rowcount)`` once
+        it has run: a caller can read it after the ``COMMIT`` (``After``)."""
         if not self.can_pipeline or self.committed:
-            self.write(sql, params)  # (refused after a single statement committed)
+            if into is None:
+                self.write(sql, params)  # (refused after a single statement committed)
+            elif wrote:
+                self._refuse_writes()
+                into.append(self._rows(sql, params))
+            else:
+                rows = self.all(sql, params)
+                into.append((rows, len(rows)))
             return
-        self._later.append((sql, params))
+        self._later.append((sql, params, into))
         if wrote:
             self.dirty = True
+
+    def _rows(self, sql: str, params: Any) -> tuple[list[Any], int]:
+        """A write, at once: its rows (``RETURNING``) and rowcount."""
+        self.sql = sql
+        cur = self.cur
+        cur.execute(sql, params)
+        self.statements += 1
+        self.stats["statements"] += 1
+        rows = list(cur.fetchall()) if cur.description is not None else []
+        n = int(cur.rowcount)
+        if n > 0:
+            self.dirty = True
+        return rows, n
 
     def _send_later(self, sql: str | None = None, params: Any = None) -> list[Any] | None:
         """Send the queued statements (and ``sql``, whose rows are returned) in one pipeline."""
@@ -226,7 +249,7 @@ class Conn:
         out: list[list[Any]] = []
         try:
             with self.dbapi.pipeline():
-                for q, ps in queued:
+                for q, ps, _into in queued:
                     self.sql = q
                     cur = self.dbapi.cursor()
                     cur.execute(q, ps)
@@ -242,6 +265,10 @@ class Conn:
                     self._commit_in_pipeline(curs)
             # (leaving the block syncs once and collects every result: one round trip; a
             # ``sync()`` inside it, or ``connection.commit()``, would cost a second one)
+            for (_q, _ps, into), cur in zip(queued, curs, strict=False):
+                if into is not None:
+                    rows = list(cur.fetchall()) if cur.description is not None else []
+                    into.append((rows, int(cur.rowcount)))
             for cur in mine:
                 out.append(list(cur.fetchall()) if cur.description is not None else [])
                 self.last_rowcount = int(cur.rowcount)
@@ -274,6 +301,10 @@ class Conn:
         if wrote:
             self.dirty = True
         return out
+
+    def flushes_later(self) -> bool:
+        """Whether statements are queued (``later``)."""
+        return bool(self._later)
 
     def flush_later(self) -> None:
         """Send what ``later`` queued (a call's writes must not wait for the next call)."""
@@ -539,6 +570,28 @@ class _Unclean(Exception):
 Outcome = tuple[BaseException | None, Any]
 
 
+class After(Generic[T]):
+    """A call's result that needs what its queued statements returned (``Conn.later(...,
+    into=...)``): ``finish()`` builds it once the transaction committed. On PostgreSQL such
+    statements go out with the ``COMMIT`` (a call alone) or in one round trip for every call
+    of a group commit, instead of a round trip each."""
+
+    __slots__ = ("finish",)
+
+    def __init__(self, finish: Callable[[], T]) -> None:
+        self.finish = finish
+
+
+def _finish(outcome: Outcome) -> Outcome:
+    exc, value = outcome
+    if exc is None and isinstance(value, After):
+        try:
+            return None, value.finish()
+        except Exception as err:  # (after the COMMIT: this call's alone)
+            return err, None
+    return outcome
+
+
 def _nothing() -> None:
     pass
 
@@ -762,7 +815,6 @@ class Database:
                     out = fn(c)
                     c.commit()
                     self.stats["ops"] += 1
-                    return out
                 except BaseException as exc:
                     c.rollback()
                     if not isinstance(exc, Exception):
@@ -772,6 +824,7 @@ class Database:
                     if isinstance(exc, self._dbapi_error) and c.broken():
                         self._drop(c)
                     raise self._wrap(c, exc) from exc
+                return cast(T, out.finish() if isinstance(out, After) else out)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _run_single(self, op: Op[T]) -> tuple[bool, T | None]:
@@ -916,7 +969,8 @@ class Database:
                         else:
                             c.dirty = firsts[k][1]
                             got = op.rest(c, firsts[k][0])
-                        c.flush_later()  # its errors are this call's, not the next one's
+                        if not isinstance(got, After):
+                            c.flush_later()  # its errors are this call's, not the next one's
                         res.append((None, got))
                     except Exception as exc:
                         if c.dirty or isinstance(exc, self._dbapi_error):
@@ -924,9 +978,16 @@ class Database:
                         c.drop_later()
                         res.append((exc, None))
                 c.pipelined = False
+                if c.flushes_later():
+                    # what the calls that read their statements' results after the COMMIT
+                    # (``After``: hand-offs) queued, in one round trip for all of them
+                    try:
+                        c.flush_later()
+                    except self._dbapi_error as exc:
+                        raise _Unclean from exc
                 c.commit()
                 self.stats["ops"] += len(ops)
-                return res
+                return [_finish(r) for r in res]
             except _Unclean:
                 c.pipelined = False
                 c.rollback()
@@ -1005,7 +1066,7 @@ class Database:
         extra: list[Any] = []  # (the COMMIT's cursor)
         try:
             with dbapi.pipeline():
-                for q, ps in queued:
+                for q, ps, _into in queued:
                     c.sql = q
                     cur = dbapi.cursor()
                     cur.execute(q, ps)
@@ -1107,6 +1168,7 @@ __all__ = [
     "ROWS",
     "SELECT",
     "SQLITE_BUSY_TIMEOUT_MS",
+    "After",
     "Conn",
     "Database",
     "Deferred",

@@ -47,7 +47,7 @@ from ...errors import (
 from ..base import Admission, CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
 from ..memory import admit_new, apply_update, check_commit, claimable, due_time, plan_release
 from . import _rows as rows
-from ._engine import RETURNING, ROWCOUNT, ROWS, SELECT, Conn, Database, Deferred, Op
+from ._engine import RETURNING, ROWCOUNT, ROWS, SELECT, After, Conn, Database, Deferred, Op
 from ._schema import runs
 from ._sql import LAST_SEQ, Sql, dumps
 
@@ -530,8 +530,9 @@ class SqlStore:
         self._append(c, run_id, last_seq + 1, update.events, later=True)
         _wake_if_free(c, new, now)
         seqs = tuple(range(last_seq + 1, last_seq + 1 + len(update.events)))
-        woken: list[str] = []
-        handed: list[HandOff] = []
+        # per waiter, in plan order: a hand-off, a woken waiter's id, or a hand-off whose
+        # statements go out with others (PostgreSQL), read after the COMMIT
+        planned: list[HandOff | str | _PendingHandOff] = []
         if n is not None:
             if sharing is None:
                 sharing = self._sharing(c, n.workflow, n.tag)
@@ -545,23 +546,36 @@ class SqlStore:
                 if admitted is not None:
                     got = self._hand_off(c, w, admitted, now)
                     if got is not None:
-                        handed.append(got)
+                        planned.append(got)
                         continue
                 # woken, not handed: it admits itself (a miss above: another process's
                 # poller claimed it, or it was cancelled, in the meantime)
-                c.write(sql.wake_waiter, {"id": w.id, "now": now})
+                c.later(sql.wake_waiter, {"id": w.id, "now": now})
                 c.wakeup(w.namespace)
-                woken.append(w.id)
-        return CommitResult(new, seqs, tuple(woken), tuple(handed))
+                planned.append(w.id)
 
-    def _hand_off(self, c: Conn, waiter: Run, admitted: Run, now: float) -> HandOff | None:
+        def result() -> CommitResult:
+            done = [p.finish(c) if isinstance(p, _PendingHandOff) else p for p in planned]
+            woken = tuple(p for p in done if isinstance(p, str))
+            return CommitResult(new, seqs, woken, tuple(p for p in done if isinstance(p, HandOff)))
+
+        if any(isinstance(p, _PendingHandOff) for p in planned):
+            return After(result)  # type: ignore[return-value]  # (Database.write finishes it)
+        return result()
+
+    def _hand_off(
+        self, c: Conn, waiter: Run, admitted: Run, now: float
+    ) -> HandOff | _PendingHandOff | None:
         """Apply a planned hand-off if the waiter is still free to take (not leased, not
         cancelling, not admitted: on PostgreSQL another process's poller may have claimed it
         since it was read), with its history; ``None`` on a miss.
 
-        The conditional update and the history read share a round trip. A history this code
-        cannot read (a newer flowkit's event, a damaged row) must not fail the holder's
-        release: the hand-off is then undone (``None``: the waiter is woken instead)."""
+        The conditional update and the history read share a round trip. On PostgreSQL they
+        are queued instead (``_PendingHandOff``, with the wake-up of a miss, which matches only
+        when the hand-off did not): a group commit sends every release's hand-off in one
+        round trip, a release alone with its ``COMMIT``. A history this code cannot read (a
+        newer flowkit's event, a damaged row) must not fail the holder's release: the
+        hand-off is then undone (``None``: the waiter is woken instead)."""
         sql = self._sql
         params = {
             "id": admitted.id,
@@ -571,6 +585,12 @@ class SqlStore:
             "until": admitted.lease_expires,
             "now": now,
         }
+        if c.can_pipeline and not c.committed:
+            pending = _PendingHandOff(self, waiter, now)
+            c.later(sql.load_events, self._params(id=admitted.id), wrote=False, into=pending.found)
+            c.later(sql.hand_off, params, into=pending.updated)
+            c.later(sql.wake_waiter, {"id": waiter.id, "now": now})  # (a miss only)
+            return pending
         found, updated = c.reads(
             [(sql.load_events, self._params(id=admitted.id)), (sql.hand_off, params)],
             wrote=True,
@@ -588,6 +608,26 @@ class SqlStore:
             self._write_changes(c, handed, waiter)  # as it was, before the hand-off
             return None
         return HandOff(handed, evs)
+
+    def _undo_hand_off(self, handed: Run, waiter: Run, now: float) -> bool:
+        """After the releasing transaction committed (``_PendingHandOff``): give a handed
+        waiter whose history cannot be read back its parked state, woken, in a transaction
+        of its own, if it is still as the hand-off left it. Whether it was undone."""
+        sql = self._sql
+
+        def undo(c: Conn, row: Any) -> bool:
+            if row is None:
+                return False
+            current = sql.to_run(row)
+            if (current.lease_owner, current.status) != (handed.lease_owner, RunStatus.RUNNING):
+                return False  # (changed since: a cancel request; leave it to its holder)
+            self._write_changes(c, current, waiter)
+            c.write(sql.wake_waiter, {"id": waiter.id, "now": now})
+            c.wakeup(waiter.namespace)
+            return True
+
+        first = (sql.get_run_locked, self._params(id=handed.id), SELECT)
+        return self._db.run_write(Op(undo, first, handed.id))
 
     async def due_runs(
         self, now: float, limit: int, workflows: Sequence[str] | None = None
@@ -683,3 +723,37 @@ class SqlStore:
 
 
 __all__ = ["SqlStore"]
+
+
+class _PendingHandOff:
+    """A hand-off whose statements were queued (PostgreSQL): the waiter's history, the
+    conditional update, and the wake-up that takes effect only if the update missed; read
+    once the releasing transaction committed."""
+
+    __slots__ = ("found", "now", "store", "updated", "waiter")
+
+    def __init__(self, store: SqlStore, waiter: Run, now: float) -> None:
+        self.store = store
+        self.waiter = waiter
+        self.now = now
+        self.found: list[Any] = []  # [(rows, rowcount)] once run
+        self.updated: list[Any] = []
+
+    def finish(self, c: Conn) -> HandOff | str:
+        """The hand-off, or the waiter's id when it was only woken."""
+        store, waiter, sql = self.store, self.waiter, self.store._sql
+        rows = self.updated[0][0]
+        if not rows:  # a miss: the queued wake-up stamped it due (if still parked)
+            c.wakeup(waiter.namespace)
+            store._db._notify_after(c)
+            return waiter.id
+        handed = sql.to_run(rows[0])
+        try:
+            to_event = sql.to_event
+            evs = tuple(to_event(seq, body) for seq, body in self.found[0][0] if seq is not None)
+        except Exception:
+            log.warning("not handing over %s: its history cannot be read", waiter.id, exc_info=True)
+            if store._undo_hand_off(handed, waiter, self.now):
+                return waiter.id
+            raise
+        return HandOff(handed, evs)
