@@ -7,6 +7,7 @@ mirror them; every caller re-checks rows with the Python rules where it can, and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,10 +72,27 @@ def run_values(run: Run) -> dict[str, Any]:
     }
 
 
+_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(Run))
+
+
 def changed_values(old: Run, new: Run) -> dict[str, Any]:
-    """Only the columns that differ: a write never rewrites what it did not decide."""
-    a, b = run_values(old), run_values(new)
-    return {k: v for k, v in b.items() if a[k] != v}
+    """Only the columns that differ (as ``run_values`` has them): a write never rewrites what
+    it did not decide. A field ``dataclasses.replace`` carried over is the same object: no
+    comparison of a large input or output."""
+    out: dict[str, Any] = {}
+    for name in _RUN_FIELDS:
+        a, b = getattr(old, name), getattr(new, name)
+        if a is b or a == b:
+            continue
+        if name == "status":
+            out[name] = RunStatus(b).value
+        elif name in ("tags", "waiting_signals"):
+            out[name] = list(b)
+        else:
+            out[name] = b
+    if "tags" in out and (ADMITTED_TAG in old.tags) != (ADMITTED_TAG in new.tags):
+        out["admitted"] = ADMITTED_TAG in new.tags
+    return out
 
 
 def event_rows(run_id: str, first_seq: int, evs: Sequence[Event]) -> list[dict[str, Any]]:
