@@ -206,6 +206,12 @@ class Sql:
             f" WHERE {hand_if} RETURNING {cols}"
         )
         self.wake_waiter = f"UPDATE flowkit_runs SET wake_at = {p('now')} WHERE {wake_if}"
+        # PostgreSQL: the hand-off and the waiter's history in one statement (the run's
+        # columns, then each event's seq and body; no rows on a miss)
+        self.hand_off_history = (
+            f"WITH h AS ({self.hand_off}) SELECT h.*, e.seq, e.body{'::text' if pg else ''}"
+            f" FROM h LEFT JOIN flowkit_events e ON e.run_id = h.id ORDER BY e.seq"
+        )
         self._updates: dict[tuple[str, ...], str] = {}
         self._commits: dict[tuple[Any, ...], str] = {}
         self._cache: dict[tuple[str, int], str] = {}

@@ -49,7 +49,7 @@ from ..memory import admit_new, apply_update, check_commit, claimable, due_time,
 from . import _rows as rows
 from ._engine import RETURNING, ROWCOUNT, ROWS, SELECT, After, Conn, Database, Deferred, Op
 from ._schema import runs
-from ._sql import LAST_SEQ, Sql, dumps
+from ._sql import LAST_SEQ, RUN_COLS, Sql, dumps
 
 
 def _always(_result: Any) -> bool:
@@ -571,11 +571,11 @@ class SqlStore:
         since it was read), with its history; ``None`` on a miss.
 
         The conditional update and the history read share a round trip. On PostgreSQL they
-        are queued instead (``_PendingHandOff``, with the wake-up of a miss, which matches only
-        when the hand-off did not): a group commit sends every release's hand-off in one
-        round trip, a release alone with its ``COMMIT``. A history this code cannot read (a
-        newer flowkit's event, a damaged row) must not fail the holder's release: the
-        hand-off is then undone (``None``: the waiter is woken instead)."""
+        are one statement, queued (``_PendingHandOff``): a group commit sends every release's
+        hand-off in one round trip, a release alone with its ``COMMIT``; a miss is woken
+        after the ``COMMIT``. A history this code cannot read (a newer flowkit's event, a
+        damaged row) must not fail the holder's release: the hand-off is then undone
+        (``None``: the waiter is woken instead)."""
         sql = self._sql
         params = {
             "id": admitted.id,
@@ -587,9 +587,7 @@ class SqlStore:
         }
         if c.can_pipeline and not c.committed:
             pending = _PendingHandOff(self, waiter, now)
-            c.later(sql.load_events, self._params(id=admitted.id), wrote=False, into=pending.found)
-            c.later(sql.hand_off, params, into=pending.updated)
-            c.later(sql.wake_waiter, {"id": waiter.id, "now": now})  # (a miss only)
+            c.later(sql.hand_off_history, params, into=pending.updated)
             return pending
         found, updated = c.reads(
             [(sql.load_events, self._params(id=admitted.id)), (sql.hand_off, params)],
@@ -608,6 +606,22 @@ class SqlStore:
             self._write_changes(c, handed, waiter)  # as it was, before the hand-off
             return None
         return HandOff(handed, evs)
+
+    def _wake_missed(self, waiter: Run, now: float) -> None:
+        """After the releasing transaction committed (``_PendingHandOff``): wake a waiter
+        whose hand-off missed (another process's poller took it meanwhile, or it was
+        cancelled), if it is still parked. A hint: if this fails, its re-check timer stays."""
+        sql = self._sql
+
+        def woke(c: Conn, n: Any) -> None:
+            if n:
+                c.wakeup(waiter.namespace)
+
+        first = (sql.wake_waiter, {"id": waiter.id, "now": now}, ROWCOUNT)
+        try:
+            self._db.run_write(Op(woke, first, waiter.id))
+        except Exception:
+            log.warning("waking %s after a missed hand-off failed", waiter.id, exc_info=True)
 
     def _undo_hand_off(self, handed: Run, waiter: Run, now: float) -> bool:
         """After the releasing transaction committed (``_PendingHandOff``): give a handed
@@ -726,31 +740,29 @@ __all__ = ["SqlStore"]
 
 
 class _PendingHandOff:
-    """A hand-off whose statements were queued (PostgreSQL): the waiter's history, the
-    conditional update, and the wake-up that takes effect only if the update missed; read
-    once the releasing transaction committed."""
+    """A hand-off whose statement was queued (PostgreSQL): the conditional update with the
+    waiter's history, read once the releasing transaction committed."""
 
-    __slots__ = ("found", "now", "store", "updated", "waiter")
+    __slots__ = ("now", "store", "updated", "waiter")
 
     def __init__(self, store: SqlStore, waiter: Run, now: float) -> None:
         self.store = store
         self.waiter = waiter
         self.now = now
-        self.found: list[Any] = []  # [(rows, rowcount)] once run
-        self.updated: list[Any] = []
+        self.updated: list[Any] = []  # [(rows, rowcount)] once run
 
     def finish(self, c: Conn) -> HandOff | str:
         """The hand-off, or the waiter's id when it was only woken."""
         store, waiter, sql = self.store, self.waiter, self.store._sql
         rows = self.updated[0][0]
-        if not rows:  # a miss: the queued wake-up stamped it due (if still parked)
-            c.wakeup(waiter.namespace)
-            store._db._notify_after(c)
+        if not rows:  # a miss: wake it, if it is still parked
+            store._wake_missed(waiter, self.now)
             return waiter.id
         handed = sql.to_run(rows[0])
         try:
             to_event = sql.to_event
-            evs = tuple(to_event(seq, body) for seq, body in self.found[0][0] if seq is not None)
+            k = len(RUN_COLS)  # (each row: the run's columns, then an event's seq and body)
+            evs = tuple(to_event(r[k], r[k + 1]) for r in rows if r[k] is not None)
         except Exception:
             log.warning("not handing over %s: its history cannot be read", waiter.id, exc_info=True)
             if store._undo_hand_off(handed, waiter, self.now):
