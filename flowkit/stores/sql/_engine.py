@@ -206,19 +206,17 @@ class Conn:
         if not self.can_pipeline or self.committed:
             if into is None:
                 self.write(sql, params)  # (refused after a single statement committed)
-            elif wrote:
-                self._refuse_writes()
-                into.append(self._rows(sql, params))
             else:
-                rows = self.all(sql, params)
-                into.append((rows, len(rows)))
+                if wrote:
+                    self._refuse_writes()
+                into.append(self._rows(sql, params))
             return
         self._later.append((sql, params, into))
         if wrote:
             self.dirty = True
 
     def _rows(self, sql: str, params: Any) -> tuple[list[Any], int]:
-        """A write, at once: its rows (``RETURNING``) and rowcount."""
+        """A statement at once: its rows (a read, or a write's ``RETURNING``) and rowcount."""
         self.sql = sql
         cur = self.cur
         cur.execute(sql, params)

@@ -555,7 +555,7 @@ class SqlStore:
                 planned.append(w.id)
 
         def result() -> CommitResult:
-            done = [p.finish(c) if isinstance(p, _PendingHandOff) else p for p in planned]
+            done = [p.finish() if isinstance(p, _PendingHandOff) else p for p in planned]
             woken = tuple(p for p in done if isinstance(p, str))
             return CommitResult(new, seqs, woken, tuple(p for p in done if isinstance(p, HandOff)))
 
@@ -736,9 +736,6 @@ class SqlStore:
         return await self._db.write(Op(op, first, run_id, locks=self._key_locks(workflow, tag)))
 
 
-__all__ = ["SqlStore"]
-
-
 class _PendingHandOff:
     """A hand-off whose statement was queued (PostgreSQL): the conditional update with the
     waiter's history, read once the releasing transaction committed."""
@@ -751,7 +748,7 @@ class _PendingHandOff:
         self.now = now
         self.updated: list[Any] = []  # [(rows, rowcount)] once run
 
-    def finish(self, c: Conn) -> HandOff | str:
+    def finish(self) -> HandOff | str:
         """The hand-off, or the waiter's id when it was only woken."""
         store, waiter, sql = self.store, self.waiter, self.store._sql
         rows = self.updated[0][0]
@@ -769,3 +766,6 @@ class _PendingHandOff:
                 return waiter.id
             raise
         return HandOff(handed, evs)
+
+
+__all__ = ["SqlStore"]
