@@ -56,6 +56,7 @@ if str(ROOT) not in sys.path:
 
 import _results  # noqa: E402
 from store_bench import (  # noqa: E402  (one workflow, proxy and server for both benches)
+    WRITE_CALLS,
     CountingStore,
     ThreeSteps,
     postgres_server,
@@ -72,7 +73,6 @@ HANDOVER_STEP_S = 0.010
 HANDOVER_STEPS = 2
 HANDOVER_WF = "bench-dbos-handover"
 HANDOVER_QUEUE = "bench_handover"
-WRITE_CALLS = ("create_run", "claim", "commit", "try_admit_singleton", "renew_lease")
 
 
 @dataclass(frozen=True)

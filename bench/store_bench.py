@@ -62,7 +62,16 @@ CONCURRENCY = 32
 STEPS = 3
 LONG_STEPS = 40
 HANDOVER_WF = "bench-handover"
-WRITE_CALLS = ("create_run", "claim", "commit", "try_admit_singleton", "renew_lease")
+WRITE_CALLS = (
+    "create_run",
+    "claim",
+    "commit",
+    "append_events",
+    "try_admit_singleton",
+    "renew_lease",
+    "deliver_signal",
+)
+"""Store calls that write (the rest read), for the per-workflow counts of both benches."""
 
 # -- backends ----------------------------------------------------------------------------
 
@@ -656,9 +665,7 @@ async def profile(backend: str, n: int, concurrency: int, long: bool = False) ->
             print(f"no {backend} backend available")
             return
         store = SqlStore(factory())
-        engine = Engine(
-            store, [ThreeSteps(), LongSteps()], clock=SystemClock(), poll_interval=POLL
-        )
+        engine = Engine(store, [ThreeSteps(), LongSteps()], clock=SystemClock(), poll_interval=POLL)
         async with engine:
             await run_workflows(engine, 20, 1, "warm", wl)
             prof = cProfile.Profile()

@@ -797,7 +797,8 @@ class Database:
 
     def run_write(self, fn: Callable[[Conn], T]) -> T:
         """``fn`` in a write transaction of its own (a single statement in autocommit, when
-        ``fn`` is an ``Op`` that allows it, on PostgreSQL)."""
+        ``fn`` is an ``Op`` that allows it: on PostgreSQL, and with ``Op.lite`` on SQLite).
+        A result that is ``After`` is finished once the transaction committed."""
         if isinstance(fn, Op) and fn.single is not None and (self._pg or fn.lite):
             done, out = self._run_single(fn)
             if done:
