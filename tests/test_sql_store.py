@@ -982,6 +982,87 @@ async def test_a_call_failing_after_it_wrote_reruns_the_batch_call_by_call(
     assert b is not None and b.updated_at == T0  # rolled back: nothing of it was written
 
 
+async def test_a_release_whose_queued_write_fails_reruns_the_batch_call_by_call(
+    gc_backend: Backend,
+) -> None:
+    """A release's writes and hand-off are queued and go out with the ``COMMIT`` of its
+    group commit (PostgreSQL): when one of them fails there, nothing of the batch took
+    effect, and each call runs again on its own. The other release still hands its slot
+    over; the failing one gets its error and wrote nothing (its waiter stays parked)."""
+    from flowkit.stores.sql._schema import events
+
+    s = gc_backend.store
+    for k in ("a", "b"):
+        await put(s, mk(f"h{k}", key=k, t=T0))
+        await put(s, mk(f"w{k}", key=k, t=T0 + 1))
+        assert await s.try_admit_singleton(f"h{k}", f"singleton:{k}", "wf", 1, T0 + 1)
+        assert not await s.try_admit_singleton(f"w{k}", f"singleton:{k}", "wf", 1, T0 + 50)
+        assert await s.claim(f"h{k}", "x", T0 + 2, T0 + 32)
+    assert gc_backend.url is not None
+    engine = sa.create_engine(gc_backend.url, poolclass=sa.pool.NullPool)
+    try:  # a foreign writer took seq 2 of "hb": its release's append violates the primary key
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(events).values(
+                    run_id="hb", seq=2, type="timer_fired", at=T0, body={"type": "timer_fired"}
+                )
+            )
+            conn.execute(sa.text("UPDATE flowkit_runs SET last_seq = 1 WHERE id = 'hb'"))
+    finally:
+        engine.dispose()
+    before = await s.get_run("hb"), await s.get_run("wb")
+    stats = _stats(s)
+
+    def release(k: str) -> Update:
+        n = Notify("wf", f"singleton:{k}", 1, claim_owner="x", lease_expires=T0 + 40)
+        return Update(events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED, notify=n)
+
+    got = await asyncio.gather(
+        *(s.commit(f"h{k}", "x", T0 + 3, release(k)) for k in "ab"), return_exceptions=True
+    )
+    assert _delta(s, stats, "batch_retries") == 1
+    assert isinstance(got[1], sa.exc.IntegrityError)
+    assert not isinstance(got[0], BaseException)
+    assert [h.run.id for h in got[0].handed] == ["wa"]
+    wa = await s.get_run("wa")
+    assert wa is not None and wa.admitted and wa.lease_owner == "x"
+    assert (await s.get_run("hb"), await s.get_run("wb")) == before
+
+
+async def test_a_call_failing_clean_keeps_what_the_calls_before_it_queued(
+    gc_backend: Backend,
+) -> None:
+    """A call of a group commit that fails before it wrote forgets only the statements it
+    queued itself: a release earlier in the batch, whose writes and hand-off wait for the
+    ``COMMIT`` (PostgreSQL), still takes effect."""
+    s = gc_backend.store
+    await put(s, mk("ha", key="a", t=T0))
+    await put(s, mk("wa", key="a", t=T0 + 1))
+    assert await s.try_admit_singleton("ha", "singleton:a", "wf", 1, T0 + 1)
+    assert not await s.try_admit_singleton("wa", "singleton:a", "wf", 1, T0 + 50)
+    assert await s.claim("ha", "x", T0 + 2, T0 + 32)
+    n = Notify("wf", "singleton:a", 1, claim_owner="x", lease_expires=T0 + 40)
+    stats = _stats(s)
+    got = await asyncio.gather(
+        s.commit(
+            "ha",
+            "x",
+            T0 + 3,
+            Update(events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED, notify=n),
+        ),
+        s.commit("nope", "x", T0 + 3, Update(events=[fired(T0 + 3)])),
+        return_exceptions=True,
+    )
+    assert _delta(s, stats, "batches") == 1 and _delta(s, stats, "batch_retries") == 0
+    assert isinstance(got[1], RunNotFoundError)
+    assert not isinstance(got[0], BaseException)
+    assert [h.run.id for h in got[0].handed] == ["wa"]
+    ha, wa = await s.get_run("ha"), await s.get_run("wa")
+    assert ha is not None and ha.status is S.COMPLETED
+    assert wa is not None and wa.admitted and wa.lease_owner == "x"
+    assert [e.type for e in await s.load_events("ha")][-1] == "run_completed"
+
+
 async def test_a_failed_commit_fails_every_call_of_the_batch(
     gc_backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1213,13 +1294,13 @@ async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
     await _gated(s)
     real = SqlStore._hand_off
 
-    def racing(self: SqlStore, c: Any, waiter: Run, admitted: Run, now: float) -> Any:
+    def racing(self: SqlStore, c: Any, waiter: Run, admitted: Run, now: float, *a: Any) -> Any:
         c.write(
             "UPDATE flowkit_runs SET status = 'running', lease_owner = 'other', "
             "lease_expires = 9999999999.0, wake_at = NULL WHERE id = 'w1'",
             {},
         )
-        return real(self, c, waiter, admitted, now)
+        return real(self, c, waiter, admitted, now, *a)
 
     monkeypatch.setattr(SqlStore, "_hand_off", racing)
     res = await s.commit("h", "x", T0 + 3, _release())
@@ -1539,8 +1620,9 @@ async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """PostgreSQL: the releases of one group commit send their hand-offs (the conditional
-    update, the waiter's history, the wake-up of a miss) together, in one round trip after
-    the batch's first statements, instead of one round trip per release; each still gets
+    update, the waiter's history, the wake-up of a miss) together with the ``COMMIT``, in one
+    round trip after the batch's first statements, instead of one round trip per release
+    (and one more for the ``COMMIT``); each still gets
     its own hand-off, and a miss (a waiter another process took meanwhile) is woken."""
     from flowkit.stores.sql import _engine
 
@@ -1584,7 +1666,9 @@ async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
             return Update(events=[RunCompleted(at=T0 + 52)], status=S.COMPLETED, notify=n)
 
         got = await asyncio.gather(*(s.commit(f"h{k}", "x", T0 + 52, release(k)) for k in keys))
-        assert trips == ["firsts", "pipeline", "COMMIT"]  # 3 round trips for 4 releases
+        # 2 round trips for 4 releases: their first statements, then their writes and hand-offs
+        # with the COMMIT
+        assert trips == ["firsts", "COMMIT"]
         for k, res in zip(keys[:3], got[:3], strict=True):
             assert res.woken == () and [h.run.id for h in res.handed] == [f"w{k}"]
             (hand,) = res.handed

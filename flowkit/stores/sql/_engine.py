@@ -168,6 +168,7 @@ class Conn:
         # statements whose results nobody reads (``later``), sent in one pipeline with the
         # next statement that needs a result, or before the COMMIT (PostgreSQL)
         self._later: list[tuple[str, Any, list[Any] | None]] = []
+        self._sends = 0  # times the queue was sent (``mark``)
         self.last_rowcount = 0
         if self.pg:
             self.dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
@@ -243,6 +244,7 @@ class Conn:
         without rows); ``last_rowcount`` is the last one's. After an error nothing of the
         pipeline took effect for good: the transaction is failed."""
         queued, self._later = self._later, []
+        self._sends += 1
         curs: list[Any] = []
         out: list[list[Any]] = []
         try:
@@ -304,14 +306,17 @@ class Conn:
         """Whether statements are queued (``later``)."""
         return bool(self._later)
 
-    def flush_later(self) -> None:
-        """Send what ``later`` queued (a call's writes must not wait for the next call)."""
-        if self._later:
-            self._send_later()
+    def mark(self) -> tuple[int, int]:
+        """Where the queue (``later``) stands: ``drop_later`` forgets what came after."""
+        return self._sends, len(self._later)
 
-    def drop_later(self) -> None:
-        """Forget what ``later`` queued: the call failed clean (nothing queued wrote)."""
-        self._later.clear()
+    def drop_later(self, mark: tuple[int, int]) -> None:
+        """Forget what ``later`` queued since ``mark``: the call that queued it failed clean
+        (nothing it queued wrote). Once the queue was sent, what is left is the call's own."""
+        if mark[0] != self._sends:
+            self._later.clear()
+        else:
+            del self._later[mark[1] :]
 
     def one(self, sql: str, params: Any) -> Any:
         if self._later:
@@ -962,29 +967,23 @@ class Database:
                         raise  # a broken connection before anything ran: retried below
                 for k, op in enumerate(ops):
                     c.dirty = False
+                    mark = c.mark()
                     try:
                         if firsts is None:
                             got = op(c)
                         else:
                             c.dirty = firsts[k][1]
                             got = op.rest(c, firsts[k][0])
-                        if not isinstance(got, After):
-                            c.flush_later()  # its errors are this call's, not the next one's
                         res.append((None, got))
                     except Exception as exc:
+                        # (a database error, even one of an earlier call's queued statement
+                        # sent with this call's: the transaction is failed)
                         if c.dirty or isinstance(exc, self._dbapi_error):
                             raise _Unclean from exc
-                        c.drop_later()
+                        c.drop_later(mark)
                         res.append((exc, None))
                 c.pipelined = False
-                if c.flushes_later():
-                    # what the calls that read their statements' results after the COMMIT
-                    # (``After``: hand-offs) queued, in one round trip for all of them
-                    try:
-                        c.flush_later()
-                    except self._dbapi_error as exc:
-                        raise _Unclean from exc
-                c.commit()
+                self._commit_batch(c)
                 self.stats["ops"] += len(ops)
                 return [_finish(r) for r in res]
             except _Unclean:
@@ -1003,6 +1002,24 @@ class Database:
                 err = self._wrap(c, exc)
                 return [(err, None)] * len(ops)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _commit_batch(self, c: Conn) -> None:
+        """The ``COMMIT`` of a group commit, with the statements its calls queued and did not
+        need a result of at once (their writes, the hand-offs whose results ``After`` reads):
+        on PostgreSQL one round trip for all of them. When it fails and the server is still
+        there, nothing of the transaction took effect (a failed statement aborts the rest of
+        the pipeline, the ``COMMIT`` included): ``_Unclean``, each call runs again on its
+        own. When the connection broke, the ``COMMIT`` may have taken effect: the error is
+        every call's, as for a failed ``COMMIT``."""
+        if not c.flushes_later():
+            c.commit()
+            return
+        try:
+            c.commit()
+        except self._dbapi_error as exc:
+            if not c.broken() or self._terminated(c, exc):
+                raise _Unclean from exc
+            raise
 
     def _single_batch(self, c: Conn, ops: list[Op[Any]]) -> list[Outcome] | None:
         """PostgreSQL, a batch of single-statement calls (``Op.single``): ``BEGIN``, every
@@ -1062,6 +1079,7 @@ class Database:
         dbapi = c.dbapi
         curs: list[Any] = []
         queued, c._later = c._later, []  # (the batch's advisory locks) go first
+        c._sends += 1
         extra: list[Any] = []  # (the COMMIT's cursor)
         try:
             with dbapi.pipeline():

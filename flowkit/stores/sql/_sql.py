@@ -16,6 +16,7 @@ compares them with MemoryStore on randomized run states."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,6 +55,12 @@ _PG_SELECT = ", ".join(f"{c}::text" if c in JSON_COLS else c for c in RUN_COLS)
 _STATUS = {s.value: s for s in RunStatus}
 _ACTIVE = ", ".join(f"'{s}'" for s in sorted(s.value for s in ACTIVE_STATUSES))
 _HANDABLE = "'pending', 'running', 'suspended'"  # memory.hand_off_ok
+_PARAM = re.compile(r"%\((\w+)\)s")  # a named parameter of a PostgreSQL statement
+
+
+def _renamed(sql: str, prefix: str) -> str:
+    """``sql`` with its named parameters prefixed (``Sql.joined``)."""
+    return _PARAM.sub(lambda m: f"%({prefix}{m.group(1)})s", sql)
 
 
 def dumps(value: Any) -> str:
@@ -216,6 +223,7 @@ class Sql:
         self._commits: dict[tuple[Any, ...], str] = {}
         self._cache: dict[tuple[str, int], str] = {}
         self._cache_text: dict[str, str] = {}
+        self._joined: dict[tuple[tuple[str, ...], bool], str] = {}
 
     # -- placeholders ---------------------------------------------------------------------
     def p(self, name: str) -> str:
@@ -565,6 +573,35 @@ class Sql:
                 sql = f"{head} UNION ALL SELECT 1 AS k, s.* FROM ({q}) AS s"
             if len(self._cache_text) < 64:
                 self._cache_text[key] = sql
+        return sql, params
+
+    def joined(
+        self, parts: Sequence[tuple[str, dict[str, Any]]], *, handing: bool = False
+    ) -> tuple[str, dict[str, Any]]:
+        """PostgreSQL: several writes of one call, each on rows none of the others writes, as
+        one statement (its ``WITH`` queries; the parameters of part ``i`` renamed ``p<i>_``):
+        the server parses, binds and runs one statement instead of several, and the client
+        sends one. All parts see one snapshot and all run to completion. With ``handing``
+        the last part is ``hand_off`` and the statement returns what ``hand_off_history``
+        does."""
+        if len(parts) == 1 and not handing:
+            return parts[0]
+        key = (tuple(q for q, _ in parts), handing)
+        sql = self._joined.get(key)
+        if sql is None:
+            *head, tail = [_renamed(q, f"p{i}_") for i, (q, _) in enumerate(parts)]
+            ctes = ", ".join(f"w{i} AS ({q})" for i, q in enumerate(head))
+            if handing:
+                ctes = f"{ctes}, h AS ({tail})" if ctes else f"h AS ({tail})"
+                sql = (
+                    f"WITH {ctes} SELECT h.*, e.seq, e.body::text FROM h"
+                    f" LEFT JOIN flowkit_events e ON e.run_id = h.id ORDER BY e.seq"
+                )
+            else:
+                sql = f"WITH {ctes} {tail}"
+            if len(self._joined) < 64:
+                self._joined[key] = sql
+        params = {f"p{i}_{k}": v for i, (_, ps) in enumerate(parts) for k, v in ps.items()}
         return sql, params
 
     def sharing(self, workflow: str, tag: str) -> tuple[str, dict[str, Any]]:

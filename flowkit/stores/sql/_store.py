@@ -203,24 +203,47 @@ class SqlStore:
         return row, sharing
 
     def _write_changes(
-        self, c: Conn, old: Run, new: Run, *, later: bool = False, **extra: Any
+        self,
+        c: Conn,
+        old: Run,
+        new: Run,
+        *,
+        later: bool = False,
+        into: list[tuple[str, dict[str, Any]]] | None = None,
+        **extra: Any,
     ) -> None:
+        """Write the columns that changed from ``old`` to ``new`` (and ``extra``): at once,
+        queued (``later``), or as a part of a joined statement (``into``, ``Sql.joined``)."""
         changes = rows.changed_values(old, new) | extra
         if changes:
             cols = sorted(changes)
             params = self._sql.column_params(changes)
             params["id"] = old.id
-            (c.later if later else c.write)(self._sql.update(cols), params)
+            if into is not None:
+                into.append((self._sql.update(cols), params))
+            else:
+                (c.later if later else c.write)(self._sql.update(cols), params)
 
     def _append(
-        self, c: Conn, run_id: str, first_seq: int, evs: Sequence[Event], *, later: bool = False
+        self,
+        c: Conn,
+        run_id: str,
+        first_seq: int,
+        evs: Sequence[Event],
+        *,
+        later: bool = False,
+        into: list[tuple[str, dict[str, Any]]] | None = None,
     ) -> None:
         """Insert ``evs`` at ``first_seq`` (past ``last_seq`` of the locked run row); the
-        primary key ``(run_id, seq)`` still refuses a second writer of the same position."""
+        primary key ``(run_id, seq)`` still refuses a second writer of the same position.
+        ``later`` and ``into`` as for ``_write_changes``."""
         if evs:
             params: dict[str, Any] = {"id": run_id}
             self._sql.event_params(params, first_seq, evs)
-            (c.later if later else c.write)(self._sql.insert_events(len(evs)), params)
+            if into is not None:
+                into.append((self._sql.insert_events(len(evs)), params))
+            else:
+                (c.later if later else c.write)(self._sql.insert_events(len(evs)), params)
 
     def _run_or_none(self, c: Conn, row: Any) -> Run | None:
         return None if row is None else self._sql.to_run(row)
@@ -522,12 +545,17 @@ class SqlStore:
             )
             names = {r[0] for r in found}
         new = apply_update(run, update, now, inbox_names=names)
-        # the writes go out with the next statement that reads (PostgreSQL: one round trip)
+        # the writes go out with the next statement that reads (PostgreSQL: one round trip,
+        # and one statement for the row, its events and a hand-off: ``joined``)
+        joined: list[tuple[str, dict[str, Any]]] | None = None
+        if c.can_pipeline and not c.committed:
+            joined = []
         if update.events:
-            self._write_changes(c, run, new, later=True, last_seq=last_seq + len(update.events))
+            last = {"last_seq": last_seq + len(update.events)}
+            self._write_changes(c, run, new, later=True, into=joined, **last)
         else:
-            self._write_changes(c, run, new, later=True)
-        self._append(c, run_id, last_seq + 1, update.events, later=True)
+            self._write_changes(c, run, new, later=True, into=joined)
+        self._append(c, run_id, last_seq + 1, update.events, later=True, into=joined)
         _wake_if_free(c, new, now)
         seqs = tuple(range(last_seq + 1, last_seq + 1 + len(update.events)))
         # per waiter, in plan order: a hand-off, a woken waiter's id, or a hand-off whose
@@ -544,7 +572,7 @@ class SqlStore:
                 ]
             for w, admitted in plan_release(sharing, n, now):
                 if admitted is not None:
-                    got = self._hand_off(c, w, admitted, now)
+                    got = self._hand_off(c, w, admitted, now, joined if w.id != run_id else None)
                     if got is not None:
                         planned.append(got)
                         continue
@@ -553,6 +581,8 @@ class SqlStore:
                 c.later(sql.wake_waiter, {"id": w.id, "now": now})
                 c.wakeup(w.namespace)
                 planned.append(w.id)
+        if joined:  # (no hand-off took them along)
+            c.later(*sql.joined(joined))
 
         def result() -> CommitResult:
             done = [p.finish() if isinstance(p, _PendingHandOff) else p for p in planned]
@@ -564,7 +594,12 @@ class SqlStore:
         return result()
 
     def _hand_off(
-        self, c: Conn, waiter: Run, admitted: Run, now: float
+        self,
+        c: Conn,
+        waiter: Run,
+        admitted: Run,
+        now: float,
+        joined: list[tuple[str, dict[str, Any]]] | None = None,
     ) -> HandOff | _PendingHandOff | None:
         """Apply a planned hand-off if the waiter is still free to take (not leased, not
         cancelling, not admitted: on PostgreSQL another process's poller may have claimed it
@@ -573,7 +608,9 @@ class SqlStore:
         The conditional update and the history read share a round trip. On PostgreSQL they
         are one statement, queued (``_PendingHandOff``): a group commit sends every release's
         hand-off in one round trip, a release alone with its ``COMMIT``; a miss is woken
-        after the ``COMMIT``. A history this code cannot read (a newer flowkit's event, a
+        after the ``COMMIT``. ``joined``: the releasing call's own writes, not yet queued
+        (``Sql.joined``): they become part of the hand-off's statement. A history this code
+        cannot read (a newer flowkit's event, a
         damaged row) must not fail the holder's release: the hand-off is then undone
         (``None``: the waiter is woken instead)."""
         sql = self._sql
@@ -587,7 +624,12 @@ class SqlStore:
         }
         if c.can_pipeline and not c.committed:
             pending = _PendingHandOff(self, waiter, now)
-            c.later(sql.hand_off_history, params, into=pending.updated)
+            if joined:  # the releasing run's writes go with it: one statement for all
+                q, params = sql.joined([*joined, (sql.hand_off, params)], handing=True)
+                joined.clear()
+                c.later(q, params, into=pending.updated)
+            else:
+                c.later(sql.hand_off_history, params, into=pending.updated)
             return pending
         found, updated = c.reads(
             [(sql.load_events, self._params(id=admitted.id)), (sql.hand_off, params)],
