@@ -1289,10 +1289,14 @@ async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
 ) -> None:
     """Between the releasing transaction's read of the key's runs and its hand-off, another
     process's poller claims the waiter (possible on PostgreSQL, which does not lock the
-    waiter rows): the conditional hand-off misses, the waiter is only woken."""
+    waiter rows): the conditional hand-off misses, the waiter is only woken. (The general
+    path; PostgreSQL's one-statement release: the test below.)"""
+    from flowkit.stores.sql._sql import Sql
+
     s = sql_backend.store
     await _gated(s)
     real = SqlStore._hand_off
+    monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
 
     def racing(self: SqlStore, c: Any, waiter: Run, admitted: Run, now: float, *a: Any) -> Any:
         c.write(
@@ -1309,6 +1313,40 @@ async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
     w1 = await s.get_run("w1")
     assert w1 is not None and not w1.admitted and w1.lease_owner == "other"
     assert [r.id for r in await s.list_runs(tag=ADMITTED_TAG)] == []
+
+
+@pytest.mark.postgres
+async def test_a_one_statement_release_skips_a_waiter_another_transaction_holds(
+    request: pytest.FixtureRequest,
+) -> None:
+    """PostgreSQL's one-statement release (``Sql.release_fast``) plans on its snapshot; when
+    another transaction holds the waiter's row (a poller's claim in flight) it does not wait
+    for it: the hand-off misses, the release commits, and the waiter is only woken (after the
+    commit: a hint, skipped too while the row is held). The claim then commits as usual."""
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    s = SqlStore(url)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        await _gated(s)
+        with engine.connect() as conn:
+            tx = conn.begin()
+            conn.execute(
+                sa.text(
+                    "UPDATE flowkit_runs SET status = 'running', lease_owner = 'other',"
+                    " lease_expires = 9999999999.0, wake_at = NULL WHERE id = 'w1'"
+                )
+            )
+            res = await s.commit("h", "x", T0 + 3, _release())
+            tx.commit()
+        assert res.run.status is S.COMPLETED and not res.run.admitted
+        assert res.handed == () and res.woken == ("w1",)
+        w1 = await s.get_run("w1")
+        assert w1 is not None and not w1.admitted and w1.lease_owner == "other"
+        assert [r.id for r in await s.list_runs(tag=ADMITTED_TAG)] == []
+        assert [e.type for e in await s.load_events("h")][-1] == "run_completed"
+    finally:
+        engine.dispose()
+        s.close()
 
 
 @pytest.mark.postgres
@@ -1368,12 +1406,14 @@ async def test_a_dropped_connection_is_replaced_and_the_call_retried(
         engine.dispose()
 
 
+@pytest.mark.parametrize("owner", [None, "me"])
 async def test_a_waiter_whose_history_cannot_be_read_is_woken_not_handed(
-    sql_backend: Backend,
+    sql_backend: Backend, owner: str | None
 ) -> None:
     """The hand-off reads the waiter's history inside the holder's release (in the round trip
     of its conditional update); an event this code cannot parse (a newer flowkit's, a damaged
-    row) must not fail the release: the hand-off is undone and the waiter only woken."""
+    row) must not fail the release: the hand-off is undone and the waiter only woken. (With
+    the holder's lease owner, PostgreSQL releases in one statement: ``Sql.release_fast``.)"""
     store = sql_backend.store
     h = Run(
         id="h", workflow="lane", workflow_version="1", status=RunStatus.PENDING, input=None,
@@ -1390,9 +1430,11 @@ async def test_a_waiter_whose_history_cannot_be_read_is_woken_not_handed(
             'UPDATE flowkit_events SET body = \'{"type": "from_the_future"}\''
             " WHERE run_id = 'w' AND seq = 1"
         )
+    if owner is not None:
+        assert await store.claim("h", owner, T0 + 1, T0 + 30)
     n = Notify("lane", "singleton:k", 1, claim_owner="me", lease_expires=T0 + 100)
     update = Update(events=[RunCompleted(at=T0 + 2)], status=RunStatus.COMPLETED, notify=n)
-    res = await store.commit("h", None, T0 + 2, update)
+    res = await store.commit("h", owner, T0 + 2, update)
     assert (res.run.status, res.handed, res.woken) == (RunStatus.COMPLETED, (), ("w",))
     got = await store.get_run("w")
     assert parked is not None and got is not None
@@ -1465,7 +1507,10 @@ async def test_admission_and_release_read_only_the_holders_and_the_first_waiters
     assert await s.claim("h", "x", T0 + 2, T0 + 32)
     res = await s.commit("h", "x", T0 + 3, _release())
     assert [h.run.id for h in res.handed] == ["w1"]
-    assert read[1] == 3  # the holder's row, itself as a holder, the oldest waiter
+    if sql_backend.name == "postgres":  # one statement, which reads one waiter (LIMIT 1)
+        assert read == [3]
+    else:
+        assert read[1] == 3  # the holder's row, itself as a holder, the oldest waiter
 
 
 def _open_fresh(url: str, barrier: Any, out: Any) -> None:
@@ -1616,8 +1661,9 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("one_statement", [True, False])
 async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, one_statement: bool
 ) -> None:
     """PostgreSQL: the releases of one group commit send their hand-offs (the conditional
     update, the waiter's history, the wake-up of a miss) together with the ``COMMIT``, in one
@@ -1658,6 +1704,10 @@ async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
         monkeypatch.setattr(_engine.Conn, "_pipeline", pipeline)
         monkeypatch.setattr(_engine.Database, "_pipelined", pipelined)
         monkeypatch.setattr(_engine.Conn, "commit", commit)
+        if not one_statement:
+            from flowkit.stores.sql._sql import Sql
+
+            monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
         # another process's poller takes wd (parked, due at T0+50) before the release
         assert await other.claim("wd", "y", T0 + 51, T0 + 90) is not None
 
@@ -1666,9 +1716,14 @@ async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
             return Update(events=[RunCompleted(at=T0 + 52)], status=S.COMPLETED, notify=n)
 
         got = await asyncio.gather(*(s.commit(f"h{k}", "x", T0 + 52, release(k)) for k in keys))
-        # 2 round trips for 4 releases: their first statements, then their writes and hand-offs
-        # with the COMMIT
-        assert trips == ["firsts", "COMMIT"]
+        if one_statement:
+            # 1 round trip for 4 releases: BEGIN, their key locks, each release in one
+            # statement (``Sql.release_fast``) and the COMMIT
+            assert trips == ["firsts"]
+        else:
+            # the general path, 2: their first statements, then their writes and hand-offs
+            # with the COMMIT
+            assert trips == ["firsts", "COMMIT"]
         for k, res in zip(keys[:3], got[:3], strict=True):
             assert res.woken == () and [h.run.id for h in res.handed] == [f"w{k}"]
             (hand,) = res.handed

@@ -522,11 +522,14 @@ class Op(Generic[T]):
     ``single(result of first)`` says the call is complete once ``first`` has run: ``rest``
     then only reads and decides. On PostgreSQL such a call, when it runs alone, sends
     ``first`` in autocommit: one statement is its own transaction, one round trip instead of
-    ``BEGIN``, the statement and ``COMMIT``. When ``single`` says no, ``first`` changed
-    nothing (a conditional write that matched no row) and the call runs again in a
-    transaction. With ``lite`` it does so on SQLite too (one statement in autocommit: no
-    ``BEGIN IMMEDIATE``/``COMMIT`` statements; a write statement takes SQLite's write lock
-    before it reads), for calls whose ``rest`` emits no wake-up."""
+    ``BEGIN``, the statement and ``COMMIT`` (with ``locks``: ``BEGIN``, the locks, the
+    statement and ``COMMIT`` in one pipeline, still one round trip). When ``single`` says
+    no, ``first`` changed nothing (a conditional write that matched no row) and the call
+    runs again in a transaction, where ``rest`` decides the general way. With ``lite`` it
+    does so on SQLite too (one statement in autocommit: no ``BEGIN IMMEDIATE``/``COMMIT``
+    statements; a write statement takes SQLite's write lock before it reads), for calls
+    whose ``rest`` emits no wake-up. A ``rest`` that runs after its statement committed
+    must not write; what it must write then, it does in an ``After``."""
 
     __slots__ = ("first", "fut", "key", "lite", "locks", "rest", "single")
 
@@ -544,11 +547,17 @@ class Op(Generic[T]):
         self.first = first
         self.key = key
         self.locks = locks
-        # a call that needs advisory locks needs a transaction around its statements
-        self.single = single if first is not None and not locks else None
+        self.single = single if first is not None else None
         # ``single`` holds on SQLite too: ``rest`` never asks for a wake-up (which SQLite
         # emits by a write inside the transaction), so ``first`` can run in autocommit there
-        self.lite = lite and self.single is not None
+        # (a call that needs advisory locks needs a transaction around its statements)
+        self.lite = lite and self.single is not None and not locks
+
+    @property
+    def autocommit(self) -> bool:
+        """Whether ``first`` alone may run in autocommit on PostgreSQL (no advisory locks to
+        hold around it)."""
+        return self.single is not None and not self.locks
         self.fut: Any = None
 
     def __call__(self, c: Conn) -> T:
@@ -800,14 +809,28 @@ class Database:
                     raise self._wrap(c, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def run_write(self, fn: Callable[[Conn], T]) -> T:
+    def run_write(self, fn: Callable[[Conn], T], *, single: bool = True) -> T:
         """``fn`` in a write transaction of its own (a single statement in autocommit, when
-        ``fn`` is an ``Op`` that allows it: on PostgreSQL, and with ``Op.lite`` on SQLite).
-        A result that is ``After`` is finished once the transaction committed."""
-        if isinstance(fn, Op) and fn.single is not None and (self._pg or fn.lite):
-            done, out = self._run_single(fn)
-            if done:
-                return cast(T, out)
+        ``fn`` is an ``Op`` that allows it: on PostgreSQL, and with ``Op.lite`` on SQLite;
+        ``single=False``: the general way, after ``Op.single`` said no). A result that is
+        ``After`` is finished once the transaction committed."""
+        if single and isinstance(fn, Op) and fn.single is not None:
+            if fn.locks:
+                got = None
+                if self._pg:  # BEGIN, the locks, the statement and COMMIT: one round trip
+                    with self._io:
+                        c = self._connection()
+                        if c.can_pipeline and not c.broken():
+                            got = self._single_batch(c, [fn])
+                        if got is not None:
+                            exc, value = got[0]
+                            if exc is not None:
+                                raise exc
+                            return cast(T, value)
+            elif self._pg or fn.lite:
+                done, out = self._run_single(fn)
+                if done:
+                    return cast(T, out)
         with self._io:
             for attempt in (0, 1):
                 c = self._connection()
@@ -897,9 +920,9 @@ class Database:
         self._drop(c)
         return True
 
-    def _solo(self, fn: Callable[[Conn], Any]) -> Outcome:
+    def _solo(self, fn: Callable[[Conn], Any], *, single: bool = True) -> Outcome:
         try:
-            return None, self.run_write(fn)
+            return None, self.run_write(fn, single=single)
         except Exception as exc:
             return exc, None
 
@@ -1026,8 +1049,10 @@ class Database:
         call's statement and ``COMMIT`` in one pipeline, one round trip for the whole batch.
         A call whose result ``single`` rejects changed nothing: it runs again in a
         transaction of its own. ``None`` when the pipeline failed and nothing was committed:
-        the caller runs the batch the general way, which sorts out whose error it was."""
+        the caller runs the batch the general way, which sorts out whose error it was. The
+        calls' advisory locks (``Op.locks``) go first, in name order."""
         c.begin()
+        c.lock_all(name for op in ops for name in op.locks)
         try:
             firsts = self._pipelined(c, ops, commit=True)
         except Exception as exc:
@@ -1065,8 +1090,9 @@ class Database:
         self.stats["ops"] += len(ops) - len(again)
         self.stats["single_batches"] += 1
         self._notify_after(c)
+        out = [_finish(o) for o in out]
         for k in again:
-            out[k] = self._solo(ops[k])
+            out[k] = self._solo(ops[k], single=False)
         return out
 
     def _pipelined(

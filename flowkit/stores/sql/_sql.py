@@ -55,6 +55,7 @@ _PG_SELECT = ", ".join(f"{c}::text" if c in JSON_COLS else c for c in RUN_COLS)
 _STATUS = {s.value: s for s in RunStatus}
 _ACTIVE = ", ".join(f"'{s}'" for s in sorted(s.value for s in ACTIVE_STATUSES))
 _HANDABLE = "'pending', 'running', 'suspended'"  # memory.hand_off_ok
+_ADMITTED_JSON = "'" + orjson.dumps([ADMITTED_TAG]).decode() + "'"  # (a SQL literal)
 _PARAM = re.compile(r"%\((\w+)\)s")  # a named parameter of a PostgreSQL statement
 
 
@@ -354,12 +355,16 @@ class Sql:
         """PostgreSQL: a commit's ``UPDATE ... RETURNING`` and the insert of its ``n`` events
         at the seqs it assigned (``last_seq`` of the updated row), in one statement; the rows
         are the update's (none when a precondition failed: then nothing was inserted)."""
-        seq = f"u.last_seq - {n} + v.k + 1"
+        return f"WITH u AS ({update}), e AS ({self._events_of('u', n)}) SELECT * FROM u"
+
+    def _events_of(self, cte: str, n: int) -> str:
+        """PostgreSQL: the insert of ``n`` events (``event_params``, no seqs) of the run the
+        query ``cte`` returned, at the seqs up to its new ``last_seq``."""
+        seq = f"{cte}.last_seq - {n} + v.k + 1"
         return (
-            f"WITH u AS ({update}), e AS (INSERT INTO flowkit_events (run_id, seq, type, at, body)"
-            f" SELECT u.id, {seq}, v.type, v.at, jsonb_set(v.body, '{{seq}}', to_jsonb({seq}))"
-            f" FROM u, (VALUES {self._values(n, seq=False)}) AS v(k, type, at, body))"
-            f" SELECT * FROM u"
+            f"INSERT INTO flowkit_events (run_id, seq, type, at, body)"
+            f" SELECT {cte}.id, {seq}, v.type, v.at, jsonb_set(v.body, '{{seq}}', to_jsonb({seq}))"
+            f" FROM {cte}, (VALUES {self._values(n, seq=False)}) AS v(k, type, at, body)"
         )
 
     # -- append_events: a running step's record --------------------------------------------
@@ -422,6 +427,21 @@ class Sql:
         PostgreSQL the statement also inserts the events (the flag says so): one round trip."""
         if u.consume_signal is not None or u.notify is not None:
             return None
+        shape, params, inline = self._commit_shape(run_id, owner, now, u)
+        sql = self._commits.get(shape)
+        if sql is None:
+            sql = self._commit_sql(shape)
+            if inline:
+                sql = self._commit_with_events(sql, len(u.events))
+            if shape[-1] <= 16:
+                self._commits[shape] = sql
+        return sql, params, inline
+
+    def _commit_shape(
+        self, run_id: str, owner: str | None, now: float, u: Update
+    ) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+        """``commit_fast``'s statement shape (what ``_commit_sql`` builds from), parameters,
+        and whether the events are inserted by the statement (PostgreSQL)."""
         status = u.status
         terminal = status is not None and not status.active
         ws = None if terminal else u.waiting_signals
@@ -467,16 +487,11 @@ class Sql:
             self.event_params(params, 0, u.events)
             for i in range(n):
                 del params[f"s{i}"]
-        sql = self._commits.get(shape)
-        if sql is None:
-            sql = self._commit_sql(shape)
-            if inline:
-                sql = self._commit_with_events(sql, n)
-            if shape[-1] <= 16:
-                self._commits[shape] = sql
-        return sql, params, inline
+        return shape, params, inline
 
-    def _commit_sql(self, shape: tuple[Any, ...]) -> str:
+    def _commit_sql(self, shape: tuple[Any, ...], *, releasing: bool = False) -> str:
+        """The ``UPDATE`` of ``commit_fast`` for ``shape``; with ``releasing`` (a terminal
+        commit, ``release_fast``) it also drops the run's admission marker."""
         st, has_output, has_error, wake_set, ws, has_attempt, release, events, owner_mode, exp = (
             shape[:10]
         )
@@ -530,11 +545,104 @@ class Sql:
             where.append(f"NOT {_leased(p('now'))}")
         if exp is not None:
             where.append(f"status IN ({', '.join(sorted(repr(s.value) for s in exp))})")
-        if terminal:
+        if releasing:
+            sets += [f"tags = tags - '{ADMITTED_TAG}'", "admitted = false"]
+        elif terminal:
             where.append("NOT admitted")  # releasing a slot rewrites the tags: general path
         return (
             f"UPDATE flowkit_runs SET {', '.join(sets)} WHERE {' AND '.join(where)}"
             f" RETURNING {self.cols}"
+        )
+
+    # -- release: one statement ---------------------------------------------------------
+    def release_fast(
+        self, run_id: str, owner: str | None, now: float, u: Update
+    ) -> tuple[str, dict[str, Any]] | None:
+        """PostgreSQL: the whole of a common release as one statement, or ``None`` when it
+        needs the general path. Common: a terminal commit by the lease holder of a run of a
+        ``limit=1`` key that hands the freed slot over (``Notify.claim_owner``). Its rows
+        (``k``, then the run's columns, then an event's ``seq`` and ``body``):
+
+        * ``k = 0``: the released run as it is now; no such row when a precondition failed
+          (another lease owner, an unexpected status): then nothing was written;
+        * ``k = 1``: the waiter the slot was handed to, one row per event of its history;
+        * ``k = 2``: the waiter the slot was planned for, as it was before (``seq`` 1 when it
+          could not be handed, being leased by another instance: then it was woken).
+
+        It decides as ``memory.plan_release`` does over the key's rows: with no other
+        holder, the oldest waiter by ``(created_at, id)`` (active, not admitted, not
+        cancelling) is admitted and leased to ``claim_owner``; if its row is locked by
+        another transaction (``SKIP LOCKED``) it is neither handed nor woken here: the caller
+        wakes it after the commit, as after a missed hand-off."""
+        n = u.notify
+        if (
+            not self.pg
+            or n is None
+            or owner is None
+            or n.limit != 1
+            or n.claim_owner is None
+            or (n.max_hand_offs is not None and n.max_hand_offs < 1)
+            or u.consume_signal is not None
+            or u.status is None
+            or u.status.active
+            or not u.events
+            or len(u.events) > 16
+            or not n.tag.startswith(SINGLETON_TAG_PREFIX)
+        ):
+            return None
+        shape, params, _inline = self._commit_shape(run_id, owner, now, u)
+        params["wf"] = n.workflow
+        params["key"] = n.tag[len(SINGLETON_TAG_PREFIX) :]
+        params["tagj"] = dumps([n.tag])
+        params["cowner"] = n.claim_owner
+        params["until"] = n.lease_expires
+        key = ("release", *shape)
+        sql = self._commits.get(key)
+        if sql is None:
+            sql = self._release_sql(shape)
+            self._commits[key] = sql
+        return sql, params
+
+    def _release_sql(self, shape: tuple[Any, ...]) -> str:
+        p, ns = self.p, self.ns
+        now = p("now")
+        key_rows = (
+            f"FROM flowkit_runs WHERE workflow = {p('wf')} AND singleton_key = {p('key')}{ns}"
+            f" AND tags @> {p('tagj')}::jsonb AND id <> {p('id')}"
+        )
+        # (the waiter's row, locked unless another transaction holds it)
+        def waiter(cond: str, status: str) -> str:
+            return (
+                f"id = (SELECT id FROM flowkit_runs WHERE id = (SELECT w.id FROM w, free"
+                f" WHERE free.ok AND {cond}) AND {status} FOR UPDATE SKIP LOCKED)"
+                f" AND EXISTS (SELECT 1 FROM me)"
+            )
+
+        hand = waiter(
+            "NOT w.leased",
+            f"status IN ({_HANDABLE}) AND NOT admitted AND NOT {_leased(now)}",
+        )
+        wake = waiter("w.leased", "status = 'suspended'")
+        waiter_cols = ", ".join(f"w.{c}" for c in RUN_COLS)
+        return (
+            f"WITH me AS ({self._commit_sql(shape, releasing=True)}),"
+            f" e AS ({self._events_of('me', shape[-1])}),"
+            f" free AS (SELECT NOT EXISTS (SELECT 1 {key_rows}"
+            f" AND status IN ({_ACTIVE}) AND admitted) AS ok),"
+            f" w AS (SELECT {self.cols}, {_leased(now)} AS leased {key_rows}"
+            f" AND status IN ({_HANDABLE}) AND NOT admitted ORDER BY created_at, id LIMIT 1),"
+            f" h AS (UPDATE flowkit_runs SET tags = tags || '[\"{ADMITTED_TAG}\"]'::jsonb,"
+            f" admitted = true, status = 'running', wake_at = NULL,"
+            f" lease_owner = {p('cowner')}, lease_expires = {p('until')}, updated_at = {now}"
+            f" WHERE {hand} RETURNING {self.cols}),"
+            f" wk AS (UPDATE flowkit_runs SET wake_at = {now}"
+            f" WHERE {wake} RETURNING id)"
+            f" SELECT 0 AS k, me.*, NULL::integer AS seq, NULL::text AS body FROM me"
+            f" UNION ALL SELECT 1, h.*, e2.seq, e2.body::text FROM h"
+            f" LEFT JOIN flowkit_events e2 ON e2.run_id = h.id"
+            f" UNION ALL SELECT 2, {waiter_cols}, CASE WHEN w.leased THEN 1 ELSE 0 END, NULL"
+            f" FROM w, free WHERE free.ok"
+            f" ORDER BY k, seq"
         )
 
     # -- singleton keys -------------------------------------------------------------------

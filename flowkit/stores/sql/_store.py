@@ -62,6 +62,12 @@ def _hit(row: Any) -> bool:
     return row is not None
 
 
+def _released(found: Any) -> bool:
+    """``Op.single`` of ``Sql.release_fast``: the release was applied (its run's row came
+    back)."""
+    return bool(found) and found[0][0] == 0
+
+
 def _wake_if_free(c: Conn, run: Run, now: float) -> None:
     """Emit a wake-up with ``c``'s transaction when it leaves ``run`` claimable now by any
     worker. A run with a lease owner is never woken: a step's commit keeps the lease (even one
@@ -426,6 +432,7 @@ class SqlStore:
     ) -> CommitResult:
         fast = self._sql.commit_fast(run_id, owner, now, update)
         sql = self._sql
+        whole = None
         n = len(update.events)
         first: tuple[str, Any, int] | None
         if fast is not None:  # the whole change in one conditional UPDATE
@@ -445,6 +452,17 @@ class SqlStore:
                 if c.pipelined:
                     raise Deferred
                 return self._commit_locked(c, run_id, owner, now, update)
+
+        elif (whole := sql.release_fast(run_id, owner, now, update)) is not None:
+            # (PostgreSQL) a common release in one statement: the slot, handed over
+            first = (whole[0], whole[1], ROWS)
+
+            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
+                if not _released(row):  # a precondition failed: nothing was written
+                    if c.pipelined:
+                        raise Deferred
+                    return self._commit_locked(c, run_id, owner, now, update)
+                return self._fast_released(c, row, len(update.events), now)
 
         elif update.notify is None:  # the general path, the row lock first (in order)
             first = (sql.get_run_locked, self._params(id=run_id), SELECT)
@@ -467,8 +485,12 @@ class SqlStore:
         # a release with notify holds the key's advisory lock (taken before any row lock of
         # its transaction, which it may share with other calls). The fast path is complete
         # when its UPDATE matched (PostgreSQL: events inserted by the same statement), so it
-        # can run as one statement in autocommit
-        single = _hit if fast is not None and (fast[2] or not n) else None
+        # can run as one statement in autocommit; the one-statement release with its lock
+        single: Callable[[Any], bool] | None = None
+        if whole is not None:
+            single = _released
+        elif fast is not None and (fast[2] or not n):
+            single = _hit
         rel = update.notify
         locks = () if rel is None else self._key_locks(rel.workflow, rel.tag)
         op = Op(rest, first, run_id, single=single, locks=locks)
@@ -592,6 +614,35 @@ class SqlStore:
         if any(isinstance(p, _PendingHandOff) for p in planned):
             return After(result)  # type: ignore[return-value]  # (Database.write finishes it)
         return result()
+
+    def _fast_released(self, c: Conn, found: Sequence[Any], n: int, now: float) -> CommitResult:
+        """The result of an applied ``Sql.release_fast`` from its rows. A waiter it handed the
+        slot to comes with its history; one it could not (another transaction held its row)
+        is woken after the commit; an unreadable history undoes the hand-off after the
+        commit (both as ``_PendingHandOff`` does)."""
+        sql = self._sql
+        k = len(RUN_COLS) + 1
+        new = sql.to_run(found[0][1:k])
+        last = int(found[0][LAST_SEQ + 1])
+        seqs = tuple(range(last - n + 1, last + 1))
+        planned = found[-1]
+        if planned[0] != 2:  # nobody to wake: no waiter, or no free slot
+            return CommitResult(new, seqs)
+        waiter = sql.to_run(planned[1:k])
+        if planned[k] == 1:  # leased by another instance: woken (the statement stamped it)
+            c.wakeup(waiter.namespace)
+            return CommitResult(new, seqs, (waiter.id,))
+        pending = _PendingHandOff(self, waiter, now)
+        handed = [r[1:] for r in found if r[0] == 1]
+        pending.updated.append((handed, len(handed)))
+
+        def result() -> CommitResult:
+            got = pending.finish()
+            if isinstance(got, str):
+                return CommitResult(new, seqs, (got,))
+            return CommitResult(new, seqs, (), (got,))
+
+        return After(result)  # type: ignore[return-value]  # (Database.write finishes it)
 
     def _hand_off(
         self,

@@ -1,0 +1,155 @@
+"""PostgreSQL's one-statement release (``Sql.release_fast``) against the general path.
+
+The release decides in SQL what ``memory.plan_release`` decides in Python for the general
+path: who holds the key, which waiter is the oldest, whether it can be handed the slot or
+only woken. Both paths run here on the same randomized key states (in two namespaces of one
+database) and must agree on everything: the result, every run row and every history."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flowkit import ADMITTED_TAG, Run, RunStatus
+from flowkit._history import Event, RunCompleted, RunStarted, SingletonReleased
+from flowkit.stores.base import CommitResult, Notify, Update
+from flowkit.stores.sql import SqlStore
+from flowkit.stores.sql._sql import Sql
+
+try:
+    from pg import fresh_database
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.pg import fresh_database
+
+pytestmark = pytest.mark.postgres
+
+T0 = 1_767_225_600.0
+NOW = T0 + 100
+TAG = "singleton:k"
+EXAMPLES = 150
+
+
+@pytest.fixture
+def stores(request: pytest.FixtureRequest) -> Iterator[tuple[SqlStore, SqlStore]]:
+    """Two stores on one database: the one-statement release, and the general path."""
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    base = SqlStore(url)
+    yield base, SqlStore(url)
+    base.close()
+
+
+def _state(rng: random.Random) -> tuple[list[Run], str, Notify]:
+    """A random key: the releasing holder ``h`` and up to five other runs of the key (any
+    status, admitted or not, leased or not, with tied creation times), sometimes one of
+    another workflow; the holder's lease, sometimes lost."""
+    owner = "x" if rng.random() < 0.9 else "y"
+    h = Run(
+        id="h", workflow="wf", workflow_version="1", status=RunStatus.RUNNING,
+        input={"i": 0}, tags=(TAG, ADMITTED_TAG), created_at=T0, updated_at=T0 + 1,
+        singleton_key="k", lease_owner=owner, lease_expires=NOW + 30,
+    )  # fmt: skip
+    runs = [h]
+    statuses = [
+        RunStatus.PENDING,
+        RunStatus.RUNNING,
+        RunStatus.SUSPENDED,
+        RunStatus.CANCELLING,
+        RunStatus.COMPLETED,
+    ]
+    for i in range(rng.randrange(6)):
+        status = rng.choice(statuses)
+        # (an admitted settled run: not what flowkit writes, but the rules read it too)
+        admitted = rng.random() < (0.2 if status.active else 0.05)
+        tags = (TAG, ADMITTED_TAG) if admitted else (TAG,)
+        lease = rng.choice([(None, None), ("y", NOW + 50), ("y", NOW - 1), ("x", NOW + 5)])
+        wf = "wf" if rng.random() < 0.9 else "other"
+        runs.append(
+            Run(
+                id=f"r{i}", workflow=wf, workflow_version="1", status=status,
+                input={"i": i + 1}, tags=tags,
+                created_at=T0 + rng.choice([1, 2, 2, 3]), updated_at=T0 + 4,
+                wake_at=rng.choice([None, NOW + 60, NOW - 5]) if status.active else None,
+                singleton_key="k", lease_owner=lease[0], lease_expires=lease[1],
+            )  # fmt: skip
+        )
+    hand_offs = rng.choice([None, None, 1, 2])
+    notify = Notify("wf", TAG, 1, claim_owner="x", lease_expires=NOW + 40, max_hand_offs=hand_offs)
+    return runs, "x", notify
+
+
+def _release(notify: Notify) -> Update:
+    return Update(
+        events=[SingletonReleased(key="k", at=NOW), RunCompleted(output={"ok": 1}, at=NOW)],
+        status=RunStatus.COMPLETED,
+        output={"ok": 1},
+        notify=notify,
+    )
+
+
+def _plain(run: Run) -> Run:
+    return dataclasses.replace(run, id=run.id.split(".", 1)[1], namespace=None)
+
+
+def _outcome(got: Any) -> Any:
+    if isinstance(got, BaseException):
+        return type(got).__name__
+    assert isinstance(got, CommitResult)
+    return (
+        _plain(got.run),
+        got.seqs,
+        tuple(w.split(".", 1)[1] for w in got.woken),
+        tuple((_plain(h.run), h.events) for h in got.handed),
+    )
+
+
+async def _apply(
+    store: SqlStore, ns: str, runs: list[Run], owner: str, notify: Notify
+) -> tuple[Any, list[tuple[Run, list[Event]]]]:
+    s = store.scoped(ns)
+    for r in runs:
+        r = dataclasses.replace(r, id=f"{ns}.{r.id}")
+        started = RunStarted(at=r.created_at, workflow=r.workflow, version="1", input=r.input)
+        await s.create_run(r, [started])
+    try:
+        got: Any = await s.commit(f"{ns}.h", owner, NOW, _release(notify))
+    except Exception as exc:
+        got = exc
+    after = []
+    for r in runs:
+        run = await s.get_run(f"{ns}.{r.id}")
+        assert run is not None
+        after.append((_plain(run), await s.load_events(f"{ns}.{r.id}")))
+    return _outcome(got), after
+
+
+async def test_the_one_statement_release_decides_as_the_general_path(
+    stores: tuple[SqlStore, SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast, general = stores
+    rng = random.Random(20261130)
+    real = Sql.release_fast
+    used = 0
+
+    def counted(self: Sql, *a: Any) -> Any:
+        nonlocal used
+        got = real(self, *a)
+        used += got is not None
+        return got
+
+    kinds: set[Any] = set()
+    for i in range(EXAMPLES):
+        runs, owner, notify = _state(rng)
+        monkeypatch.setattr(Sql, "release_fast", counted)
+        a = await _apply(fast, f"a{i}", runs, owner, notify)
+        monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
+        b = await _apply(general, f"b{i}", runs, owner, notify)
+        assert a == b, f"example {i}: {runs}"
+        res = a[0]
+        kinds.add(res if isinstance(res, str) else (bool(res[2]), bool(res[3])))
+    # every outcome came up: a lost lease, nobody to wake, a woken waiter, a handed one
+    assert kinds >= {"LeaseLostError", (False, False), (True, False), (False, True)}
+    assert used >= EXAMPLES * 0.6  # (max_hand_offs=0 never occurs; a lost lease falls back)
