@@ -69,12 +69,19 @@ def _state(rng: random.Random) -> tuple[list[Run], str, Notify]:
         wf = "wf" if rng.random() < 0.9 else "other"
         runs.append(
             Run(
-                id=f"r{i}", workflow=wf, workflow_version="1", status=status,
-                input={"i": i + 1}, tags=tags,
-                created_at=T0 + rng.choice([1, 2, 2, 3]), updated_at=T0 + 4,
+                id=f"r{i}",
+                workflow=wf,
+                workflow_version="1",
+                status=status,
+                input={"i": i + 1},
+                tags=tags,
+                created_at=T0 + rng.choice([1, 2, 2, 3]),
+                updated_at=T0 + 4,
                 wake_at=rng.choice([None, NOW + 60, NOW - 5]) if status.active else None,
-                singleton_key="k", lease_owner=lease[0], lease_expires=lease[1],
-            )  # fmt: skip
+                singleton_key="k",
+                lease_owner=lease[0],
+                lease_expires=lease[1],
+            )
         )
     hand_offs = rng.choice([None, None, 1, 2])
     notify = Notify("wf", TAG, 1, claim_owner="x", lease_expires=NOW + 40, max_hand_offs=hand_offs)

@@ -610,6 +610,7 @@ class Sql:
             f"FROM flowkit_runs WHERE workflow = {p('wf')} AND singleton_key = {p('key')}{ns}"
             f" AND tags @> {p('tagj')}::jsonb AND id <> {p('id')}"
         )
+
         # (the waiter's row, locked unless another transaction holds it)
         def waiter(cond: str, status: str) -> str:
             return (
