@@ -606,6 +606,8 @@ class Sql:
     def _release_sql(self, shape: tuple[Any, ...]) -> str:
         p, ns = self.p, self.ns
         now = p("now")
+        # (equalities on ``admitted``: both reads are ranges of ix_flowkit_runs_queue, which
+        # a key with a deep queue needs)
         key_rows = (
             f"FROM flowkit_runs WHERE workflow = {p('wf')} AND singleton_key = {p('key')}{ns}"
             f" AND tags @> {p('tagj')}::jsonb AND id <> {p('id')}"
@@ -629,9 +631,9 @@ class Sql:
             f"WITH me AS ({self._commit_sql(shape, releasing=True)}),"
             f" e AS ({self._events_of('me', shape[-1])}),"
             f" free AS (SELECT NOT EXISTS (SELECT 1 {key_rows}"
-            f" AND status IN ({_ACTIVE}) AND admitted) AS ok),"
+            f" AND admitted = true AND status IN ({_ACTIVE})) AS ok),"
             f" w AS (SELECT {self.cols}, {_leased(now)} AS leased {key_rows}"
-            f" AND status IN ({_HANDABLE}) AND NOT admitted ORDER BY created_at, id LIMIT 1),"
+            f" AND admitted = false AND status IN ({_HANDABLE}) ORDER BY created_at, id LIMIT 1),"
             f" h AS (UPDATE flowkit_runs SET tags = tags || '[\"{ADMITTED_TAG}\"]'::jsonb,"
             f" admitted = true, status = 'running', wake_at = NULL,"
             f" lease_owner = {p('cowner')}, lease_expires = {p('until')}, updated_at = {now}"
