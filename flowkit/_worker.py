@@ -345,20 +345,26 @@ class Worker:
         self.run_claimed(run, events)
 
     async def _commit_handing_off(self, run_id: str, now: float, update: Update) -> CommitResult:
-        """A commit that may hand runs to us, safe against our own cancellation (stopping):
-        the runs it handed over are then left to ``stop``, which gives their leases back,
-        instead of staying leased to a stopped instance until the lease expires."""
-        # (its own task, started next: a release's latency is the handover's)
-        commit = start_next(self.store.commit(run_id, self.owner, now, update))
+        """A commit that may hand runs to us, in a task of its own (started next: a release's
+        latency is the handover's) that starts the runs it was handed as soon as the store
+        returns, not after the turns of the loop that resuming this caller takes. Safe
+        against our own cancellation (stopping): the commit still completes, and the runs it
+        handed over are then left to ``stop`` (``run_claimed``), which gives their leases
+        back, instead of staying leased to a stopped instance until the lease expires."""
+        commit = start_next(self._commit_and_start(run_id, now, update))
         try:
             return await asyncio.shield(commit)
         except asyncio.CancelledError:
             if not commit.done():
                 with contextlib.suppress(BaseException):
                     await commit
-            if commit.done() and not commit.cancelled() and commit.exception() is None:
-                self._orphans.update(h.run.id for h in commit.result().handed)
             raise
+
+    async def _commit_and_start(self, run_id: str, now: float, update: Update) -> CommitResult:
+        res = await self.store.commit(run_id, self.owner, now, update)
+        for h in res.handed:
+            self.run_claimed(h.run, h.events)
+        return res
 
     async def _commit(self, run: Run, update: Update) -> Run:
         eng = self.engine
@@ -379,10 +385,10 @@ class Worker:
             )
         if update.notify is None or update.notify.claim_owner is None:
             res = await self.store.commit(run.id, self.owner, now, update)
-        else:
+            for h in res.handed:  # (none: nothing was handed to this instance)
+                self.run_claimed(h.run, h.events)
+        else:  # (the runs handed over are started already)
             res = await self._commit_handing_off(run.id, now, update)
-        for h in res.handed:
-            self.run_claimed(h.run, h.events)
         for wid in res.woken:
             eng._wake(wid)
         new = res.run

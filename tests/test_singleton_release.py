@@ -456,3 +456,50 @@ async def test_a_release_hands_over_no_more_waiters_than_the_engine_has_room_for
             "w2", None, now, Update(notify=dataclasses.replace(n, max_hand_offs=1))
         )
         assert ([h.run.id for h in res.handed], res.woken) == (["w1"], ("w2",))
+
+
+class HeldRelease(MemoryStore):
+    """A MemoryStore whose hand-over commits wait for ``go``: a release in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.held = asyncio.Event()
+
+    async def commit(self, run_id, owner, now, update):  # type: ignore[no-untyped-def]
+        if update.notify is not None and update.notify.claim_owner is not None:
+            self.held.set()
+            await self.go.wait()
+        return await super().commit(run_id, owner, now, update)
+
+
+async def test_stopping_during_a_release_gives_the_handed_runs_lease_back() -> None:
+    """An instance stopping while its release's commit is in flight lets the commit finish
+    (the slot is handed over in it), does not execute the run it was handed, and gives that
+    run's lease back, so another instance can claim it at once instead of after the lease
+    expires."""
+    lane = make_lane()
+    store = HeldRelease()
+    engine = Engine(store, [lane])
+    await engine.start_worker()
+    try:
+        await engine.start("lane", inp("A", "event"), "h")
+        await engine.start("lane", inp("A", "none"), "w")
+        parked = await store.get_run("w")  # (gated at its creation: admits_on_create)
+        assert parked is not None and (parked.status, parked.lease_owner) == (
+            RunStatus.SUSPENDED,
+            None,
+        )
+        lane.gates["h"].set()
+        await store.held.wait()  # h's release is in its commit
+        stopping = asyncio.ensure_future(engine.stop())
+        await asyncio.sleep(0)  # (stop has begun: the instance no longer runs new work)
+        store.go.set()
+        await stopping
+    finally:
+        await engine.stop()
+    h, w = await store.get_run("h"), await store.get_run("w")
+    assert h is not None and h.status is RunStatus.COMPLETED
+    assert w is not None and w.admitted and w.status is RunStatus.RUNNING
+    assert w.lease_owner is None  # given back by stop
+    assert lane.entered == ["h"]  # w was handed over but never executed here
