@@ -31,6 +31,7 @@ T0 = 1_767_225_600.0
 NOW = T0 + 100
 TAG = "singleton:k"
 EXAMPLES = 150
+SEED = 20261130
 
 
 @pytest.fixture
@@ -58,6 +59,7 @@ def _state(rng: random.Random) -> tuple[list[Run], str, Notify]:
         RunStatus.RUNNING,
         RunStatus.SUSPENDED,
         RunStatus.CANCELLING,
+        RunStatus.BLOCKED,
         RunStatus.COMPLETED,
     ]
     for i in range(rng.randrange(6)):
@@ -137,7 +139,7 @@ async def test_the_one_statement_release_decides_as_the_general_path(
     stores: tuple[SqlStore, SqlStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast, general = stores
-    rng = random.Random(20261130)
+    rng = random.Random(SEED)
     real = Sql.release_fast
     used = 0
 

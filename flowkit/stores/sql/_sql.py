@@ -567,11 +567,13 @@ class Sql:
           (another lease owner, an unexpected status): then nothing was written;
         * ``k = 1``: the waiter the slot was handed to, one row per event of its history;
         * ``k = 2``: the waiter the slot was planned for, as it was before (``seq`` 1 when it
-          could not be handed, being leased by another instance: then it was woken).
+          could not be handed, being leased by another instance or blocked: then it was
+          woken).
 
         It decides as ``memory.plan_release`` does over the key's rows: with no other
         holder, the oldest waiter by ``(created_at, id)`` (active, not admitted, not
-        cancelling) is admitted and leased to ``claim_owner``; if its row is locked by
+        cancelling) is admitted and leased to ``claim_owner`` if ``hand_off_ok``, else only
+        woken; if its row is locked by
         another transaction (``SKIP LOCKED``) it is neither handed nor woken here: the caller
         wakes it after the commit, as after a missed hand-off."""
         n = u.notify
@@ -606,35 +608,38 @@ class Sql:
     def _release_sql(self, shape: tuple[Any, ...]) -> str:
         p, ns = self.p, self.ns
         now = p("now")
-        # (equalities on ``admitted``: both reads are ranges of ix_flowkit_runs_queue, which
-        # a key with a deep queue needs)
+        # ``(status || '')``: a status test that is no index condition, so the planner (with
+        # or without statistics) finds rows by their id or key, never by a scan of every run
+        # with that status; equalities on ``admitted``: both reads of the key are ranges of
+        # ix_flowkit_runs_queue, as a key with a deep queue needs
+        status = "(status || '')"
         key_rows = (
             f"FROM flowkit_runs WHERE workflow = {p('wf')} AND singleton_key = {p('key')}{ns}"
             f" AND tags @> {p('tagj')}::jsonb AND id <> {p('id')}"
         )
 
         # (the waiter's row, locked unless another transaction holds it)
-        def waiter(cond: str, status: str) -> str:
+        def waiter(cond: str, check: str) -> str:
             return (
                 f"id = (SELECT id FROM flowkit_runs WHERE id = (SELECT w.id FROM w, free"
-                f" WHERE free.ok AND {cond}) AND {status} FOR UPDATE SKIP LOCKED)"
+                f" WHERE free.ok AND {cond}) AND {check} FOR UPDATE SKIP LOCKED)"
                 f" AND EXISTS (SELECT 1 FROM me)"
             )
 
-        hand = waiter(
-            "NOT w.leased",
-            f"status IN ({_HANDABLE}) AND NOT admitted AND NOT {_leased(now)}",
-        )
-        wake = waiter("w.leased", "status = 'suspended'")
+        handable = f"{status} IN ({_HANDABLE}) AND NOT {_leased(now)}"  # memory.hand_off_ok
+        hand = waiter("w.handable", f"{handable} AND NOT admitted")
+        wake = waiter("NOT w.handable", f"{status} = 'suspended'")
         waiter_cols = ", ".join(f"w.{c}" for c in RUN_COLS)
         return (
             f"WITH me AS ({self._commit_sql(shape, releasing=True)}),"
             f" e AS ({self._events_of('me', shape[-1])}),"
             f" free AS (SELECT NOT EXISTS (SELECT 1 {key_rows}"
-            f" AND admitted = true AND status IN ({_ACTIVE})) AS ok),"
-            f" w AS (SELECT {self.cols}, {_leased(now)} AS leased {key_rows}"
-            f" AND admitted = false AND status IN ({_HANDABLE}) ORDER BY created_at, id LIMIT 1),"
-            f" h AS (UPDATE flowkit_runs SET tags = tags || '[\"{ADMITTED_TAG}\"]'::jsonb,"
+            f" AND admitted = true AND {status} IN ({_ACTIVE})) AS ok),"
+            # the oldest waiter (singleton.waiters: active, not admitted, not cancelling)
+            f" w AS (SELECT {self.cols}, {handable} AS handable {key_rows}"
+            f" AND admitted = false AND {status} IN ({_ACTIVE}) AND status <> 'cancelling'"
+            f" ORDER BY created_at, id LIMIT 1),"
+            f" h AS (UPDATE flowkit_runs SET tags = tags || {_ADMITTED_JSON}::jsonb,"
             f" admitted = true, status = 'running', wake_at = NULL,"
             f" lease_owner = {p('cowner')}, lease_expires = {p('until')}, updated_at = {now}"
             f" WHERE {hand} RETURNING {self.cols}),"
@@ -643,7 +648,7 @@ class Sql:
             f" SELECT 0 AS k, me.*, NULL::integer AS seq, NULL::text AS body FROM me"
             f" UNION ALL SELECT 1, h.*, e2.seq, e2.body::text FROM h"
             f" LEFT JOIN flowkit_events e2 ON e2.run_id = h.id"
-            f" UNION ALL SELECT 2, {waiter_cols}, CASE WHEN w.leased THEN 1 ELSE 0 END, NULL"
+            f" UNION ALL SELECT 2, {waiter_cols}, CASE WHEN w.handable THEN 0 ELSE 1 END, NULL"
             f" FROM w, free WHERE free.ok"
             f" ORDER BY k, seq"
         )

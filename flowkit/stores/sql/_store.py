@@ -629,7 +629,7 @@ class SqlStore:
         if planned[0] != 2:  # nobody to wake: no waiter, or no free slot
             return CommitResult(new, seqs)
         waiter = sql.to_run(planned[1:k])
-        if planned[k] == 1:  # leased by another instance: woken (the statement stamped it)
+        if planned[k] == 1:  # not to be handed (leased elsewhere, blocked): woken (stamped)
             c.wakeup(waiter.namespace)
             return CommitResult(new, seqs, (waiter.id,))
         pending = _PendingHandOff(self, waiter, now)
