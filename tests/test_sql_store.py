@@ -30,7 +30,7 @@ from flowkit.errors import (
     SingletonQueueFullError,
 )
 from flowkit.stores import MemoryStore
-from flowkit.stores.base import ConflictError, Notify, QueueCap, Store, Update
+from flowkit.stores.base import Admission, ConflictError, Notify, QueueCap, Store, Update
 from flowkit.stores.sql import (
     SCHEMA_VERSION,
     SchemaVersionError,
@@ -1658,6 +1658,42 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
         assert [e.seq for e in await fresh.load_events("r")] == [1, 2, 3, 4]
     finally:
         fresh.close()
+
+
+@pytest.mark.postgres
+async def test_a_release_does_not_wait_for_the_calls_of_its_batch_that_need_more_round_trips(
+    request: pytest.FixtureRequest,
+) -> None:
+    """PostgreSQL: a one-statement release issued with calls that need more round trips (a
+    start with its admission) commits in a transaction of its own and its caller resumes
+    first; the other calls commit right after, in a flush of their own, and are applied as
+    usual."""
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    s = SqlStore(url, group_commit=True)
+    try:
+        await _gated(s)
+        done: list[str] = []
+
+        async def tagged(name: str, call: Any) -> Any:
+            got = await call
+            done.append(name)
+            return got
+
+        new = mk("n", key="other", t=T0 + 5)
+        admission = Admission("wf", "singleton:other", 1, T0 + 50, ())
+        before = _stats(s)
+        released, (created, fresh) = await asyncio.gather(
+            tagged("release", s.commit("h", "x", T0 + 3, _release())),
+            tagged("start", s.create_run(new, first_events(new), admission=admission)),
+        )
+        assert done == ["release", "start"]
+        assert _delta(s, before, "single_batches") == 1  # the release, alone
+        assert _delta(s, before, "write_tx") == 2
+        assert [h.run.id for h in released.handed] == ["w1"]
+        assert fresh and created.admitted
+        assert (await s.get_run("n")) == created
+    finally:
+        s.close()
 
 
 @pytest.mark.postgres

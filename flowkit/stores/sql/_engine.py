@@ -172,6 +172,11 @@ class Conn:
         self.last_rowcount = 0
         if self.pg:
             self.dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
+            if hasattr(self.dbapi, "prepare_threshold"):
+                # psycopg 3: prepare a statement on its first use, not its sixth: the store
+                # runs a few statements many times, and parsing a release's statement costs
+                # the server about a millisecond (the first handovers of every key paid it)
+                self.dbapi.prepare_threshold = 0
         # the rest of a single-statement call runs after its statement committed: it must
         # not write (``_refuse_writes`` guards every write)
         self.committed = False
@@ -1183,6 +1188,15 @@ class Database:
         ops = [op for op in self._queues.pop(loop, ()) if not op.fut.cancelled()]
         if not ops:
             return
+        later: list[Op[Any]] = []
+        if self._pg and any(op.locks and op.single is not None for op in ops):
+            # A release in one statement (``Sql.release_fast``) hands its slot over in one
+            # round trip with the other single-statement calls; calls that need more round
+            # trips (a start with its admission, ...) must not hold its handover up: they
+            # go in a flush of their own, after the callers of this one resumed.
+            later = [op for op in ops if op.single is None]
+            if later:
+                ops = [op for op in ops if op.single is not None]
         try:
             outcomes = self.run_batch(ops)
         except Exception as failure:  # pragma: no cover - a bug: never leave a caller waiting
@@ -1202,6 +1216,13 @@ class Database:
                 op.fut.set_result(value)
             else:
                 op.fut.set_exception(exc)
+        if later:  # (behind the resumptions just scheduled; calls issued meanwhile join it)
+            queue = self._queues.get(loop)
+            if queue is not None:  # pragma: no cover - nothing wrote during the flush
+                queue.extend(later)
+            else:
+                self._queues[loop] = later
+                loop.call_soon(self._flush, loop)
 
 
 __all__ = [
