@@ -38,6 +38,7 @@ from ._activation_parts import (
 from ._calls import StepCalls
 from ._context import WorkflowCtx
 from ._definition import WorkflowDefinition
+from ._eager import start_next
 from ._history import (
     ErrorInfo,
     Event,
@@ -334,7 +335,9 @@ class Activation(StepCalls):
         self._live = 1
         loop = asyncio.get_running_loop()
         done = self._done_fut = loop.create_future()
-        body = self._body_task = loop.create_task(self._body())
+        # (started next: the body continues the activation, e.g. of a run just handed over,
+        # ahead of the other runs' ready work)
+        body = self._body_task = start_next(self._body())
         body.add_done_callback(lambda _: self._mark_done())
         try:
             if not self._is_done:
