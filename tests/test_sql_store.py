@@ -1549,16 +1549,17 @@ def test_processes_opening_a_fresh_sqlite_file_at_once_all_succeed(tmp_path: Pat
     assert failures == []
 
 
+@pytest.mark.parametrize("index", ["ix_flowkit_runs_queue", "ix_flowkit_runs_waiting"])
 async def test_an_index_added_later_is_created_on_an_existing_database(
-    sql_backend: Backend,
+    sql_backend: Backend, index: str
 ) -> None:
-    """Additive schema changes need no new schema version: a database created before
-    ``ix_flowkit_runs_queue`` existed gets it on first use, and keeps version 1 (an older
-    flowkit still opens it)."""
+    """Additive schema changes need no new schema version: a database created before an
+    index existed gets it on first use, and keeps version 1 (an older flowkit still opens
+    it)."""
     s = sql_backend.store
     await put(s, mk("r"))
     with s._db.tx() as conn:
-        conn.exec_driver_sql("DROP INDEX ix_flowkit_runs_queue")
+        conn.exec_driver_sql(f"DROP INDEX {index}")
     assert sql_backend.url is not None
     fresh = SqlStore(sql_backend.url)
     try:
@@ -1568,10 +1569,45 @@ async def test_an_index_added_later_is_created_on_an_existing_database(
             version = conn.exec_driver_sql(
                 "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
             ).scalar()
-        assert "ix_flowkit_runs_queue" in names
+        assert index in names
         assert version == "1"
     finally:
         fresh.close()
+
+
+def test_the_waiting_index_holds_exactly_the_waiters() -> None:
+    """``ix_flowkit_runs_waiting``'s predicate is ``singleton.waiters``' rule: active, not
+    cancelling (and not admitted)."""
+    from flowkit._run import ACTIVE_STATUSES
+    from flowkit.stores.sql._schema import WAITING_SQL
+
+    waiting = {s.value for s in ACTIVE_STATUSES} - {"cancelling"}
+    assert WAITING_SQL == "status IN (" + ", ".join(f"'{s}'" for s in sorted(waiting)) + ")"
+
+
+async def test_a_keys_settled_runs_are_not_read_to_find_its_first_waiter(
+    sql_backend: Backend,
+) -> None:
+    """A long-lived key gathers settled runs; an admission check or a release reads its first
+    waiters through ``ix_flowkit_runs_waiting``, which holds none of them: the plan of that
+    read uses the index (SQLite is told to; PostgreSQL picks it once the table has
+    statistics), and the release hands the slot to the right waiter."""
+    s = sql_backend.store
+    for i in range(300):
+        await put(s, mk(f"old{i:03d}", key="k", t=T0 - 1000 + i, status=S.COMPLETED))
+    await _gated(s)
+    sql = s._sql
+    q = f"{sql._waiters()} LIMIT 1"
+    params = sql.sharing("wf", TAG)[1]
+    with s._db.tx() as conn:
+        if sql_backend.name == "postgres":
+            conn.exec_driver_sql("ANALYZE flowkit_runs")
+            plan = conn.exec_driver_sql("EXPLAIN " + q, params).scalars().all()
+        else:
+            plan = [r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + q, params)]
+    assert any("ix_flowkit_runs_waiting" in line for line in plan), plan
+    res = await s.commit("h", "x", T0 + 3, _release())
+    assert [h.run.id for h in res.handed] == ["w1"]
 
 
 # -- append_events: a running step's record ------------------------------------------------

@@ -25,6 +25,7 @@ import orjson
 from ..._history import Event, event_from_json, event_to_json
 from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..base import UNSET, Update
+from ._schema import WAITING_SQL
 
 RUN_COLS = (
     "id",
@@ -609,9 +610,11 @@ class Sql:
         p, ns = self.p, self.ns
         now = p("now")
         # ``(status || '')``: a status test that is no index condition, so the planner (with
-        # or without statistics) finds rows by their id or key, never by a scan of every run
-        # with that status; equalities on ``admitted``: both reads of the key are ranges of
-        # ix_flowkit_runs_queue, as a key with a deep queue needs
+        # or without statistics) finds a waiter's row by its id, never by a scan of every run
+        # with that status. The key's holders: a range of ix_flowkit_runs_queue
+        # (``admitted = true``) or of ix_flowkit_runs_singleton; its oldest waiter: the first
+        # entry of ix_flowkit_runs_waiting (its predicate repeated word for word), which does
+        # not hold the key's settled runs (a long-lived key has many).
         status = "(status || '')"
         key_rows = (
             f"FROM flowkit_runs WHERE workflow = {p('wf')} AND singleton_key = {p('key')}{ns}"
@@ -634,11 +637,10 @@ class Sql:
             f"WITH me AS ({self._commit_sql(shape, releasing=True)}),"
             f" e AS ({self._events_of('me', shape[-1])}),"
             f" free AS (SELECT NOT EXISTS (SELECT 1 {key_rows}"
-            f" AND admitted = true AND {status} IN ({_ACTIVE})) AS ok),"
+            f" AND admitted = true AND status IN ({_ACTIVE})) AS ok),"
             # the oldest waiter (singleton.waiters: active, not admitted, not cancelling)
             f" w AS (SELECT {self.cols}, {handable} AS handable {key_rows}"
-            f" AND admitted = false AND {status} IN ({_ACTIVE}) AND status <> 'cancelling'"
-            f" ORDER BY created_at, id LIMIT 1),"
+            f" AND admitted = false AND {WAITING_SQL} ORDER BY created_at, id LIMIT 1),"
             f" h AS (UPDATE flowkit_runs SET tags = tags || {_ADMITTED_JSON}::jsonb,"
             f" admitted = true, status = 'running', wake_at = NULL,"
             f" lease_owner = {p('cowner')}, lease_expires = {p('until')}, updated_at = {now}"
@@ -674,15 +676,16 @@ class Sql:
         sql = self._cache_text.get(key)
         if sql is None:
             head = f"WITH h AS ({self.get_run_locked}) SELECT 0 AS k, h.* FROM h"
-            # (equalities on ``admitted``: both reads are ranges of ix_flowkit_runs_queue)
-            true, false = ("true", "false") if self.pg else ("1", "0")
+            true = "true" if self.pg else "1"
             if truncated:
-                if not self.pg:  # (``+status``: SQLite must not prefer ix_flowkit_runs_singleton)
-                    q = q.replace(" status IN (", " +status IN (", 1)
+                # the holders: a range of ix_flowkit_runs_queue (``+status``: SQLite must not
+                # prefer ix_flowkit_runs_singleton); the first waiters: of the partial
+                # ix_flowkit_runs_waiting, whose predicate the query repeats word for word
+                holders = q.replace(" status IN (", " +status IN (", 1) if not self.pg else q
                 sql = (
-                    f"{head} UNION ALL SELECT 1 AS k, a.* FROM ({q} AND admitted = {true}) AS a"
-                    f" UNION ALL SELECT 1 AS k, w.* FROM ({q} AND admitted = {false}"
-                    f" AND status <> 'cancelling' ORDER BY created_at, id"
+                    f"{head} UNION ALL SELECT 1 AS k, a.* FROM ({holders}"
+                    f" AND admitted = {true}) AS a"
+                    f" UNION ALL SELECT 1 AS k, w.* FROM ({self._waiters()}"
                     f" LIMIT {self.p('n')}) AS w"
                 )
             else:
@@ -719,6 +722,19 @@ class Sql:
                 self._joined[key] = sql
         params = {f"p{i}_{k}": v for i, (_, ps) in enumerate(parts) for k, v in ps.items()}
         return sql, params
+
+    def _waiters(self) -> str:
+        """The waiters of the key ``key`` of workflow ``wf``, oldest first (before any filter
+        on their tags): the first entries of the partial index ``ix_flowkit_runs_waiting``
+        (SQLite is told to use it: it would otherwise pick ``ix_flowkit_runs_queue``, which
+        holds the key's settled runs too)."""
+        false = "false" if self.pg else "0"
+        hint = "" if self.pg else " INDEXED BY ix_flowkit_runs_waiting"
+        return (
+            f"SELECT {self.cols} FROM flowkit_runs{hint} WHERE workflow = {self.p('wf')}"
+            f" AND singleton_key = {self.p('key')}{self.ns}"
+            f" AND admitted = {false} AND {WAITING_SQL} ORDER BY created_at, id"
+        )
 
     def sharing(self, workflow: str, tag: str) -> tuple[str, dict[str, Any]]:
         """The active runs of ``workflow`` carrying ``tag`` (for a singleton tag exactly the
