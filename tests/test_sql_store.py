@@ -1581,8 +1581,9 @@ def test_the_waiting_index_holds_exactly_the_waiters() -> None:
     from flowkit._run import ACTIVE_STATUSES
     from flowkit.stores.sql._schema import WAITING_SQL
 
-    waiting = {s.value for s in ACTIVE_STATUSES} - {"cancelling"}
-    assert WAITING_SQL == "status IN (" + ", ".join(f"'{s}'" for s in sorted(waiting)) + ")"
+    waiting = sorted({s.value for s in ACTIVE_STATUSES} - {"cancelling"})
+    expected = "status IN (" + ", ".join(f"'{s}'" for s in waiting) + ")"
+    assert expected == WAITING_SQL
 
 
 async def test_a_keys_settled_runs_are_not_read_to_find_its_first_waiter(
