@@ -2,20 +2,23 @@
 
 The release decides in SQL what ``memory.plan_release`` decides in Python for the general
 path: who holds the key, which waiter is the oldest, whether it can be handed the slot or
-only woken. Both paths run here on the same randomized key states (in two namespaces of one
-database) and must agree on everything: the result, every run row and every history."""
+only woken. Both paths run here on the same randomized key states (in namespaces of one
+database), and so do SQLite's general path and MemoryStore: all must agree on everything,
+the result, every run row and every history."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
 from flowkit._history import Event, RunCompleted, RunStarted, SingletonReleased
+from flowkit.stores import MemoryStore
 from flowkit.stores.base import CommitResult, Notify, Update
 from flowkit.stores.sql import SqlStore
 from flowkit.stores.sql._sql import Sql
@@ -35,12 +38,17 @@ SEED = 20261130
 
 
 @pytest.fixture
-def stores(request: pytest.FixtureRequest) -> Iterator[tuple[SqlStore, SqlStore]]:
-    """Two stores on one database: the one-statement release, and the general path."""
+def stores(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[SqlStore, SqlStore, SqlStore, MemoryStore]]:
+    """PostgreSQL twice (the one-statement release, and the general path), SQLite (the
+    general path) and MemoryStore (the rules in Python, over every run)."""
     url = fresh_database(request.getfixturevalue("pg_server"))
-    base = SqlStore(url)
-    yield base, SqlStore(url)
-    base.close()
+    pg = SqlStore(url)
+    lite = SqlStore(f"sqlite:///{tmp_path}/release.db")
+    yield pg, SqlStore(url, _db=pg._db), lite, MemoryStore()
+    pg.close()
+    lite.close()
 
 
 def _state(rng: random.Random) -> tuple[list[Run], str, Notify]:
@@ -116,7 +124,7 @@ def _outcome(got: Any) -> Any:
 
 
 async def _apply(
-    store: SqlStore, ns: str, runs: list[Run], owner: str, notify: Notify
+    store: SqlStore | MemoryStore, ns: str, runs: list[Run], owner: str, notify: Notify
 ) -> tuple[Any, list[tuple[Run, list[Event]]]]:
     s = store.scoped(ns)
     for r in runs:
@@ -136,9 +144,9 @@ async def _apply(
 
 
 async def test_the_one_statement_release_decides_as_the_general_path(
-    stores: tuple[SqlStore, SqlStore], monkeypatch: pytest.MonkeyPatch
+    stores: tuple[SqlStore, SqlStore, SqlStore, MemoryStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fast, general = stores
+    fast, general, lite, memory = stores
     rng = random.Random(SEED)
     real = Sql.release_fast
     used = 0
@@ -157,6 +165,8 @@ async def test_the_one_statement_release_decides_as_the_general_path(
         monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
         b = await _apply(general, f"b{i}", runs, owner, notify)
         assert a == b, f"example {i}: {runs}"
+        assert await _apply(lite, f"c{i}", runs, owner, notify) == a, f"example {i} (SQLite)"
+        assert await _apply(memory, f"d{i}", runs, owner, notify) == a, f"example {i} (memory)"
         res = a[0]
         kinds.add(res if isinstance(res, str) else (bool(res[2]), bool(res[3])))
     # every outcome came up: a lost lease, nobody to wake, a woken waiter, a handed one
