@@ -1809,3 +1809,99 @@ async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
     finally:
         s.close()
         other.close()
+
+
+async def test_calls_postponed_behind_releases_run_in_the_next_flush() -> None:
+    """A flush holding a one-statement release postpones the calls that need more round trips
+    to a flush of their own, once: a steady stream of releases (each handed run releases
+    again) cannot keep them waiting."""
+    from flowkit.stores.sql._engine import Database, Op
+
+    db = Database("postgresql+psycopg://nobody@/flowkit?host=/nonexistent")
+    batches: list[list[str]] = []
+
+    def run_batch(ops: list[Any]) -> list[Any]:  # (no server: the batching alone)
+        batches.append([op.key for op in ops])
+        return [(None, op.key) for op in ops]
+
+    db.run_batch = run_batch  # type: ignore[method-assign]
+
+    def release(key: str) -> Any:
+        return Op(lambda c, row: row, ("SELECT 1", {}, 4), key, single=bool, locks=("k",))
+
+    async def releaser(i: int) -> None:
+        for _ in range(50):
+            await db.write(release(f"r{i}"))
+
+    async def start() -> Any:
+        await asyncio.sleep(0)  # (joins a flush that holds releases)
+        return await db.write(Op(lambda c, row: None, None, "s", locks=("k2",)))
+
+    *_, got = await asyncio.gather(*(releaser(i) for i in range(4)), start())
+    assert got == "s"  # (the fake batch answers each call with its key)
+    at = next(i for i, b in enumerate(batches) if "s" in b)
+    assert batches[at] == ["s"]  # in a flush of its own ...
+    assert any("r0" in b for b in batches[at + 1 :])  # ... while the releases went on
+    assert any("s" not in b and "r0" in b for b in batches[:at])  # ... right after theirs
+    db.dispose()
+
+
+async def test_a_commit_that_hands_its_own_run_a_slot_writes_its_changes_first(
+    sql_backend: Backend,
+) -> None:
+    """A notify commit of the oldest waiter itself (limit 2, both slots free) hands a slot to
+    itself and one to the other waiter; its own changes (its event) are written before its
+    own hand-off, as MemoryStore applies them, and the hand-off returns its history with it."""
+    results = []
+    for store in (sql_backend.store, MemoryStore()):
+        for rid in ("w1", "w2"):
+            await put(store, mk(rid, key="k", t=T0 + (1 if rid == "w1" else 2)))
+            assert not await store.try_admit_singleton(rid, TAG, "wf", 0, T0 + 50)
+        n = Notify("wf", TAG, 2, claim_owner="me", lease_expires=T0 + 40)
+        res = await store.commit("w1", None, T0 + 3, Update(events=[fired(T0 + 3)], notify=n))
+        handed = {h.run.id: (h.run, [e.type for e in h.events]) for h in res.handed}
+        rows = [await store.get_run(r) for r in ("w1", "w2")]
+        results.append((handed, rows, [e.type for e in await store.load_events("w1")]))
+    sql, memory = results
+    assert sql == memory
+    assert sql[0]["w1"][1] == ["run_started", "timer_fired"]
+
+
+@pytest.mark.postgres
+async def test_a_one_statement_release_that_fails_after_writing_rolls_its_batch_back(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: when a batch takes the general way, a one-statement release whose result
+    cannot be made after its statement wrote (here an injected error) counts as a call that
+    wrote: the batch rolls back and reruns call by call, so nothing is left committed that its
+    caller was told failed."""
+    from flowkit.stores.sql import _engine
+
+    url = fresh_database(request.getfixturevalue("pg_server"))
+    s = SqlStore(url, group_commit=True)
+    try:
+        await _gated(s)
+        await put(s, mk("other"))
+        assert await s.claim("other", "x", T0 + 2, T0 + 32)
+        monkeypatch.setattr(_engine.Database, "_single_batch", lambda self, c, ops: None)
+        real = SqlStore._fast_released
+        calls: list[int] = []
+
+        def failing_once(self: SqlStore, *a: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("injected")
+            return real(self, *a)
+
+        monkeypatch.setattr(SqlStore, "_fast_released", failing_once)
+        stats = _stats(s)
+        released, stepped = await asyncio.gather(
+            s.commit("h", "x", T0 + 3, _release()),
+            s.commit("other", "x", T0 + 3, Update(events=[fired(T0 + 3)])),
+        )
+        assert _delta(s, stats, "batch_retries") == 1
+        assert [h.run.id for h in released.handed] == ["w1"]
+        assert stepped.seqs == (2,)
+        assert [e.type for e in await s.load_events("h")].count("run_completed") == 1
+    finally:
+        s.close()

@@ -187,6 +187,10 @@ class Conn:
         self.locks_closed = False
 
     def close(self) -> None:
+        if self.pg and hasattr(self.dbapi, "prepare_threshold"):
+            # (the connection goes back to SQLAlchemy's pool: its users keep psycopg's default)
+            with contextlib.suppress(Exception):
+                self.dbapi.prepare_threshold = 5
         with contextlib.suppress(Exception):  # closing a broken connection
             self.cur.close()
         with contextlib.suppress(Exception):
@@ -501,6 +505,12 @@ class Conn:
             log.debug("rollback failed", exc_info=True)
 
 
+GENERIC_PLANS_SQL = "SET LOCAL plan_cache_mode = force_generic_plan"
+"""PostgreSQL: the transaction's prepared statements use their generic plan at once."""
+
+LOCK_ROWS_SQL = "SELECT id FROM flowkit_runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE"
+"""PostgreSQL: lock the rows of these runs, in run-id order (the rows a batch will write)."""
+
 LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(k)s, 0))"
 """A transaction-scoped advisory lock on a name (a singleton key's ``lock_name``)."""
 
@@ -557,13 +567,14 @@ class Op(Generic[T]):
         # emits by a write inside the transaction), so ``first`` can run in autocommit there
         # (a call that needs advisory locks needs a transaction around its statements)
         self.lite = lite and self.single is not None and not locks
+        self.fut: Any = None
 
     @property
-    def autocommit(self) -> bool:
-        """Whether ``first`` alone may run in autocommit on PostgreSQL (no advisory locks to
-        hold around it)."""
-        return self.single is not None and not self.locks
-        self.fut: Any = None
+    def releasing(self) -> bool:
+        """A single statement under a key's advisory lock (``Sql.release_fast``): it locks a
+        waiter's row too, without waiting (``SKIP LOCKED``), in the middle of its batch (see
+        ``Database._single_batch``)."""
+        return self.single is not None and bool(self.locks)
 
     def __call__(self, c: Conn) -> T:
         """Run on ``c`` (inside a transaction)."""
@@ -1057,7 +1068,19 @@ class Database:
         the caller runs the batch the general way, which sorts out whose error it was. The
         calls' advisory locks (``Op.locks``) go first, in name order."""
         c.begin()
+        if any(op.locks for op in ops):
+            # a one-statement release: planned once, not at each of its first executions
+            # (a custom plan of that statement costs the server half a millisecond and is no
+            # better: every read in it is an index lookup by equality)
+            c.later(GENERIC_PLANS_SQL, None, wrote=False)
         c.lock_all(name for op in ops for name in op.locks)
+        if len(ops) > 1 and any(op.releasing for op in ops):
+            # A release locks its waiter's row mid-batch (without waiting): so that no later
+            # statement of the batch waits for a row while it holds that one (a lock cycle
+            # with another process), every row the batch's calls write is locked first, in
+            # run-id order, by one statement.
+            ids = sorted({op.key for op in ops if op.key})
+            c.later(LOCK_ROWS_SQL, {"ids": ids}, wrote=False)
         try:
             firsts = self._pipelined(c, ops, commit=True)
         except Exception as exc:
@@ -1188,15 +1211,26 @@ class Database:
         ops = [op for op in self._queues.pop(loop, ()) if not op.fut.cancelled()]
         if not ops:
             return
-        later: list[Op[Any]] = []
-        if self._pg and any(op.locks and op.single is not None for op in ops):
+        if self._pg and any(op.releasing for op in ops):
             # A release in one statement (``Sql.release_fast``) hands its slot over in one
             # round trip with the other single-statement calls; calls that need more round
             # trips (a start with its admission, ...) must not hold its handover up: they
-            # go in a flush of their own, after the callers of this one resumed.
+            # commit on their own right after its callers resumed (once: a stream of
+            # releases cannot keep postponing them).
             later = [op for op in ops if op.single is None]
             if later:
-                ops = [op for op in ops if op.single is not None]
+                try:
+                    self._run(loop, [op for op in ops if op.single is not None])
+                finally:
+                    loop.call_soon(self._run, loop, later)
+                return
+        self._run(loop, ops)
+
+    def _run(self, loop: asyncio.AbstractEventLoop, ops: list[Op[Any]]) -> None:
+        """Run ``ops`` as one group commit and hand out their outcomes."""
+        ops = [op for op in ops if not op.fut.cancelled()]
+        if not ops:
+            return
         try:
             outcomes = self.run_batch(ops)
         except Exception as failure:  # pragma: no cover - a bug: never leave a caller waiting
@@ -1216,13 +1250,6 @@ class Database:
                 op.fut.set_result(value)
             else:
                 op.fut.set_exception(exc)
-        if later:  # (behind the resumptions just scheduled; calls issued meanwhile join it)
-            queue = self._queues.get(loop)
-            if queue is not None:  # pragma: no cover - nothing wrote during the flush
-                queue.extend(later)
-            else:
-                self._queues[loop] = later
-                loop.call_soon(self._flush, loop)
 
 
 __all__ = [

@@ -569,7 +569,7 @@ class Sql:
         * ``k = 1``: the waiter the slot was handed to, one row per event of its history;
         * ``k = 2``: the waiter the slot was planned for, as it was before (``seq`` 1 when it
           could not be handed, being leased by another instance or blocked: then it was
-          woken).
+          stamped due now, if it was parked and no other transaction held its row).
 
         It decides as ``memory.plan_release`` does over the key's rows: with no other
         holder, the oldest waiter by ``(created_at, id)`` (active, not admitted, not

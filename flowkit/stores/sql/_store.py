@@ -18,7 +18,10 @@ run row, in autocommit); ``claim`` and the common ``commit``\\ s are one conditi
 ... WHERE <preconditions> RETURNING``; a ``commit`` that misses (or needs more: consuming a
 signal, notify-on-release) locks the run row (``SELECT ... FOR UPDATE``) and decides in Python
 with the shared rules of ``flowkit.stores.memory``. Lock order is always advisory locks (in
-name order), then row locks in run-id order, so two processes' transactions cannot deadlock.
+name order), then row locks in run-id order, so two processes' transactions cannot deadlock;
+a release also locks its waiter's row, but never waits for it (``SKIP LOCKED``), and after
+the rows its transaction waits for (a batch with a one-statement release locks all of them
+first, in one statement).
 
 Wake-ups across processes (``_wakeup``): a transaction that leaves a run claimable now (a new
 ``pending`` run, a released lease, a signal or cancel that makes a parked run due) or stamps a
@@ -462,6 +465,7 @@ class SqlStore:
                     if c.pipelined:
                         raise Deferred
                     return self._commit_locked(c, run_id, owner, now, update)
+                c.dirty = True  # (it wrote: a failure from here on fails its transaction)
                 return self._fast_released(c, row, len(update.events), now)
 
         elif update.notify is None:  # the general path, the row lock first (in order)
@@ -594,6 +598,9 @@ class SqlStore:
                 ]
             for w, admitted in plan_release(sharing, n, now):
                 if admitted is not None:
+                    if w.id == run_id and joined:  # (its own row: its writes go first)
+                        c.later(*sql.joined(joined))
+                        joined.clear()
                     got = self._hand_off(c, w, admitted, now, joined if w.id != run_id else None)
                     if got is not None:
                         planned.append(got)
