@@ -38,6 +38,11 @@ from .errors import (
 )
 from .stores.base import ConflictError
 
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
+_STEP_KINDS: tuple[type[Event], ...] = (StepCompleted, StepFailed)
+
 
 class StepCalls:
     """Implementation of ``Runtime``'s ctx calls over the activation's history."""
@@ -98,9 +103,10 @@ class StepCalls:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError("retry= takes a flowkit.RetryPolicy")
         pos = self._branch().next_pos()
-        if name is None and isinstance(fn, ReplayStub):
-            name = ReplayStub.ANY_NAME  # an injected service stubbed out by replay()
-        return self._step(pos, fn, args, kwargs, name or _serde.step_name(fn), retry)
+        if isinstance(fn, ReplayStub):  # an injected service stubbed out by replay()
+            return self._step(pos, fn, args, kwargs, name or ReplayStub.ANY_NAME, retry, None)
+        default, adapter = _serde.step_meta(fn)
+        return self._step(pos, fn, args, kwargs, name or default, retry, adapter)
 
     async def _step(
         self,
@@ -110,9 +116,11 @@ class StepCalls:
         kwargs: dict[str, Any],
         name: str,
         retry: RetryPolicy | None,
+        adapter: TypeAdapter[Any] | None,
     ) -> Any:
         self._check_alive()
-        adapter = _serde.ANY_ADAPTER if isinstance(fn, ReplayStub) else _serde.return_adapter(fn)
+        if adapter is None:
+            adapter = _serde.ANY_ADAPTER
         dg: list[str] = []
 
         def args_digest() -> str:
@@ -120,7 +128,10 @@ class StepCalls:
                 dg.append(_serde.digest(args, kwargs))
             return dg[0]
 
-        evs = self._take(pos, (StepCompleted, StepFailed), "step", name, args_digest)
+        evs = self._take(pos, _STEP_KINDS, "step", name, args_digest)
+        if len(evs) == 1 and type(evs[0]) is StepCompleted:  # (replaying a step that succeeded)
+            self._observe(evs[0])
+            return _serde.from_json(evs[0].result, adapter)
         failures = [e for e in evs if isinstance(e, StepFailed)]
         for ev in evs:
             if isinstance(ev, StepCompleted):
