@@ -1738,11 +1738,12 @@ async def test_a_release_does_not_wait_for_the_calls_of_its_batch_that_need_more
 async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, one_statement: bool
 ) -> None:
-    """PostgreSQL: the releases of one group commit send their hand-offs (the conditional
-    update, the waiter's history, the wake-up of a miss) together with the ``COMMIT``, in one
-    round trip after the batch's first statements, instead of one round trip per release
-    (and one more for the ``COMMIT``); each still gets
-    its own hand-off, and a miss (a waiter another process took meanwhile) is woken."""
+    """PostgreSQL: the releases of one group commit share round trips: each one-statement
+    release (``Sql.release_fast``) with the batch's ``BEGIN``, locks and ``COMMIT`` in one;
+    on the general path, the hand-offs (the conditional update, the waiter's history, the
+    wake-up of a miss) go together with the ``COMMIT`` after the batch's first statements.
+    Each release still gets its own hand-off, and a miss (a waiter another process took
+    meanwhile) is woken."""
     from flowkit.stores.sql import _engine
 
     url = fresh_database(request.getfixturevalue("pg_server"))
