@@ -947,27 +947,35 @@ async def test_a_failing_call_does_not_affect_its_batch(gc_backend: Backend) -> 
         assert _delta(s, stats, "deferred") == 3
 
 
+def _take_seq_2(url: str, run_id: str) -> None:
+    """A foreign writer takes seq 2 of ``run_id``'s history (the run's next append then
+    violates the primary key)."""
+    from flowkit.stores.sql._schema import events
+
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(events).values(
+                    run_id=run_id, seq=2, type="timer_fired", at=T0, body={"type": "timer_fired"}
+                )
+            )
+            # (on SQLite the flowkit_events_last_seq trigger moved last_seq past it: undo)
+            conn.execute(
+                sa.text("UPDATE flowkit_runs SET last_seq = 1 WHERE id = :id"), {"id": run_id}
+            )
+    finally:
+        engine.dispose()
+
+
 async def test_a_call_failing_after_it_wrote_reruns_the_batch_call_by_call(
     gc_backend: Backend,
 ) -> None:
-    from flowkit.stores.sql._schema import events
-
     s = gc_backend.store
     for rid in ("a", "b", "c"):
         await put(s, mk(rid))
     assert gc_backend.url is not None
-    engine = sa.create_engine(gc_backend.url, poolclass=sa.pool.NullPool)
-    try:  # a foreign writer took seq 2 of "b": its append violates the primary key
-        with engine.begin() as conn:
-            conn.execute(
-                sa.insert(events).values(
-                    run_id="b", seq=2, type="timer_fired", at=T0, body={"type": "timer_fired"}
-                )
-            )
-            # (on SQLite the flowkit_events_last_seq trigger moved last_seq past it: undo)
-            conn.execute(sa.text("UPDATE flowkit_runs SET last_seq = 1 WHERE id = 'b'"))
-    finally:
-        engine.dispose()
+    _take_seq_2(gc_backend.url, "b")  # "b"'s append will violate the primary key
     stats = _stats(s)
     got = await asyncio.gather(
         *(s.commit(rid, None, T0 + 1, Update(events=[fired(T0 + 1)])) for rid in "abc"),
@@ -982,15 +990,20 @@ async def test_a_call_failing_after_it_wrote_reruns_the_batch_call_by_call(
     assert b is not None and b.updated_at == T0  # rolled back: nothing of it was written
 
 
+@pytest.mark.parametrize("one_statement", [True, False])
 async def test_a_release_whose_queued_write_fails_reruns_the_batch_call_by_call(
-    gc_backend: Backend,
+    gc_backend: Backend, monkeypatch: pytest.MonkeyPatch, one_statement: bool
 ) -> None:
-    """A release's writes and hand-off are queued and go out with the ``COMMIT`` of its
-    group commit (PostgreSQL): when one of them fails there, nothing of the batch took
-    effect, and each call runs again on its own. The other release still hands its slot
-    over; the failing one gets its error and wrote nothing (its waiter stays parked)."""
-    from flowkit.stores.sql._schema import events
+    """A release that fails in the database fails only itself. On the general path its
+    writes and hand-off are queued and go out with the ``COMMIT`` of its group commit
+    (PostgreSQL); a one-statement release fails in the batch's single round trip. Either
+    way nothing of the batch took effect, and each call runs again on its own: the other
+    release still hands its slot over; the failing one gets its error and wrote nothing (its
+    waiter stays parked)."""
+    from flowkit.stores.sql._sql import Sql
 
+    if not one_statement:
+        monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
     s = gc_backend.store
     for k in ("a", "b"):
         await put(s, mk(f"h{k}", key=k, t=T0))
@@ -999,17 +1012,7 @@ async def test_a_release_whose_queued_write_fails_reruns_the_batch_call_by_call(
         assert not await s.try_admit_singleton(f"w{k}", f"singleton:{k}", "wf", 1, T0 + 50)
         assert await s.claim(f"h{k}", "x", T0 + 2, T0 + 32)
     assert gc_backend.url is not None
-    engine = sa.create_engine(gc_backend.url, poolclass=sa.pool.NullPool)
-    try:  # a foreign writer took seq 2 of "hb": its release's append violates the primary key
-        with engine.begin() as conn:
-            conn.execute(
-                sa.insert(events).values(
-                    run_id="hb", seq=2, type="timer_fired", at=T0, body={"type": "timer_fired"}
-                )
-            )
-            conn.execute(sa.text("UPDATE flowkit_runs SET last_seq = 1 WHERE id = 'hb'"))
-    finally:
-        engine.dispose()
+    _take_seq_2(gc_backend.url, "hb")  # "hb"'s release will violate the primary key
     before = await s.get_run("hb"), await s.get_run("wb")
     stats = _stats(s)
 
@@ -1030,11 +1033,14 @@ async def test_a_release_whose_queued_write_fails_reruns_the_batch_call_by_call(
 
 
 async def test_a_call_failing_clean_keeps_what_the_calls_before_it_queued(
-    gc_backend: Backend,
+    gc_backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A call of a group commit that fails before it wrote forgets only the statements it
     queued itself: a release earlier in the batch, whose writes and hand-off wait for the
-    ``COMMIT`` (PostgreSQL), still takes effect."""
+    ``COMMIT`` (PostgreSQL's general path), still takes effect."""
+    from flowkit.stores.sql._sql import Sql
+
+    monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
     s = gc_backend.store
     await put(s, mk("ha", key="a", t=T0))
     await put(s, mk("wa", key="a", t=T0 + 1))
