@@ -1068,7 +1068,7 @@ class Database:
         the caller runs the batch the general way, which sorts out whose error it was. The
         calls' advisory locks (``Op.locks``) go first, in name order."""
         c.begin()
-        if any(op.locks for op in ops):
+        if any(op.releasing for op in ops):
             # a one-statement release: planned once, not at each of its first executions
             # (a custom plan of that statement costs the server half a millisecond and is no
             # better: every read in it is an index lookup by equality)
