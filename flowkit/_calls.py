@@ -55,6 +55,7 @@ class StepCalls:
     _cancelled_hosts: set[asyncio.Future[Any]]
     _live: int
     _blocked: int
+    _index: dict[str, list[Event]]
     store_error: Exception | None
 
     if TYPE_CHECKING:
@@ -118,56 +119,38 @@ class StepCalls:
         retry: RetryPolicy | None,
         adapter: TypeAdapter[Any] | None,
     ) -> Any:
-        self._check_alive()
+        # (the hot path of every run: no closures, and a position nothing was recorded at,
+        # the live case, skips the history lookup)
+        if self._tearing_down:
+            raise _Evicted()
         if adapter is None:
             adapter = _serde.ANY_ADAPTER
-        dg: list[str] = []
-
-        def args_digest() -> str:
-            if not dg:
-                dg.append(_serde.digest(args, kwargs))
-            return dg[0]
-
-        evs = self._take(pos, _STEP_KINDS, "step", name, args_digest)
-        if len(evs) == 1 and type(evs[0]) is StepCompleted:  # (replaying a step that succeeded)
-            self._observe(evs[0])
-            return _serde.from_json(evs[0].result, adapter)
-        failures = [e for e in evs if isinstance(e, StepFailed)]
-        for ev in evs:
-            if isinstance(ev, StepCompleted):
-                self._observe(ev)
-                return _serde.from_json(ev.result, adapter)
-        if failures:
-            last = failures[-1]
-            self._observe(last)
-            if last.cancelled:
-                raise asyncio.CancelledError()
-            if last.retry_at is None:
-                raise StepFailedError(name, last.error.type, last.error.message, last.attempt)
-            if last.retry_at > self.host.now():
-                await self._park(last.retry_at)
-        attempt = len(failures) + 1
-
-        async def failed(
-            info: ErrorInfo, retry_at: float | None = None, cancelled: bool = False
-        ) -> None:
-            await self._record(
-                [
-                    StepFailed(
-                        pos=pos,
-                        name=name,
-                        attempt=attempt,
-                        error=info,
-                        retry_at=retry_at,
-                        cancelled=cancelled,
-                        args_digest=args_digest(),
-                        at=self.host.now(),
-                    )
-                ]
-            )
+        digest: str | None = None
+        attempt = 1
+        if pos in self._index:
+            evs = self._take(pos, _STEP_KINDS, "step", name, lambda: _serde.digest(args, kwargs))
+            if len(evs) == 1 and type(evs[0]) is StepCompleted:  # (replaying a success)
+                self._observe(evs[0])
+                return _serde.from_json(evs[0].result, adapter)
+            failures = [e for e in evs if isinstance(e, StepFailed)]
+            for ev in evs:
+                if isinstance(ev, StepCompleted):
+                    self._observe(ev)
+                    return _serde.from_json(ev.result, adapter)
+            if failures:
+                last = failures[-1]
+                self._observe(last)
+                if last.cancelled:
+                    raise asyncio.CancelledError()
+                if last.retry_at is None:
+                    raise StepFailedError(name, last.error.type, last.error.message, last.attempt)
+                if last.retry_at > self.host.now():
+                    await self._park(last.retry_at)
+            attempt = len(failures) + 1
 
         while True:
-            self._check_alive()
+            if self._tearing_down:
+                raise _Evicted()
             if self.replay_only:
                 raise self._stop_replay(pos, f"step({name!r})")
             await self._flush()  # earlier outcomes are durable before this side effect
@@ -176,12 +159,10 @@ class StepCalls:
             except asyncio.CancelledError:
                 if not self._cancel_requested or self._tearing_down:
                     raise
-                await failed(
-                    ErrorInfo(
-                        type="CancelledError", message="cancelled", step=name, attempts=attempt
-                    ),
-                    cancelled=True,
+                info = ErrorInfo(
+                    type="CancelledError", message="cancelled", step=name, attempts=attempt
                 )
+                await self._step_failed(pos, name, attempt, args, kwargs, info, cancelled=True)
                 raise
             except _ControlFlow:
                 raise
@@ -189,23 +170,29 @@ class StepCalls:
                 info = error_info(exc, name, attempt)
                 if retry is not None and retry.retries(exc, attempt):
                     retry_at = round(self.host.now() + retry.delay_before(attempt + 1), 6)
-                    await failed(info, retry_at=retry_at)
+                    await self._step_failed(pos, name, attempt, args, kwargs, info, retry_at)
                     if retry_at > self.host.now():
                         await self._park(retry_at)
                     attempt += 1
                     continue
-                await failed(info)
+                await self._step_failed(pos, name, attempt, args, kwargs, info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             try:
-                data = _serde.to_json(result, adapter, what=f"result of step {name!r}")
+                data = (
+                    result
+                    if _serde.plain_for(result, adapter)
+                    else _serde.to_json(result, adapter, what=f"result of step {name!r}")
+                )
             except SerializationError as exc:
                 info = error_info(exc, name, attempt)
-                await failed(info)
+                await self._step_failed(pos, name, attempt, args, kwargs, info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
+            if digest is None:
+                digest = _serde.digest(args, kwargs)
             self._defer(
                 StepCompleted(
                     pos=pos,
-                    args_digest=args_digest(),
+                    args_digest=digest,
                     name=name,
                     attempt=attempt,
                     result=data,
@@ -213,6 +200,33 @@ class StepCalls:
                 )
             )
             return _serde.from_json(data, adapter)
+
+    async def _step_failed(
+        self,
+        pos: str,
+        name: str,
+        attempt: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        info: ErrorInfo,
+        retry_at: float | None = None,
+        cancelled: bool = False,
+    ) -> None:
+        """Record a failed attempt of the step at ``pos``."""
+        await self._record(
+            [
+                StepFailed(
+                    pos=pos,
+                    name=name,
+                    attempt=attempt,
+                    error=info,
+                    retry_at=retry_at,
+                    cancelled=cancelled,
+                    args_digest=_serde.digest(args, kwargs),
+                    at=self.host.now(),
+                )
+            ]
+        )
 
     async def _execute(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import math
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -91,8 +92,54 @@ def step_name(fn: Callable[..., Any]) -> str:
     return str(name)
 
 
+# Values that an adapter passes through unchanged both ways, by its core schema (a schema with
+# any constraint, e.g. ``Annotated[int, Field(gt=0)]``, has more keys than ``type``): for
+# them ``to_json`` and ``from_json`` skip pydantic. That is most step results, and pydantic's
+# serializer and validator are large code that runs cold after every commit's fsync.
+_PLAIN_BY_SCHEMA: dict[str, tuple[type, ...]] = {
+    "any": (str, int, bool, float, type(None)),
+    "str": (str,),
+    "int": (int,),
+    "bool": (bool,),
+    "float": (float,),
+    "none": (type(None),),
+}
+_PLAIN: dict[int, tuple[TypeAdapter[Any], tuple[type, ...]]] = {}
+
+
+def _plain_types(adapter: TypeAdapter[Any]) -> tuple[type, ...]:
+    got = _PLAIN.get(id(adapter))
+    if got is None or got[0] is not adapter:
+        schema = adapter.core_schema
+        types = _PLAIN_BY_SCHEMA.get(str(schema.get("type")), ()) if len(schema) == 1 else ()
+        if len(_PLAIN) > 4096:  # (adapters of unhashable annotations are made per call)
+            _PLAIN.clear()
+        got = _PLAIN[id(adapter)] = (adapter, types)
+    return got[1]
+
+
+def plain_for(value: Any, adapter: TypeAdapter[Any]) -> bool:
+    """``value`` is its own JSON form under ``adapter`` (exact types only: a ``bool`` is not
+    an ``int`` here, nor an ``IntEnum``), and orjson can write it."""
+    t = type(value)
+    if t not in _plain_types(adapter):
+        return False
+    if t is int:
+        return bool(-(2**63) <= value < 2**64)  # (orjson's range)
+    if t is float:
+        return math.isfinite(value)  # (pydantic writes inf and nan as null)
+    return True
+
+
+def plain_json(value: Any) -> bool:
+    """``value`` is a JSON scalar that every conversion here passes through unchanged."""
+    return plain_for(value, ANY_ADAPTER)
+
+
 def to_json(value: Any, adapter: TypeAdapter[Any] = ANY_ADAPTER, what: str = "value") -> JSON:
     """Convert ``value`` to JSON types, or raise ``SerializationError`` naming ``what``."""
+    if plain_for(value, adapter):
+        return value
     try:
         data = adapter.dump_python(value, mode="json")
         orjson.dumps(data)
@@ -106,6 +153,8 @@ def to_json(value: Any, adapter: TypeAdapter[Any] = ANY_ADAPTER, what: str = "va
 
 def from_json(data: JSON, adapter: TypeAdapter[Any] = ANY_ADAPTER) -> Any:
     """Rebuild a typed value from its JSON form."""
+    if type(data) in _plain_types(adapter):
+        return data
     return adapter.validate_python(data)
 
 
@@ -125,10 +174,30 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
     )
 
 
+# orjson writes JSON types, UUIDs and enums itself exactly as pydantic's ``to_jsonable_python``
+# followed by ``dumps`` would; anything else (dates, dataclasses, models, subclasses, non-str
+# keys, services) goes to ``_not_plain`` and takes pydantic's way.
+_DIGEST_OPTIONS = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def _not_plain(obj: Any) -> Any:
+    raise TypeError
+
+
 def digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """A short stable digest of a step's arguments, for divergence reports (objects that are
-    not JSON, such as injected services, count by their type name)."""
-    data = pydantic_core.to_jsonable_python(
-        [list(args), kwargs], fallback=lambda o: f"<{type(o).__qualname__}>"
-    )
-    return hashlib.sha256(dumps(data)).hexdigest()[:12]
+    not JSON, such as injected services, count by their type name): the first 12 hex digits
+    of the SHA-256 of their canonical JSON."""
+    try:
+        raw = orjson.dumps([args, kwargs], option=_DIGEST_OPTIONS, default=_not_plain)
+    except TypeError:
+        data = pydantic_core.to_jsonable_python(
+            [list(args), kwargs], fallback=lambda o: f"<{type(o).__qualname__}>"
+        )
+        raw = dumps(data)
+    return hashlib.sha256(raw).hexdigest()[:12]

@@ -1407,6 +1407,13 @@ async def test_a_dropped_connection_is_replaced_and_the_call_retried(
         # trip each): a session the server ended is retried there too
         assert s._db.stats["single"] >= 2
         assert [e.seq for e in await s.load_events("r")] == [1, 2]
+        # a step's record, the store's most frequent write (``Database.returning_now``)
+        await s.commit("r", "w", T0 + 2, Update(status=RunStatus.RUNNING))
+        kill()
+        single = s._db.stats["single"]
+        assert await s.append_events("r", "w", T0 + 3, [fired(T0 + 3)]) == (3,)
+        assert s._db.stats["single"] == single + 1
+        assert [e.seq for e in await s.load_events("r")] == [1, 2, 3]
     finally:
         s.close()
         engine.dispose()

@@ -913,6 +913,51 @@ class Database:
                 return True, out
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def returning_now(self, sql: str, params: Any) -> Any:
+        """A lone write statement with ``RETURNING`` in autocommit (PostgreSQL; SQLite for a
+        statement that may run so, see ``Op.lite``), run at once: its first row, or ``None``
+        when it matched nothing. What ``run_write`` does for an ``Op`` whose ``single``
+        always holds and whose ``rest`` reads only that row, without building the ``Op``:
+        the record of every step goes this way (see ``_run_single`` for the retry rule)."""
+        with self._io:
+            for attempt in (0, 1):
+                c = self._conn
+                if c is None:
+                    c = self._connection()
+                if self._pg and c.broken():  # known before anything was sent
+                    self._drop(c)
+                    c = self._connection()
+                c.statements = 0
+                c.sql = sql
+                try:
+                    cur = c.cur
+                    cur.execute(sql, params)
+                    rows = cur.fetchall()
+                except Exception as exc:
+                    if attempt == 0 and self._terminated(c, exc):
+                        continue
+                    if isinstance(exc, self._dbapi_error) and c.broken():
+                        self._drop(c)
+                    raise self._wrap(c, exc) from exc
+                stats = self.stats
+                stats["statements"] += 1
+                stats["write_tx"] += 1
+                stats["single"] += 1
+                stats["ops"] += 1
+                return rows[0] if rows else None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def idle(self) -> bool:
+        """Nothing could join a write issued now: no group commit, or none scheduled on this
+        event loop and no other coroutine ready to run (what ``write`` checks)."""
+        if not self.group_commit:
+            return True
+        loop = asyncio.get_running_loop()
+        if loop in self._queues:
+            return False
+        ready = getattr(loop, "_ready", None)
+        return ready is not None and not ready
+
     def _notify_after(self, c: Conn) -> None:
         """The wake-up that single-statement calls asked for, after their commit (a hint: when
         it fails, the timer poll still finds the work)."""

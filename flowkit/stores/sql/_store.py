@@ -528,6 +528,9 @@ class SqlStore:
                 self._append(c, run_id, last - n + 1, events)
             return tuple(range(last - n + 1, last + 1))
 
+        if whole and self._db.idle():  # (a step of a run alone: the common case)
+            row = self._db.returning_now(sql, params)
+            return None if row is None else tuple(range(row[-1] - n + 1, row[-1] + 1))
         first = (sql, params, RETURNING)
         op = Op(rest, first, run_id, single=_always if whole else None, lite=whole)
         return await self._db.write(op)

@@ -1,0 +1,192 @@
+"""The payload fast paths of ``flowkit._serde`` and ``event_to_json`` give exactly what the
+pydantic way gives: the same digest bytes (recorded in every history, so older runs' digests
+stay comparable), the same JSON forms and values, the same errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import hashlib
+import math
+from typing import Annotated, Any
+
+import orjson
+import pydantic
+import pydantic_core
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import Field, TypeAdapter
+
+from flowkit import _serde
+from flowkit._history import StepCompleted, event_to_json
+from flowkit.errors import SerializationError
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = 2
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+
+class Name(str):
+    pass
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+
+
+class Model(pydantic.BaseModel):
+    a: int
+    b: list[str] = []
+
+
+class Service:
+    """An injected object that is not JSON (counts by its type name)."""
+
+
+def reference_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The digest as flowkit always computed it: pydantic's JSON form, canonical bytes."""
+    data = pydantic_core.to_jsonable_python(
+        [list(args), kwargs], fallback=lambda o: f"<{type(o).__qualname__}>"
+    )
+    return hashlib.sha256(_serde.dumps(data)).hexdigest()[:12]
+
+
+def outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:
+        return "raised", type(exc)
+
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+)
+others = st.one_of(
+    st.uuids(),
+    st.sampled_from([Color.RED, Color.BLUE, Level.LOW, Name("n"), Service()]),
+    st.datetimes(timezones=st.sampled_from([None, datetime.UTC])),
+    st.dates(),
+    st.builds(Point, st.integers(-5, 5), st.floats(allow_nan=False)),
+    st.builds(Model, a=st.integers(-5, 5)),
+    st.binary(max_size=4),
+)
+values = st.recursive(
+    st.one_of(scalars, others),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        st.dictionaries(st.integers(0, 3), inner, max_size=2),  # (non-str keys)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300)
+@given(
+    args=st.lists(values, max_size=3).map(tuple),
+    kwargs=st.dictionaries(st.text(max_size=3), values, max_size=2),
+)
+def test_digest_is_the_pydantic_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    assert outcome(_serde.digest, args, kwargs) == outcome(reference_digest, args, kwargs)
+
+
+def test_digest_of_common_arguments_is_unchanged() -> None:
+    # digests recorded by earlier flowkit versions (the same arguments, the same digest)
+    assert _serde.digest((42,), {}) == "9e72457d0795"
+    assert _serde.digest((1.5, "x", None, True, [1, {"b": 2, "a": 1}]), {"k": 3}) == (
+        "5a5e9b15c0ff"
+    )
+
+
+ADAPTERS = [
+    _serde.ANY_ADAPTER,
+    TypeAdapter(int),
+    TypeAdapter(str),
+    TypeAdapter(bool),
+    TypeAdapter(float),
+    TypeAdapter(type(None)),
+    TypeAdapter(Annotated[int, Field(gt=0)]),
+    TypeAdapter(int | None),
+    TypeAdapter(Color),
+]
+SAMPLES: list[Any] = [
+    0,
+    -3,
+    2**63 - 1,
+    2**64 - 1,
+    2**64,
+    -(2**63),
+    -(2**63) - 1,
+    True,
+    False,
+    None,
+    "",
+    "7",
+    1.5,
+    -0.0,
+    math.inf,
+    math.nan,
+    Level.LOW,
+    Name("x"),
+    Color.RED,
+    "red",
+    [1, 2],
+    {"a": 1},
+]
+
+
+def slow_to_json(value: Any, adapter: TypeAdapter[Any]) -> Any:
+    """``_serde.to_json`` without its fast path."""
+    try:
+        data = adapter.dump_python(value, mode="json")
+        orjson.dumps(data)
+    except Exception as exc:
+        raise SerializationError(str(exc)) from exc
+    return data
+
+
+def same(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
+    """Equal outcomes, with nan equal to nan and the exact types compared (1 is not True)."""
+    if a[0] != b[0]:
+        return False
+    x, y = a[1], b[1]
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    return bool(type(x) is type(y) and x == y)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # (pydantic warns on mismatched types)
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: str(a.core_schema.get("type")))
+def test_to_json_and_from_json_match_pydantic(adapter: TypeAdapter[Any]) -> None:
+    for value in SAMPLES:
+        fast = outcome(_serde.to_json, value, adapter)
+        slow = outcome(slow_to_json, value, adapter)
+        assert same(fast, slow), (value, fast, slow)
+        fast = outcome(_serde.from_json, value, adapter)
+        slow = outcome(adapter.validate_python, value)
+        assert same(fast, slow), (value, fast, slow)
+
+
+@pytest.mark.parametrize(
+    "result", [None, True, 3, 2**64, -1.25, math.nan, math.inf, "s", [1, "a"], {"k": [None]}]
+)
+@pytest.mark.parametrize("at", [1767225600.123456, 0.0])
+def test_event_to_json_of_a_step_is_pydantics(result: Any, at: float) -> None:
+    ev = StepCompleted(pos="1.2", name="f", attempt=2, result=result, args_digest="ab", at=at)
+    fast, slow = event_to_json(ev), ev.model_dump(mode="json")
+    assert outcome(_serde.dumps, fast) == outcome(_serde.dumps, slow)
+    assert event_to_json(ev.model_copy(update={"seq": 7}))["seq"] == 7
