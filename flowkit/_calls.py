@@ -30,6 +30,7 @@ from ._history import (
     StepFailed,
     TimerFired,
     TimerStarted,
+    step_completed,
 )
 from .errors import (
     SerializationError,
@@ -103,6 +104,8 @@ class StepCalls:
             raise TypeError(f"ctx.step needs a callable, got {fn!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError("retry= takes a flowkit.RetryPolicy")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"ctx.step name= takes a str, got {name!r}")
         pos = self._branch().next_pos()
         if isinstance(fn, ReplayStub):  # an injected service stubbed out by replay()
             return self._step(pos, fn, args, kwargs, name or ReplayStub.ANY_NAME, retry, None)
@@ -189,16 +192,7 @@ class StepCalls:
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             if digest is None:
                 digest = _serde.digest(args, kwargs)
-            self._defer(
-                StepCompleted(
-                    pos=pos,
-                    args_digest=digest,
-                    name=name,
-                    attempt=attempt,
-                    result=data,
-                    at=self.host.now(),
-                )
-            )
+            self._defer(step_completed(pos, name, attempt, data, digest, self.host.now()))
             return _serde.from_json(data, adapter)
 
     async def _step_failed(

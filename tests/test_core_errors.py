@@ -125,6 +125,8 @@ class BadBodies:
             await ctx.step(self.make_thing, name="make-thing")
         elif input == "negative-sleep":
             await ctx.sleep(-1)
+        elif input == "step-name-not-str":
+            await ctx.step(self.make_thing, name=7)  # type: ignore[call-overload]
         return "unreachable"
 
 
@@ -151,6 +153,20 @@ async def test_negative_sleep_fails_the_run_with_value_error() -> None:
             await env.result("r1")
         assert ei.value.error["type"] == "ValueError"
         assert "timer_started" not in (await env.history("r1")).types
+
+
+async def test_a_step_name_that_is_not_a_string_fails_before_the_step_runs() -> None:
+    bodies = BadBodies()
+    made = []
+    bodies.make_thing = lambda: made.append(1)  # type: ignore[method-assign,assignment]
+    async with TestEnv([bodies]) as env:
+        await env.start("bad-bodies", "step-name-not-str", "r1")
+        with pytest.raises(flowkit.WorkflowFailedError) as ei:
+            await env.result("r1")
+        assert ei.value.error["type"] == "TypeError"
+        assert "name=" in ei.value.error["message"]
+        assert made == []  # (no side effect ran)
+        assert "step_completed" not in (await env.history("r1")).types
 
 
 def test_duplicate_workflow_names_rejected_at_construction() -> None:

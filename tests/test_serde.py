@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import Field, TypeAdapter
 
-from flowkit import _serde
-from flowkit._history import StepCompleted, event_to_json
+from flowkit import _history, _serde
+from flowkit._history import StepCompleted, event_from_json, event_to_json, step_completed
 from flowkit.errors import SerializationError
 
 
@@ -190,3 +190,23 @@ def test_event_to_json_of_a_step_is_pydantics(result: Any, at: float) -> None:
     fast, slow = event_to_json(ev), ev.model_dump(mode="json")
     assert outcome(_serde.dumps, fast) == outcome(_serde.dumps, slow)
     assert event_to_json(ev.model_copy(update={"seq": 7}))["seq"] == 7
+
+
+@pytest.mark.parametrize("result", [None, 3, "s", [1, {"a": None}], {"k": 1.5}])
+def test_a_step_record_built_without_validation_is_the_validated_one(result: Any) -> None:
+    assert _history._UNCHECKED  # (this pydantic: the path under test is taken)
+    args: dict[str, Any] = {
+        "pos": "2.1", "name": "f", "attempt": 3, "result": result, "args_digest": "ab", "at": 2.5
+    }  # fmt: skip
+    fast, slow = step_completed(**args), StepCompleted(**args)
+    assert fast == slow and type(fast) is StepCompleted
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.model_dump(mode="json") == slow.model_dump(mode="json")
+    assert event_from_json(event_to_json(fast)) == slow
+    assert fast.model_copy(update={"seq": 4}).seq == 4
+    with pytest.raises(pydantic.ValidationError):
+        fast.pos = "x"  # type: ignore[misc]  # (frozen, as validated ones are)
+    # values the engine did not make go through validation
+    odd = step_completed("1", "f", 1, None, None, 5)  # type: ignore[arg-type]  # (an int clock)
+    assert odd == StepCompleted(pos="1", name="f", result=None, at=5.0)
+    assert type(odd.at) is float
