@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from . import _serde
@@ -180,10 +181,12 @@ class StepCalls:
                     continue
                 await self._step_failed(pos, name, attempt, args, kwargs, info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
+            # a plain result is its own JSON form and comes back unchanged (as replay returns it)
+            plain = _serde.plain_for(result, adapter)
             try:
                 data = (
                     result
-                    if _serde.plain_for(result, adapter)
+                    if plain
                     else _serde.to_json(result, adapter, what=f"result of step {name!r}")
                 )
             except SerializationError as exc:
@@ -193,7 +196,7 @@ class StepCalls:
             if digest is None:
                 digest = _serde.digest(args, kwargs)
             self._defer(step_completed(pos, name, attempt, data, digest, self.host.now()))
-            return _serde.from_json(data, adapter)
+            return result if plain else _serde.from_json(data, adapter)
 
     async def _step_failed(
         self,
@@ -226,12 +229,14 @@ class StepCalls:
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         value = fn(*args, **kwargs)
-        if not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future):
+        if type(value) is not CoroutineType and (
+            not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future)
+        ):
             if isinstance(value, Awaitable):
                 value = _await(value)
             else:
                 return value
-        if not asyncio.iscoroutine(value):
+        if type(value) is not CoroutineType and not asyncio.iscoroutine(value):
             fut = asyncio.ensure_future(value)
             self._step_tasks.add(fut)
             try:
