@@ -128,6 +128,8 @@ def plain_for(value: Any, adapter: TypeAdapter[Any]) -> bool:
         return bool(-(2**63) <= value < 2**64)  # (orjson's range)
     if t is float:
         return math.isfinite(value)  # (pydantic writes inf and nan as null)
+    if t is str:
+        return bool(value.isascii())  # (else orjson must look: a lone surrogate cannot be written)
     return True
 
 

@@ -120,19 +120,25 @@ class BadBodies:
     def make_thing(self) -> object:
         return Opaque()
 
+    def surrogate(self) -> str:
+        return "\ud800"  # a str that is not UTF-8: no JSON library writes it
+
     async def run(self, ctx: WorkflowCtx, input: str) -> str:
         if input == "unserializable":
             await ctx.step(self.make_thing, name="make-thing")
         elif input == "negative-sleep":
             await ctx.sleep(-1)
+        elif input == "surrogate":
+            await ctx.step(self.surrogate, name="make-thing")
         elif input == "step-name-not-str":
             await ctx.step(self.make_thing, name=7)  # type: ignore[call-overload]
         return "unreachable"
 
 
-async def test_non_serializable_step_result_fails_the_run_naming_the_step() -> None:
+@pytest.mark.parametrize("body", ["unserializable", "surrogate"])
+async def test_non_serializable_step_result_fails_the_run_naming_the_step(body: str) -> None:
     async with TestEnv([BadBodies()]) as env:
-        await env.start("bad-bodies", "unserializable", "r1")
+        await env.start("bad-bodies", body, "r1")
         with pytest.raises(flowkit.WorkflowFailedError) as ei:
             await env.result("r1")
         cause = ei.value.cause

@@ -136,6 +136,8 @@ SAMPLES: list[Any] = [
     None,
     "",
     "7",
+    "é",
+    "\ud800",  # (a lone surrogate: not UTF-8, orjson refuses it)
     1.5,
     -0.0,
     math.inf,
@@ -182,7 +184,8 @@ def test_to_json_and_from_json_match_pydantic(adapter: TypeAdapter[Any]) -> None
 
 
 @pytest.mark.parametrize(
-    "result", [None, True, 3, 2**64, -1.25, math.nan, math.inf, "s", [1, "a"], {"k": [None]}]
+    "result",
+    [None, True, 3, 2**64, -1.25, math.nan, math.inf, "s", "\ud800", [1, "a"], {"k": [None]}],
 )
 @pytest.mark.parametrize("at", [1767225600.123456, 0.0])
 def test_event_to_json_of_a_step_is_pydantics(result: Any, at: float) -> None:
