@@ -129,6 +129,8 @@ class StepCalls:
             raise _Evicted()
         if adapter is None:
             adapter = _serde.ANY_ADAPTER
+        # the arguments' digest, taken once per call (as they were when first needed): every
+        # attempt's record carries the same one
         digest: str | None = None
         attempt = 1
         if pos in self._index:
@@ -166,7 +168,8 @@ class StepCalls:
                 info = ErrorInfo(
                     type="CancelledError", message="cancelled", step=name, attempts=attempt
                 )
-                await self._step_failed(pos, name, attempt, args, kwargs, info, cancelled=True)
+                digest = digest or _serde.digest(args, kwargs)
+                await self._step_failed(pos, name, attempt, digest, info, cancelled=True)
                 raise
             except _ControlFlow:
                 raise
@@ -174,12 +177,14 @@ class StepCalls:
                 info = error_info(exc, name, attempt)
                 if retry is not None and retry.retries(exc, attempt):
                     retry_at = round(self.host.now() + retry.delay_before(attempt + 1), 6)
-                    await self._step_failed(pos, name, attempt, args, kwargs, info, retry_at)
+                    digest = digest or _serde.digest(args, kwargs)
+                    await self._step_failed(pos, name, attempt, digest, info, retry_at)
                     if retry_at > self.host.now():
                         await self._park(retry_at)
                     attempt += 1
                     continue
-                await self._step_failed(pos, name, attempt, args, kwargs, info)
+                digest = digest or _serde.digest(args, kwargs)
+                await self._step_failed(pos, name, attempt, digest, info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             # a plain result is its own JSON form and comes back unchanged (as replay returns it)
             plain = _serde.plain_for(result, adapter)
@@ -191,7 +196,8 @@ class StepCalls:
                 )
             except SerializationError as exc:
                 info = error_info(exc, name, attempt)
-                await self._step_failed(pos, name, attempt, args, kwargs, info)
+                digest = digest or _serde.digest(args, kwargs)
+                await self._step_failed(pos, name, attempt, digest, info)
                 raise StepFailedError(name, info.type, info.message, attempt) from exc
             if digest is None:
                 digest = _serde.digest(args, kwargs)
@@ -203,8 +209,7 @@ class StepCalls:
         pos: str,
         name: str,
         attempt: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        digest: str,
         info: ErrorInfo,
         retry_at: float | None = None,
         cancelled: bool = False,
@@ -219,7 +224,7 @@ class StepCalls:
                     error=info,
                     retry_at=retry_at,
                     cancelled=cancelled,
-                    args_digest=_serde.digest(args, kwargs),
+                    args_digest=digest,
                     at=self.host.now(),
                 )
             ]

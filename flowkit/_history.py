@@ -110,11 +110,21 @@ def _unchecked_is_validated() -> bool:
     }
     try:
         fast, slow = _step_completed_unchecked(**args), StepCompleted(**args)
+        made = StepCompleted.model_construct(**args)
+        decorators = StepCompleted.__pydantic_decorators__
         return bool(
-            fast == slow
-            and list(fast.__dict__) == list(slow.__dict__)
-            and fast.model_fields_set == slow.model_fields_set
+            fast == slow == made
+            and list(fast.__dict__) == list(slow.__dict__) == list(made.__dict__)
+            and fast.model_fields_set == slow.model_fields_set == made.model_fields_set
             and fast.model_dump() == slow.model_dump()
+            and BaseModel.__slots__
+            == ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+            # nothing of the model's own runs on validation (it would be skipped)
+            and not decorators.validators
+            and not decorators.field_validators
+            and not decorators.root_validators
+            and not decorators.model_validators
+            and StepCompleted.__pydantic_post_init__ is None
         )
     except Exception:  # pragma: no cover - a pydantic that builds models otherwise
         return False
@@ -233,10 +243,10 @@ def event_to_json(event: Event) -> dict[str, Any]:
     if type(event) is StepCompleted and _serde.plain_json(event.result) and math.isfinite(event.at):
         # a step's record, the most frequent event, with a plain result: pydantic would
         # build the same dict (``tests/test_serde.py`` checks that it does)
-        return {
-            "type": "step_completed",
+        return {  # (in the fields' order, as pydantic's)
             "seq": event.seq,
             "at": event.at,
+            "type": "step_completed",
             "pos": event.pos,
             "name": event.name,
             "attempt": event.attempt,

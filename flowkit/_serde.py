@@ -110,8 +110,11 @@ _PLAIN: dict[int, tuple[TypeAdapter[Any], tuple[type, ...]]] = {}
 def _plain_types(adapter: TypeAdapter[Any]) -> tuple[type, ...]:
     got = _PLAIN.get(id(adapter))
     if got is None or got[0] is not adapter:
-        schema = adapter.core_schema
-        types = _PLAIN_BY_SCHEMA.get(str(schema.get("type")), ()) if len(schema) == 1 else ()
+        try:
+            schema = adapter.core_schema
+            types = _PLAIN_BY_SCHEMA.get(str(schema.get("type")), ()) if len(schema) == 1 else ()
+        except Exception:  # a type not fully defined: pydantic's way reports it where it can
+            types = ()
         if len(_PLAIN) > 4096:  # (adapters of unhashable annotations are made per call)
             _PLAIN.clear()
         got = _PLAIN[id(adapter)] = (adapter, types)
@@ -178,7 +181,9 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
 
 # orjson writes JSON types, UUIDs and enums itself exactly as pydantic's ``to_jsonable_python``
 # followed by ``dumps`` would; anything else (dates, dataclasses, models, subclasses, non-str
-# keys, services) goes to ``_not_plain`` and takes pydantic's way.
+# keys, services) goes to ``_not_plain`` and takes pydantic's way. (One difference: an
+# ``orjson.Fragment`` argument is digested by its content, where pydantic's way wrote its type
+# name, so that every fragment had the same digest.)
 _DIGEST_OPTIONS = (
     orjson.OPT_SORT_KEYS
     | orjson.OPT_PASSTHROUGH_DATETIME

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from pydantic import BaseModel
@@ -14,6 +16,9 @@ import flowkit
 from flowkit import History, RunCancelledError, RunStatus, WorkflowCtx, workflow
 from flowkit.stores import MemoryStore
 from flowkit_testing import TestEnv
+
+if TYPE_CHECKING:
+    from decimal import Decimal as OnlyForTypeCheckers
 
 # -- bad input writes nothing ------------------------------------------------------------
 
@@ -150,6 +155,44 @@ async def test_non_serializable_step_result_fails_the_run_naming_the_step(body: 
         assert run.status is RunStatus.FAILED
         assert run.error is not None and run.error["step"] == "make-thing"
         assert (await env.history("r1")).types[-2:] == ["step_failed", "run_failed"]
+
+
+@dataclasses.dataclass
+class Half:
+    """A type pydantic cannot build an adapter for: its field's type is imported only for type
+    checkers, so the annotation cannot be resolved at run time."""
+
+    x: OnlyForTypeCheckers
+
+
+def make_half() -> Half:
+    return Half(1)  # type: ignore[arg-type]
+
+
+@workflow(name="half-typed")
+class HalfTyped:
+    async def run(self, ctx: WorkflowCtx, input: str) -> Half:
+        if input == "step":
+            await ctx.step(make_half, name="make-half")
+        return make_half()
+
+
+@pytest.mark.parametrize("where", ["step", "output"])
+async def test_a_result_type_pydantic_cannot_build_fails_cleanly(where: str) -> None:
+    """A step result or workflow output whose type pydantic cannot resolve fails the step (or
+    the run) with a SerializationError, as any value it cannot serialize."""
+    async with TestEnv([HalfTyped()]) as env:
+        await env.start("half-typed", where, "r1")
+        with pytest.raises(flowkit.WorkflowFailedError) as ei:
+            await env.result("r1")
+        types = (await env.history("r1")).types
+        if where == "step":
+            assert isinstance(ei.value.cause, flowkit.StepFailedError)
+            assert ei.value.cause.error_type == "SerializationError"
+            assert types[-2:] == ["step_failed", "run_failed"]
+        else:
+            assert ei.value.error["type"] == "SerializationError"
+            assert types[-1] == "run_failed"
 
 
 async def test_negative_sleep_fails_the_run_with_value_error() -> None:

@@ -125,6 +125,33 @@ async def test_step_fails_twice_then_succeeds_with_durable_backoff() -> None:
         assert h.types[-1] == "run_completed"
 
 
+async def test_every_attempt_of_a_step_records_the_same_argument_digest() -> None:
+    """The digest is taken once per ``ctx.step`` call: a step that changes its own argument
+    between attempts (retried at once, in one activation) does not change it."""
+    seen: list[int] = []
+
+    def grow(items: list[int]) -> int:
+        items.append(len(items))
+        seen.append(len(items))
+        if len(seen) < 3:
+            raise RuntimeError("again")
+        return len(items)
+
+    @workflow(name="grows")
+    class Grows:
+        async def run(self, ctx: WorkflowCtx, input: None) -> int:
+            policy = RetryPolicy(max_attempts=3, initial_interval=0)
+            return int(await ctx.step(grow, [], retry=policy))
+
+    async with TestEnv([Grows()]) as env:
+        await env.start("grows", None, "r1")
+        assert await env.result("r1") == 3
+        h = await env.history("r1")
+        digests = [e.args_digest for e in h if e.type in ("step_failed", "step_completed")]
+        assert len(digests) == 3 and len(set(digests)) == 1, digests
+        assert seen == [1, 2, 3]
+
+
 async def test_backoff_is_capped_by_max_interval() -> None:
     policy = RetryPolicy(max_attempts=5, initial_interval=2, backoff=10, max_interval=5)
     wf = Flaky(4, policy, RuntimeError)

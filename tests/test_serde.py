@@ -4,6 +4,7 @@ stay comparable), the same JSON forms and values, the same errors."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import enum
@@ -31,6 +32,23 @@ class Color(enum.Enum):
 
 class Level(enum.IntEnum):
     LOW = 1
+
+
+class Perm(enum.IntFlag):
+    R = 4
+    W = 2
+
+
+class Kind(enum.StrEnum):
+    A = "a"
+
+
+class Odd(enum.Enum):
+    T = (1, "x")
+    O = object()  # noqa: E741
+
+
+Pair = collections.namedtuple("Pair", "a b")
 
 
 class Name(str):
@@ -76,7 +94,10 @@ scalars = st.one_of(
 )
 others = st.one_of(
     st.uuids(),
-    st.sampled_from([Color.RED, Color.BLUE, Level.LOW, Name("n"), Service()]),
+    st.sampled_from(
+        [Color.RED, Color.BLUE, Level.LOW, Perm.R | Perm.W, Kind.A, Odd.T, Odd.O, Name("n")]
+    ),
+    st.sampled_from([Service(), Pair(1, "b"), {Kind.A: 1}, {Name("k"): 2}, {True: 3}]),
     st.datetimes(timezones=st.sampled_from([None, datetime.UTC])),
     st.dates(),
     st.builds(Point, st.integers(-5, 5), st.floats(allow_nan=False)),

@@ -927,11 +927,14 @@ class Database:
                 if self._pg and c.broken():  # known before anything was sent
                     self._drop(c)
                     c = self._connection()
+                if c._later or c.committed:  # pragma: no cover - a bug: outside a transaction
+                    raise AssertionError("returning_now inside a call's transaction")
                 c.statements = 0
                 c.sql = sql
                 try:
                     cur = c.cur
                     cur.execute(sql, params)
+                    c.statements = 1
                     rows = cur.fetchall()
                 except Exception as exc:
                     if attempt == 0 and self._terminated(c, exc):

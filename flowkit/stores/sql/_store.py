@@ -530,7 +530,10 @@ class SqlStore:
 
         if whole and self._db.idle():  # (a step of a run alone: the common case)
             row = self._db.returning_now(sql, params)
-            return None if row is None else tuple(range(row[-1] - n + 1, row[-1] + 1))
+            if row is None:
+                return None
+            last = int(row[-1])
+            return tuple(range(last - n + 1, last + 1))
         first = (sql, params, RETURNING)
         op = Op(rest, first, run_id, single=_always if whole else None, lite=whole)
         return await self._db.write(op)
