@@ -3,10 +3,15 @@ and ``flowkit.singleton.denial_patch`` over hand-built runs (DESIGN §4.10)."""
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
 from flowkit.singleton import admission_tags, denial_patch
+from flowkit.stores import MemoryStore
+from flowkit.stores.base import Admission
 
 TAG = "singleton:store:A"
 WF = "sync"
@@ -156,3 +161,63 @@ def test_no_patch_without_a_retry_time_for_holders_or_foreign_runs() -> None:
     assert deny(runs, "x") is None
     assert deny(runs, "y") is None
     assert deny(runs, "missing") is None
+
+
+# -- MemoryStore decides over the same runs as the helpers over the whole key ---------------
+
+STATUSES = ["pending", "running", "suspended", "blocked", "cancelling", "completed", "failed"]
+
+
+def random_key(rng: random.Random, n: int, namespaces: bool) -> list[Run]:
+    """Runs of one key in random states: ties in ``created_at``, holders and waiters in every
+    status, runs of other namespaces."""
+    out = []
+    for i in range(n):
+        status = rng.choice(STATUSES)
+        admitted = status not in ("completed", "failed") and rng.random() < 0.2
+        r = run(f"r{rng.randrange(10**6):06d}-{i}", status, admitted=admitted,
+                created_at=100.0 + rng.randrange(n // 2 + 1))  # fmt: skip
+        if namespaces:
+            r = replace(r, namespace=rng.choice(["a", "b"]))
+        out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_memory_store_admits_as_the_helpers_over_the_whole_key(seed: int) -> None:
+    """``MemoryStore`` reads only a key's holders and its oldest waiters (as the SQL stores
+    do): its admissions, denials and admissions at creation must be the helpers' decisions
+    over every run of the key, queues longer than the limit included."""
+    rng = random.Random(seed)
+    namespaces = seed % 3 == 0
+    runs = random_key(rng, rng.randrange(1, 40), namespaces)
+    limit = rng.choice([1, 2, 3])
+    data = MemoryStore()
+    for r in runs:
+        data._put(r)
+    store = data.scoped("a") if namespaces else data
+    visible = [r for r in runs if not namespaces or r.namespace == "a"]
+    for r in rng.sample(visible, min(len(visible), 8)):
+        sharing = [store._d.runs[x.id] for x in visible]
+        sharing = [x for x in sharing if x.status.active]
+        me = store._d.runs[r.id]
+        want_tags = admission_tags(sharing, r.id, TAG, WF, limit)
+        want_patch = None if want_tags else denial_patch(sharing, r.id, TAG, WF, 999.0)
+        got = await store.try_admit_singleton(r.id, TAG, WF, limit, 999.0)
+        after = store._d.runs[r.id]
+        assert got == (want_tags is not None)
+        if want_tags is not None:
+            assert list(after.tags) == want_tags
+        elif want_patch:
+            assert (after.status, after.wake_at) == (want_patch["status"], 999.0)
+        else:
+            assert after == me
+    # a new run at creation, late or tied with the oldest
+    new = run("new", "running", created_at=rng.choice([100.0, 1000.0]))
+    if namespaces:
+        new = replace(new, namespace="a")
+    sharing = [x for x in (store._d.runs[v.id] for v in visible) if x.status.active]
+    want = admission_tags([*sharing, new], "new", TAG, WF, limit)
+    adm = Admission(WF, TAG, limit, 999.0, ())
+    stored, created = await store.create_run(new, [], admission=adm)
+    assert created and (ADMITTED_TAG in stored.tags) == (want is not None)

@@ -7,6 +7,7 @@ namespace (DESIGN §4.9)."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,6 +71,34 @@ class MemoryStore:
         ids = self._d.by_tag.get((workflow, tag), ())
         return [r for r in (self._d.runs[i] for i in ids) if self._visible(r)]
 
+    def _deciding(
+        self, workflow: str, tag: str, limit: int | None, me: Run | None = None
+    ) -> list[Run]:
+        """What an admission or a release of ``tag`` decides over (as the SQL stores read it):
+        the key's holders and, while they leave a slot free, its oldest waiters, as many as
+        ``limit`` could admit (the oldest one when the limit is unknown); plus ``me`` when it
+        shares the key. The
+        other waiters cannot change a decision of ``flowkit.singleton``'s helpers, so a denied
+        re-check behind 10,000 waiters costs what one behind none does, and no call sorts the
+        whole queue."""
+        d = self._d
+        ids = d.by_tag.get((workflow, tag), set())
+        marked = d.by_tag.get((workflow, ADMITTED_TAG), set())
+        few, many = (ids, marked) if len(ids) <= len(marked) else (marked, ids)
+        out = [r for r in (d.runs[i] for i in few if i in many) if self._visible(r)]
+        # (an unknown limit: a release wakes the oldest waiter whatever the holders)
+        room = 1 if limit is None else limit
+        if limit is None or len(out) < room:
+            waiting = (
+                r
+                for r in (d.runs[i] for i in ids if i not in marked)
+                if r.status is not RunStatus.CANCELLING and self._visible(r)
+            )
+            out += heapq.nsmallest(room, waiting, key=lambda r: (r.created_at, r.id))
+        if me is not None and me.id in ids and all(r.id != me.id for r in out):
+            out.append(me)
+        return out
+
     def _put(self, run: Run) -> None:
         old = self._d.runs.get(run.id)
         self._d.runs[run.id] = run
@@ -112,7 +141,12 @@ class MemoryStore:
                 raise RunIdTakenError(run.id)
             return existing, False
         if queue_cap is not None:
-            count = len(self._sharing(queue_cap.workflow, queue_cap.tag))
+            bucket = self._d.by_tag.get((queue_cap.workflow, queue_cap.tag), ())
+            count = (
+                len(bucket)
+                if self.namespace is None
+                else sum(self._visible(self._d.runs[i]) for i in bucket)
+            )
             if count >= queue_cap.capacity:
                 raise SingletonQueueFullError(
                     queue_cap.workflow, queue_cap.key, queue_cap.max_queue_depth, queue_cap.limit
@@ -120,7 +154,7 @@ class MemoryStore:
         if self.namespace is not None and run.namespace is None:
             run = dataclasses.replace(run, namespace=self.namespace)
         if admission is not None:
-            sharing = self._sharing(admission.workflow, admission.tag)
+            sharing = self._deciding(admission.workflow, admission.tag, admission.limit)
             run, events = admit_new(run, events, admission, sharing)
         self._put(run)
         self._append(run.id, events)
@@ -195,7 +229,7 @@ class MemoryStore:
         handed: list[HandOff] = []
         if update.notify is not None:
             n = update.notify
-            for w, admitted in plan_release(self._sharing(n.workflow, n.tag), n, now):
+            for w, admitted in plan_release(self._deciding(n.workflow, n.tag, n.limit), n, now):
                 if admitted is not None:
                     self._put(admitted)
                     handed.append(HandOff(admitted, tuple(self._d.events.get(w.id, ()))))
@@ -264,9 +298,9 @@ class MemoryStore:
         limit: int,
         retry_wake_at: float | None = None,
     ) -> bool:
-        runs = self._sharing(workflow, tag)
-        tags = _sg.admission_tags(runs, run_id, tag, workflow, limit)
         run = self._get(run_id)
+        runs = self._deciding(workflow, tag, limit, run)
+        tags = _sg.admission_tags(runs, run_id, tag, workflow, limit)
         if tags is not None:
             if list(run.tags) != tags:
                 self._put(dataclasses.replace(run, tags=tuple(tags)))
