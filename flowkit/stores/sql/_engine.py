@@ -784,6 +784,13 @@ class Database:
             self._conn = None
         c.close()
 
+    def _failed(self, c: Conn, exc: Exception) -> Exception:
+        """What a call that failed on ``c`` raises (``_wrap``), after dropping ``c`` when the
+        failure broke it (the next call reconnects)."""
+        if isinstance(exc, self._dbapi_error) and c.broken():
+            self._drop(c)
+        return self._wrap(c, exc)
+
     def _wrap(self, c: Conn | None, exc: Exception) -> Exception:
         """A DBAPI error as SQLAlchemy's exception of the same kind (what the store raised
         before it bypassed SQLAlchemy); other exceptions as they are."""
@@ -820,9 +827,7 @@ class Database:
                 except Exception as exc:
                     if attempt == 0 and self._retryable(c, exc):
                         continue
-                    if isinstance(exc, self._dbapi_error) and c.broken():
-                        self._drop(c)
-                    raise self._wrap(c, exc) from exc
+                    raise self._failed(c, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run_write(self, fn: Callable[[Conn], T], *, single: bool = True) -> T:
@@ -864,9 +869,7 @@ class Database:
                         raise
                     if attempt == 0 and self._retryable(c, exc):
                         continue
-                    if isinstance(exc, self._dbapi_error) and c.broken():
-                        self._drop(c)
-                    raise self._wrap(c, exc) from exc
+                    raise self._failed(c, exc) from exc
                 return cast(T, out.finish() if isinstance(out, After) else out)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -893,9 +896,7 @@ class Database:
                 except Exception as exc:
                     if attempt == 0 and self._terminated(c, exc):
                         continue
-                    if isinstance(exc, self._dbapi_error) and c.broken():
-                        self._drop(c)
-                    raise self._wrap(c, exc) from exc
+                    raise self._failed(c, exc) from exc
                 if not op.single(got):
                     return False, None
                 self.stats["write_tx"] += 1
@@ -939,9 +940,7 @@ class Database:
                 except Exception as exc:
                     if attempt == 0 and self._terminated(c, exc):
                         continue
-                    if isinstance(exc, self._dbapi_error) and c.broken():
-                        self._drop(c)
-                    raise self._wrap(c, exc) from exc
+                    raise self._failed(c, exc) from exc
                 stats = self.stats
                 stats["statements"] += 1
                 stats["write_tx"] += 1
@@ -1084,9 +1083,7 @@ class Database:
                     raise
                 if attempt == 0 and self._retryable(c, exc):
                     continue
-                if isinstance(exc, self._dbapi_error) and c.broken():
-                    self._drop(c)
-                err = self._wrap(c, exc)
+                err = self._failed(c, exc)
                 return [(err, None)] * len(ops)
         raise AssertionError("unreachable")  # pragma: no cover
 
