@@ -1641,6 +1641,9 @@ async def test_append_events_is_one_statement_alone_and_shares_group_commits(
     before = _stats(s)
     assert await s.append_events("r0", "w", T0 + 11, [fired(T0 + 11)]) == (2,)
     assert _delta(s, before, "statements") == 1 and _delta(s, before, "single") == 1
+    # alone and missing (another lease owner): nothing written, the caller commits instead
+    assert await s.append_events("r0", "other", T0 + 11, [fired(T0 + 11, "x")]) is None
+    assert [e.seq for e in await s.load_events("r0")] == [1, 2]
     # several events: PostgreSQL keeps one statement; SQLite reserves the seqs first
     assert await s.append_events(
         "r0", "w", T0 + 12, [fired(T0 + 12, "a"), fired(T0 + 12, "b")]
