@@ -1234,6 +1234,14 @@ async def _gated(s: Any, holder_owner: str = "x") -> None:
     assert await s.claim("h", holder_owner, T0 + 2, T0 + 32)
 
 
+async def _gated_and_another(s: Any) -> None:
+    """``_gated``, and an unrelated run ``other`` leased to ``x``: a call to share the
+    releasing batch with."""
+    await _gated(s)
+    await put(s, mk("other"))
+    assert await s.claim("other", "x", T0 + 2, T0 + 32)
+
+
 def _release(owner: str | None = "x", limit: int = 1) -> Update:
     return Update(
         events=[RunCompleted(at=T0 + 3)],
@@ -1468,9 +1476,7 @@ async def test_a_release_shares_a_group_commit_and_its_key_lock_comes_first(
     url = fresh_database(request.getfixturevalue("pg_server"))
     s = SqlStore(url, group_commit=True)
     try:
-        await _gated(s)
-        await put(s, mk("other"))
-        assert await s.claim("other", "x", T0 + 2, T0 + 32)
+        await _gated_and_another(s)
         before = _stats(s)
         stepped, released, claimed = await asyncio.gather(
             s.commit("other", "x", T0 + 3, Update(events=[fired(T0 + 3)])),
@@ -1897,9 +1903,7 @@ async def test_a_one_statement_release_that_fails_after_writing_rolls_its_batch_
     url = fresh_database(request.getfixturevalue("pg_server"))
     s = SqlStore(url, group_commit=True)
     try:
-        await _gated(s)
-        await put(s, mk("other"))
-        assert await s.claim("other", "x", T0 + 2, T0 + 32)
+        await _gated_and_another(s)
         monkeypatch.setattr(_engine.Database, "_single_batch", lambda self, c, ops: None)
         real = SqlStore._fast_released
         calls: list[int] = []
