@@ -1004,6 +1004,7 @@ async def test_a_release_whose_queued_write_fails_reruns_the_batch_call_by_call(
 
     if not one_statement:
         monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
+        monkeypatch.setattr(Sql, "release_lite", lambda *a: None)
     s = gc_backend.store
     for k in ("a", "b"):
         await put(s, mk(f"h{k}", key=k, t=T0))
@@ -1041,6 +1042,7 @@ async def test_a_call_failing_clean_keeps_what_the_calls_before_it_queued(
     from flowkit.stores.sql._sql import Sql
 
     monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
+    monkeypatch.setattr(Sql, "release_lite", lambda *a: None)
     s = gc_backend.store
     await put(s, mk("ha", key="a", t=T0))
     await put(s, mk("wa", key="a", t=T0 + 1))
@@ -1311,6 +1313,7 @@ async def test_a_waiter_lost_to_a_race_is_woken_not_handed(
     await _gated(s)
     real = SqlStore._hand_off
     monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
+    monkeypatch.setattr(Sql, "release_lite", lambda *a: None)
 
     def racing(self: SqlStore, c: Any, waiter: Run, admitted: Run, now: float, *a: Any) -> Any:
         c.write(
@@ -1434,7 +1437,8 @@ async def test_a_waiter_whose_history_cannot_be_read_is_woken_not_handed(
     """The hand-off reads the waiter's history inside the holder's release (in the round trip
     of its conditional update); an event this code cannot parse (a newer flowkit's, a damaged
     row) must not fail the release: the hand-off is undone and the waiter only woken. (With
-    the holder's lease owner, PostgreSQL releases in one statement: ``Sql.release_fast``.)"""
+    the holder's lease owner, PostgreSQL releases in one statement, ``Sql.release_fast``, and
+    SQLite the lean way, ``Sql.release_lite``, which reads the history before it hands.)"""
     store = sql_backend.store
     h = Run(
         id="h", workflow="lane", workflow_version="1", status=RunStatus.PENDING, input=None,
@@ -1524,6 +1528,10 @@ async def test_admission_and_release_read_only_the_holders_and_the_first_waiters
     w6 = await s.get_run("w6")
     assert w6 is not None and (w6.status, w6.wake_at) == (S.SUSPENDED, T0 + 50)
     assert await s.claim("h", "x", T0 + 2, T0 + 32)
+    if sql_backend.name != "postgres":  # (SQLite's lean release reads one waiter: LIMIT 1)
+        from flowkit.stores.sql._sql import Sql
+
+        monkeypatch.setattr(Sql, "release_lite", lambda *a: None)
     res = await s.commit("h", "x", T0 + 3, _release())
     assert [h.run.id for h in res.handed] == ["w1"]
     if sql_backend.name == "postgres":  # one statement, which reads one waiter (LIMIT 1)
@@ -1804,6 +1812,7 @@ async def test_the_hand_offs_of_a_group_commit_share_one_round_trip(
             from flowkit.stores.sql._sql import Sql
 
             monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
+            monkeypatch.setattr(Sql, "release_lite", lambda *a: None)
         # another process's poller takes wd (parked, due at T0+50) before the release
         assert await other.claim("wd", "y", T0 + 51, T0 + 90) is not None
 

@@ -16,6 +16,7 @@ compares them with MemoryStore on randomized run states."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,7 +25,7 @@ import orjson
 
 from ..._history import Event, event_from_json, event_to_json
 from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
-from ..base import UNSET, Update
+from ..base import UNSET, Notify, Update
 from ._schema import WAITING_SQL
 
 RUN_COLS = (
@@ -63,6 +64,22 @@ _PARAM = re.compile(r"%\((\w+)\)s")  # a named parameter of a PostgreSQL stateme
 def _renamed(sql: str, prefix: str) -> str:
     """``sql`` with its named parameters prefixed (``Sql.joined``)."""
     return _PARAM.sub(lambda m: f"%({prefix}{m.group(1)})s", sql)
+
+
+def _common_release(u: Update, n: Notify) -> bool:
+    """A release the one-statement (PostgreSQL) and the lean (SQLite) paths take: a terminal
+    commit with its events (at most 16) and no signal to consume, notifying a ``limit=1``
+    singleton key whose freed slot may be handed over (``Notify.claim_owner``)."""
+    return (
+        n.limit == 1
+        and n.claim_owner is not None
+        and (n.max_hand_offs is None or n.max_hand_offs >= 1)
+        and u.consume_signal is None
+        and u.status is not None
+        and not u.status.active
+        and 0 < len(u.events) <= 16
+        and n.tag.startswith(SINGLETON_TAG_PREFIX)
+    )
 
 
 def dumps(value: Any) -> str:
@@ -547,7 +564,14 @@ class Sql:
         if exp is not None:
             where.append(f"status IN ({', '.join(sorted(repr(s.value) for s in exp))})")
         if releasing:
-            sets += [f"tags = tags - '{ADMITTED_TAG}'", "admitted = false"]
+            if self.pg:
+                sets += [f"tags = tags - '{ADMITTED_TAG}'", "admitted = false"]
+            else:  # (the marker's position in the array; an unmarked run keeps its tags)
+                mark = (
+                    f"SELECT fullkey FROM json_each(flowkit_runs.tags)"
+                    f" WHERE value = '{ADMITTED_TAG}' LIMIT 1"
+                )
+                sets += [f"tags = coalesce(json_remove(tags, ({mark})), tags)", "admitted = 0"]
         elif terminal:
             where.append("NOT admitted")  # releasing a slot rewrites the tags: general path
         return (
@@ -578,20 +602,7 @@ class Sql:
         another transaction (``SKIP LOCKED``) it is neither handed nor woken here: the caller
         wakes it after the commit, as after a missed hand-off."""
         n = u.notify
-        if (
-            not self.pg
-            or n is None
-            or owner is None
-            or n.limit != 1
-            or n.claim_owner is None
-            or (n.max_hand_offs is not None and n.max_hand_offs < 1)
-            or u.consume_signal is not None
-            or u.status is None
-            or u.status.active
-            or not u.events
-            or len(u.events) > 16
-            or not n.tag.startswith(SINGLETON_TAG_PREFIX)
-        ):
+        if not self.pg or n is None or owner is None or not _common_release(u, n):
             return None
         shape, params, _inline = self._commit_shape(run_id, owner, now, u)
         params["wf"] = n.workflow
@@ -653,6 +664,60 @@ class Sql:
             f" UNION ALL SELECT 2, {waiter_cols}, CASE WHEN w.handable THEN 0 ELSE 1 END, NULL"
             f" FROM w, free WHERE free.ok"
             f" ORDER BY k, seq"
+        )
+
+    # -- release: SQLite, four statements ---------------------------------------------------
+    def release_lite(
+        self, run_id: str, owner: str | None, now: float, u: Update
+    ) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+        """SQLite: a common release (as ``release_fast``'s) with little Python, or ``None``
+        when it needs the general path. The statement returned is the releasing run's
+        conditional ``UPDATE ... RETURNING`` (no row: a precondition failed and nothing was
+        written); the parameters after it are those of ``release_waiter``, which reads the
+        key's oldest waiter with its history once the run is released."""
+        n = u.notify
+        if self.pg or n is None or owner is None or not _common_release(u, n):
+            return None
+        shape, params, _inline = self._commit_shape(run_id, owner, now, u)
+        key = ("release", *shape)
+        sql = self._commits.get(key)
+        if sql is None:
+            sql = self._commit_sql(shape, releasing=True)
+            self._commits[key] = sql
+        waiter: dict[str, Any] = {
+            "wf": n.workflow,
+            "key": n.tag[len(SINGLETON_TAG_PREFIX) :],
+            "tag": n.tag,
+            "now": now,
+        }
+        if self.namespace is not None:
+            waiter["ns"] = self.namespace
+        return sql, params, waiter
+
+    @functools.cached_property
+    def release_waiter(self) -> str:
+        """SQLite: the oldest waiter of a key (``singleton.waiters``: active, not admitted,
+        not cancelling, by ``(created_at, id)``), its columns then whether it can be handed
+        the slot (``memory.hand_off_ok``) and whether the key has no holder, then one row per
+        event of its history (``seq``, ``body``; ``NULL`` for none). No rows: no waiter. The
+        waiter is the first entry of ``ix_flowkit_runs_waiting``; a holder, of
+        ``ix_flowkit_runs_queue``."""
+        p, ns = self.p, self.ns
+        carries = f"EXISTS (SELECT 1 FROM json_each(tags) WHERE value = {p('tag')})"
+        key_rows = f"workflow = {p('wf')} AND singleton_key = {p('key')}{ns} AND {carries}"
+        holders = (
+            f"SELECT 1 FROM flowkit_runs WHERE {key_rows} AND admitted = 1"
+            f" AND +status IN ({_ACTIVE})"
+        )
+        handable = f"status IN ({_HANDABLE}) AND NOT {_leased(p('now'))}"
+        oldest = (
+            f"SELECT {self.cols}, {handable} AS handable, NOT EXISTS ({holders}) AS free"
+            f" FROM flowkit_runs INDEXED BY ix_flowkit_runs_waiting WHERE {key_rows}"
+            f" AND admitted = 0 AND {WAITING_SQL} ORDER BY created_at, id LIMIT 1"
+        )
+        return (
+            f"SELECT w.*, e.seq, e.body FROM ({oldest}) AS w"
+            f" LEFT JOIN flowkit_events e ON e.run_id = w.id ORDER BY e.seq"
         )
 
     # -- singleton keys -------------------------------------------------------------------

@@ -41,7 +41,7 @@ import sqlalchemy as sa
 
 from ... import singleton as _sg
 from ..._history import Event
-from ..._run import SINGLETON_TAG_PREFIX, Run, RunStatus
+from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import (
     RunIdTakenError,
     RunNotFoundError,
@@ -69,6 +69,10 @@ def _released(found: Any) -> bool:
     """``Op.single`` of ``Sql.release_fast``: the release was applied (its run's row came
     back)."""
     return bool(found) and found[0][0] == 0
+
+
+_TAGS = RUN_COLS.index("tags")
+_NAMESPACE = RUN_COLS.index("namespace")
 
 
 def _wake_if_free(c: Conn, run: Run, now: float) -> None:
@@ -468,6 +472,16 @@ class SqlStore:
                 c.dirty = True  # (it wrote: a failure from here on fails its transaction)
                 return self._fast_released(c, row, len(update.events), now)
 
+        elif (lean := sql.release_lite(run_id, owner, now, update)) is not None:
+            # (SQLite) a common release: the run's row, then its key's oldest waiter
+            first = (lean[0], lean[1], RETURNING)
+            waiter = lean[2]
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                if row is None:  # a precondition failed: nothing was written
+                    return self._commit_locked(c, run_id, owner, now, update)
+                return self._lean_released(c, row, update, waiter, now)
+
         elif update.notify is None:  # the general path, the row lock first (in order)
             first = (sql.get_run_locked, self._params(id=run_id), SELECT)
 
@@ -656,6 +670,50 @@ class SqlStore:
             return CommitResult(new, seqs, (), (got,))
 
         return After(result)  # type: ignore[return-value]  # (Database.write finishes it)
+
+    def _lean_released(
+        self, c: Conn, row: Any, update: Update, waiter: dict[str, Any], now: float
+    ) -> CommitResult:
+        """The rest of ``Sql.release_lite`` (SQLite), once its ``UPDATE`` released the run
+        (``row``): its events, then the key's oldest waiter, handed the slot (admitted and
+        leased to ``Notify.claim_owner``) when it is free to take, else woken. The same
+        decision as ``plan_release`` over the key's rows, read under SQLite's write lock; a
+        waiter whose history this code cannot read is woken, not handed."""
+        sql = self._sql
+        run_id = row[0]
+        n = len(update.events)
+        last = int(row[LAST_SEQ])
+        self._append(c, run_id, last - n + 1, update.events)
+        new = sql.to_run(row)
+        seqs = tuple(range(last - n + 1, last + 1))
+        found = c.all(sql.release_waiter, waiter)
+        k = len(RUN_COLS)
+        if not found or not found[0][k + 1]:  # no waiter, or the slot is not free
+            return CommitResult(new, seqs)
+        w = found[0]
+        rn = update.notify
+        assert rn is not None
+        if w[k]:  # handable: not leased, not blocked
+            try:
+                to_event = sql.to_event
+                evs = tuple(to_event(r[k + 2], r[k + 3]) for r in found if r[k + 2] is not None)
+            except Exception:
+                log.warning("not handing over %s: its history cannot be read", w[0], exc_info=True)
+            else:
+                params = {
+                    "id": w[0],
+                    "tags": dumps([*sql.loads(w[_TAGS]), ADMITTED_TAG]),
+                    "admitted": True,
+                    "owner": rn.claim_owner,
+                    "until": rn.lease_expires,
+                    "now": now,
+                }
+                handed = c.returning(sql.hand_off, params)
+                if handed is not None:
+                    return CommitResult(new, seqs, (), (HandOff(sql.to_run(handed), evs),))
+        c.write(sql.wake_waiter, {"id": w[0], "now": now})
+        c.wakeup(w[_NAMESPACE])
+        return CommitResult(new, seqs, (w[0],))
 
     def _hand_off(
         self,
