@@ -319,6 +319,9 @@ class Activation(StepCalls):
         finally:
             self._blocked -= 1
             self._parks.remove(park)
+            # (the exception leaving here keeps this frame: not the park, whose future holds
+            # that exception, a cycle)
+            del park
 
     # -- the activation ----------------------------------------------------------------
     async def _body(self) -> Any:
@@ -348,7 +351,15 @@ class Activation(StepCalls):
         self._stuck_parks = list(self._parks)
         if not body.done():
             await self._teardown(body)
-        return self._outcome(body)
+        try:
+            return self._outcome(body)
+        finally:
+            # the body's task holds this activation (in its context), and a park's future the
+            # exception whose traceback holds the body's frames: let go of both, so that
+            # refcounting frees all of it when the run is done, not the cyclic GC, whose
+            # pauses hold up every run of the process
+            self._body_task = None
+            self._stuck_parks = []
 
     async def _teardown(self, body: asyncio.Task[Any]) -> None:
         self._tearing_down = True
