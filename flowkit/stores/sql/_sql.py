@@ -509,7 +509,8 @@ class Sql:
 
     def _commit_sql(self, shape: tuple[Any, ...], *, releasing: bool = False) -> str:
         """The ``UPDATE`` of ``commit_fast`` for ``shape``; with ``releasing`` (a terminal
-        commit, ``release_fast``) it also drops the run's admission marker."""
+        commit: ``release_fast``, ``release_lite``) it also drops the run's admission marker
+        (on SQLite its one occurrence: flowkit never writes it twice)."""
         st, has_output, has_error, wake_set, ws, has_attempt, release, events, owner_mode, exp = (
             shape[:10]
         )
