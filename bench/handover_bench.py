@@ -618,6 +618,7 @@ async def handover(url: str, sizes: Sizes, logdir: Path, tag: str) -> dict[str, 
         workers = Workers(url, sizes.workers, logdir, tag)
         try:
             await workers.start()
+            settled = await _results.settle()  # the previous phase's work done (dbos_bench)
             t_go = time.time()
             await workers.send("go")
             n = sizes.keys * sizes.per_key
@@ -627,6 +628,7 @@ async def handover(url: str, sizes: Sizes, logdir: Path, tag: str) -> dict[str, 
         times = [run_times(r, await store.load_events(r.id)) for r in runs]
         out = analyse(times, t_go, sizes, workers.pids)
         out["server"] = server_info(store)
+        out["settle"] = settled
         out["workers"] = [
             {**st, "runs": out["runs_per_process"][workers.pids.index(st["pid"])]}
             for st in workers.stats
@@ -645,6 +647,12 @@ def _ms(s: dict[str, Any], key: str) -> str:
 
 def print_result(name: str, r: dict[str, Any]) -> None:
     print(f"  {name}: {r['server']}")
+    st = r["settle"]
+    if not st["settled"] and st["busy"] is not None:
+        print(
+            f"    warning: the machine was still busy ({st['busy']:.0%} of its CPUs) after"
+            f" {st['waited_s']:.0f} s: other work skews these latencies"
+        )
     for n, w in enumerate(r["workers"]):
         c = w["calls"]
         calls = sum(v for k, v in c.items() if k != "denied_admissions")
