@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _results
 import dbos_bench
 import handover_bench
+import lock_bench
 import replay_bench
 import singleton_bench
 import store_bench
@@ -46,6 +47,7 @@ def main() -> int:
             "handover_xproc": lambda: handover_bench.main(args.smoke, pg_url, Path(tmp)),
             "dbos": lambda: dbos_bench.main(args.smoke, pg_url, Path(tmp)),
             "replay": lambda: replay_bench.main(args.smoke),
+            "sqlite_lock_wait": lambda: lock_bench.main(args.smoke, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():
