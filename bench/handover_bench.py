@@ -19,7 +19,9 @@ order (``created_at``, id), which is the order admission promises:
 * handover latency of each consecutive pair: the holder's ``singleton_released`` ``at`` to the
   next run's first ``step_completed`` ``at``. That includes the next run's 10 ms step, so the
   gap to the step's *start* is shown too. Pairs are split into same-process (both runs ran in
-  one worker) and cross-process;
+  one worker) and cross-process; same-process pairs are shown once more without each key's
+  first handover, which meets the start-up race (both processes claim, gate and park the
+  whole backlog at once, in group commits that hold SQLite's write lock for milliseconds);
 * wall time from the start signal to the last ``run_completed``, against the ideal of
   ``per_key`` steps of 10 ms back to back.
 
@@ -572,17 +574,21 @@ def analyse(times: list[RunTimes], t_go: float, sizes: Sizes, pids: list[int]) -
     by_key: dict[str, list[RunTimes]] = collections.defaultdict(list)
     for t in times:
         by_key[t.key].append(t)
-    to_done: dict[str, list[float]] = {"all": [], "same_process": [], "cross_process": []}
-    to_start: dict[str, list[float]] = {"all": [], "same_process": [], "cross_process": []}
+    groups = ("all", "same_process", "cross_process", "same_process_after_first")
+    to_done: dict[str, list[float]] = {g: [] for g in groups}
+    to_start: dict[str, list[float]] = {g: [] for g in groups}
     overlap = step_overlap = fifo_violations = 0
     for runs in by_key.values():
         runs.sort(key=lambda t: (t.created, t.id))
         overlap = max(overlap, max_overlap([(t.admitted, t.released) for t in runs]))
         step_overlap = max(step_overlap, max_overlap([(t.step_start, t.step_end) for t in runs]))
         fifo_violations += sum(a.admitted > b.admitted for a, b in itertools.pairwise(runs))
-        for prev, nxt in itertools.pairwise(runs):
+        for i, (prev, nxt) in enumerate(itertools.pairwise(runs)):
             kind = "same_process" if prev.pid == nxt.pid else "cross_process"
-            for group in ("all", kind):
+            # (a key's first handover meets the start-up race: both processes claim, gate and
+            # park the backlog at once, in group commits that hold the write lock for ms)
+            later = ("same_process_after_first",) if kind == "same_process" and i else ()
+            for group in ("all", kind, *later):
                 to_done[group].append(nxt.step_done - prev.released)
                 to_start[group].append(nxt.step_start - prev.released)
     last = max(t.completed for t in times)
@@ -681,11 +687,15 @@ def print_result(name: str, r: dict[str, Any]) -> None:
     )
     heads = ("mean", "p50", "p95", "max", "", "mean", "p95")
     print(f"    {'':<14} {'':>4} " + " ".join(f"{h:>8}" if h else "" for h in heads))
-    for group in ("all", "same_process", "cross_process"):
+    labels = {"same_process_after_first": "same, not 1st"}
+    for group in ("all", "same_process", "cross_process", "same_process_after_first"):
+        if group not in r["release_to_next_step_start"]:
+            continue
         d = r["release_to_next_first_step_completed"][group]
         s = r["release_to_next_step_start"][group]
+        label = labels.get(group, group.replace("_", "-"))
         print(
-            f"    {group.replace('_', '-'):<14} {d['n']:>4}  {_ms(d, 'mean_ms')} {_ms(d, 'p50_ms')}"
+            f"    {label:<14} {d['n']:>4}  {_ms(d, 'mean_ms')} {_ms(d, 'p50_ms')}"
             f" {_ms(d, 'p95_ms')} {_ms(d, 'max_ms')}  {_ms(s, 'mean_ms')} {_ms(s, 'p95_ms')}"
         )
     d = r["step_start_to_step_completed"]
@@ -703,6 +713,10 @@ def print_result(name: str, r: dict[str, Any]) -> None:
         if x["n"]:
             met = "met" if x["p95_ms"] < target else "not met"
             verdict.append(f"{group.replace('_', '-')} p95 < {target:.0f} ms: {met}")
+            later = r["release_to_next_step_start"].get(f"{group}_after_first")
+            if later and later["n"]:
+                met = "met" if later["p95_ms"] < target else "not met"
+                verdict[-1] += f" ({met} after each key's first handover)"
         else:
             verdict.append(f"{group.replace('_', '-')}: no pairs")
     print("    targets (release -> next step start): " + "; ".join(verdict))

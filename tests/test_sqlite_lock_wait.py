@@ -6,8 +6,8 @@ fail with "database is locked" after ``SQLITE_BUSY_TIMEOUT_MS`` of pauses withou
 never retry what SQLite forbids retrying (a statement inside a transaction). The pooled
 connection gets SQLite's busy timeout back when the store lets it go.
 
-The pauses are observed by replacing ``time.sleep`` in the store's module: the first pause is
-where the test lets the other process commit, so nothing sleeps in place of synchronization."""
+The pauses are observed by replacing the store module's ``_sleep``: a pause is where the test
+lets the other process commit, so nothing sleeps in place of synchronization."""
 
 from __future__ import annotations
 
@@ -48,8 +48,10 @@ class Holder:
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert self._line() == "held"
         self.released = False
+
+    def wait_held(self) -> None:
+        assert self._line() == "held"
 
     def _line(self) -> str:
         assert self.proc.stdout is not None
@@ -79,19 +81,33 @@ def held(tmp_path: Path) -> Iterator[Callable[[Path], Holder]]:
         with sqlite3.connect(path) as c:
             c.execute("CREATE TABLE IF NOT EXISTS held (x INTEGER)")
         h = Holder(path)
-        holders.append(h)
+        holders.append(h)  # (stopped even if it failed to take the lock)
+        h.wait_held()
         return h
 
     yield start
     for h in holders:
-        h.stop()
+        if h.proc.poll() is None:
+            h.stop()
+
+
+def _fake_sleep(asked: list[float], then: Callable[[], None] = lambda: None) -> Any:
+    """A ``_sleep`` that records each pause instead of sleeping, and calls ``then``."""
+
+    def pause(s: float) -> None:
+        asked.append(s)
+        if len(asked) > 100_000:  # a wait that would never end: fail, do not spin
+            raise AssertionError("the store kept waiting")
+        then()
+
+    return pause
 
 
 @pytest.fixture
 def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every pause the store's module asks for (not slept)."""
     asked: list[float] = []
-    monkeypatch.setattr(sql_engine.time, "sleep", lambda s: asked.append(s))
+    monkeypatch.setattr(sql_engine, "_sleep", _fake_sleep(asked))
     return asked
 
 
@@ -109,12 +125,11 @@ def test_a_write_waits_for_another_processs_lock_in_short_pauses(
     asked: list[float] = []
     holder: list[Holder] = []
 
-    def pause(s: float) -> None:  # the store is waiting: free the lock after a few pauses
-        asked.append(s)
+    def free() -> None:  # the store is waiting: free the lock after a few pauses
         if len(asked) == 8:
             holder[0].release()
 
-    monkeypatch.setattr(sql_engine.time, "sleep", pause)
+    monkeypatch.setattr(sql_engine, "_sleep", _fake_sleep(asked, free))
 
     async def main() -> None:
         client = Engine(store, [Echo()], worker=False)
@@ -201,6 +216,21 @@ def test_the_pool_gets_sqlites_busy_timeout_back(tmp_path: Path) -> None:
         dbapi = c.dbapi
         db._drop(c)  # (what a failed connection goes through) back to SQLAlchemy's pool
         assert dbapi.execute("PRAGMA busy_timeout").fetchone() == (
+            sql_engine.SQLITE_BUSY_TIMEOUT_MS,
+        )
+    finally:
+        store.close()
+
+
+def test_a_database_not_in_wal_mode_keeps_sqlites_own_wait() -> None:
+    """An in-memory database has no WAL: an autocommit write could meet a lock in its last
+    step, outside ``WaitingCursor.execute``, so the store keeps SQLite's busy timeout."""
+    store = SqlStore("sqlite://")
+    try:
+        asyncio.run(store.get_run("nothing"))
+        c = store._db._connection()
+        assert not isinstance(c.cur, sql_engine.WaitingCursor)
+        assert c.dbapi.execute("PRAGMA busy_timeout").fetchone() == (
             sql_engine.SQLITE_BUSY_TIMEOUT_MS,
         )
     finally:

@@ -1,13 +1,15 @@
 """The database side of ``SqlStore``: URL checks, the SQLAlchemy engine, dialect setup and
 transactions.
 
-* SQLite: WAL mode, a busy timeout, and ``BEGIN IMMEDIATE`` for every transaction that may
-  write (``Conn.begin``; for SQLAlchemy transactions emitted from its ``begin`` event), after
-  taking transaction control away from the ``sqlite3`` module (the recipe of SQLAlchemy's
-  SQLite docs). Admission, commit and claim read state and then write based on it; taking the
-  write lock *before* the first read means two processes can never both read "slot free" and
-  both write "admitted". Pure reads never wait for writers (WAL snapshots): the store's are
-  single statements outside any transaction, SQLAlchemy's keep a deferred ``BEGIN``.
+* SQLite: WAL mode, a wait for another process's write lock (SQLite's busy timeout; on the
+  store's own connection ``WaitingCursor``, in finer steps), and ``BEGIN IMMEDIATE`` for
+  every transaction that may write (``Conn.begin``; for SQLAlchemy transactions emitted from
+  its ``begin`` event), after taking transaction control away from the ``sqlite3`` module
+  (the recipe of SQLAlchemy's SQLite docs). Admission, commit and claim read state and then
+  write based on it; taking the write lock *before* the first read means two processes can
+  never both read "slot free" and both write "admitted". Pure reads never wait for writers
+  (WAL snapshots): the store's are single statements outside any transaction, SQLAlchemy's
+  keep a deferred ``BEGIN``.
 * PostgreSQL: ``lock_key`` takes a transaction-scoped advisory lock on a hash of
   ``workflow:key``, so competing claims of one singleton key are serialized inside one
   transaction while different keys never wait for each other.
@@ -49,6 +51,7 @@ _SQLITE_BUSY = 5
 _SQLITE_BUSY_SNAPSHOT = 517  # (extended) a snapshot too old to write from: waiting cannot help
 _BUSY_PAUSE_FIRST = 50e-6
 _BUSY_PAUSE_MAX = 1e-3
+_sleep = time.sleep  # (tests replace it to see the pauses without sleeping)
 
 _READ_ONLY = "flowkit_read_only"
 _DRIVERS = {"sqlite": ("pysqlite",), "postgresql": ("psycopg", "psycopg2")}
@@ -82,11 +85,14 @@ def _enable_wal(cur: Any) -> None:
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
-    """Whether ``exc`` is SQLite's "database is locked": another connection holds the lock."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:  # pragma: no cover - Python < 3.11 has no error codes
-        return "database is locked" in str(exc)
-    return bool(code & 0xFF == _SQLITE_BUSY and code != _SQLITE_BUSY_SNAPSHOT)
+    """Whether ``exc`` is SQLite's "database is locked": another connection holds the lock
+    (not another ``SQLITE_BUSY``, such as a ``COMMIT`` refused while statements run)."""
+    code = getattr(exc, "sqlite_errorcode", _SQLITE_BUSY)
+    return bool(
+        code & 0xFF == _SQLITE_BUSY
+        and code != _SQLITE_BUSY_SNAPSHOT
+        and "database is locked" in str(exc)
+    )
 
 
 class WaitingCursor(sqlite3.Cursor):
@@ -101,10 +107,11 @@ class WaitingCursor(sqlite3.Cursor):
     transaction (``BEGIN IMMEDIATE``, an autocommit write), or ``COMMIT``."""
 
     def execute(self, sql: str, parameters: Any = (), /) -> WaitingCursor:
+        inside = self.connection.in_transaction  # (before: a failure may end the transaction)
         try:
             super().execute(sql, parameters)
         except sqlite3.OperationalError as exc:
-            if not _busy(exc) or (self.connection.in_transaction and sql != "COMMIT"):
+            if not _busy(exc) or (inside and sql != "COMMIT"):
                 raise
             self._wait(sql, parameters, exc)
         return self
@@ -114,7 +121,7 @@ class WaitingCursor(sqlite3.Cursor):
         # pauses are summed, as SQLite's own handler does, so a wait lasts at least that long)
         pause, waited = _BUSY_PAUSE_FIRST, 0.0
         while waited < SQLITE_BUSY_TIMEOUT_MS / 1000:
-            time.sleep(pause)
+            _sleep(pause)
             waited += pause
             pause = min(pause * 2, _BUSY_PAUSE_MAX)
             try:
@@ -125,6 +132,10 @@ class WaitingCursor(sqlite3.Cursor):
                     raise
                 exc = again
         raise exc
+
+
+def _journal_mode(dbapi: sqlite3.Connection) -> str:
+    return str(dbapi.execute("PRAGMA journal_mode").fetchone()[0]).lower()
 
 
 def _setup_sqlite(engine: sa.Engine) -> None:
@@ -200,11 +211,16 @@ class Conn:
         self.fairy = fairy  # SQLAlchemy's pooled connection (kept checked out)
         self.dbapi: Any = fairy.driver_connection
         self.pg = db.dialect == "postgresql"
-        if self.pg:
-            self.cur: Any = self.dbapi.cursor()
-        else:  # it waits for another process's lock itself, in finer steps than SQLite
+        # SQLite in WAL mode: it waits for another process's lock itself, in finer steps
+        # than SQLite. (Not in another journal mode, such as an in-memory database's: an
+        # autocommit write with RETURNING commits in its last step, in ``fetchall``, which
+        # could meet a reader's lock there, outside ``WaitingCursor.execute``.)
+        self.waits = not self.pg and _journal_mode(self.dbapi) == "wal"
+        if self.waits:
             self.dbapi.execute("PRAGMA busy_timeout = 0")
-            self.cur = self.dbapi.cursor(WaitingCursor)
+            self.cur: Any = self.dbapi.cursor(WaitingCursor)
+        else:
+            self.cur = self.dbapi.cursor()
         self.dirty = False
         # the first statements of a batch's calls ran ahead in one pipeline (PostgreSQL): a
         # row lock a call's rest takes now would come out of the batch's run-id order
@@ -246,7 +262,7 @@ class Conn:
             # (the connection goes back to SQLAlchemy's pool: its users keep psycopg's default)
             with contextlib.suppress(Exception):
                 self.dbapi.prepare_threshold = 5
-        if not self.pg:  # (back to SQLAlchemy's pool: its users wait in SQLite's way)
+        if self.waits:  # (back to SQLAlchemy's pool: its users wait in SQLite's way)
             with contextlib.suppress(Exception):
                 self.dbapi.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         with contextlib.suppress(Exception):  # closing a broken connection
