@@ -559,9 +559,9 @@ def handover_report(reps: list[Rep], sizes: Sizes) -> dict[str, Any]:
     each repetition's own figures under ``per_repetition``.
 
     A run's ten keys hand over in rounds that finish together, so its 190 gaps come in
-    correlated bursts and the p95 of one run is about its second-worst round: a noisy order
-    statistic (2.0 to 4.2 ms over consecutive quiet runs on the reference machine). Pooling
-    several runs estimates the same p95 with a few times the samples."""
+    correlated bursts and the p95 of one run (its 10th largest gap) is about its worst round:
+    a noisy order statistic (2.0 to 4.1 ms over five consecutive quiet runs on the reference
+    machine). Pooling several runs estimates the same p95 with a few times the samples."""
     pooled_step: list[float] = []
     pooled_release: list[float] = []
     per: list[dict[str, Any]] = []
