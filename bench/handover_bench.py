@@ -689,8 +689,6 @@ def print_result(name: str, r: dict[str, Any]) -> None:
     print(f"    {'':<14} {'':>4} " + " ".join(f"{h:>8}" if h else "" for h in heads))
     labels = {"same_process_after_first": "same, not 1st"}
     for group in ("all", "same_process", "cross_process", "same_process_after_first"):
-        if group not in r["release_to_next_step_start"]:
-            continue
         d = r["release_to_next_first_step_completed"][group]
         s = r["release_to_next_step_start"][group]
         label = labels.get(group, group.replace("_", "-"))

@@ -9,7 +9,7 @@ stream). This process takes the write lock over and over (``BEGIN IMMEDIATE``, o
   again after 50 µs, doubling up to 1 ms between tries;
 * **sqlite**: a connection with SQLite's busy timeout (30 s), whose handler sleeps 1, 2, 5,
   10, 15, 20, 25, 25, 25, 50, 50, 100 ms between tries: while it sleeps, the other process
-  takes the lock again and again.
+  can take the lock again and again.
 
 Both take turns in slices on one file, so drift of the machine spreads over both. The figure
 is the ratio of their waits (sqlite ÷ flowkit), mean and p95. Run
