@@ -2,7 +2,8 @@
 runs, run the demo.
 
 Output is rich (colours, tables) in a terminal and plain text when piped: no colours, no box
-drawing, no wrapping, one record per line. Every error is one line on stderr
+drawing, no wrapping, one record per line (a newline or other control character inside a value
+or message is escaped: ``\\n``). Every error is one line on stderr
 (``flowkit: error: ...``) and exit status 2, never a traceback (``FLOWKIT_DEBUG=1`` shows the
 traceback of an unexpected one). ``replay`` exits 1 when a history diverges."""
 
@@ -25,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import _serde
+from ._clock import SystemClock
 from ._definition import definition_of
 from ._engine import Engine
 from ._history import (
@@ -42,7 +44,7 @@ from ._history import (
     StepFailed,
     TimerStarted,
 )
-from ._replayer import replay_async, replay_dir_async
+from ._replayer import ReplayResult, replay_async, replay_dir_async
 from ._run import Run, RunStatus
 from .errors import FlowkitError, NonDeterminismError
 from .singleton import holders, waiters
@@ -68,6 +70,27 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+def _control_escapes() -> dict[int, str]:
+    """Every character that ends or rewrites a line on a terminal or in ``str.splitlines``
+    (C0 and C1 controls, DEL, the Unicode line and paragraph separators), as an escape."""
+    table = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+    table.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+    return table
+
+
+_ESCAPES = _control_escapes()
+_ESCAPES_BUT_NEWLINE = {c: e for c, e in _ESCAPES.items() if c != 0x0A}
+
+
+def _escape(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` on one line: newlines, tabs and other control characters as ``\\n``, ``\\t``,
+    ``\\xNN`` (a pydantic ``ValidationError`` or a traceback in an error message, a newline in
+    a run id or a key). ``keep_newlines`` keeps ``\\n`` (rich output lays them out itself)."""
+    if keep_newlines:
+        return text.replace("\r\n", "\n").translate(_ESCAPES_BUT_NEWLINE)
+    return text.translate(_ESCAPES)
+
+
 # -- output ----------------------------------------------------------------------------------
 
 
@@ -79,12 +102,16 @@ class Out:
         self.rich = console.is_terminal
 
     def line(self, *parts: str | tuple[str, str]) -> None:
-        """One line; a ``(text, style)`` part is styled in a terminal. Never parses markup."""
+        """One line; a ``(text, style)`` part is styled in a terminal. Never parses markup.
+        Piped, a newline inside a part is escaped, so that the line stays one line."""
         if self.rich:
-            self.console.print(Text.assemble(*parts), highlight=False)
+            self.console.print(
+                Text.assemble(*(_rich_part(p, keep_newlines=True) for p in parts)),
+                highlight=False,
+            )
         else:
             text = "".join(p if isinstance(p, str) else p[0] for p in parts)
-            self.console.out(text, highlight=False)  # no markup, emoji codes or wrapping
+            self.console.out(_escape(text), highlight=False)  # no markup, emoji or wrapping
 
     def table(
         self,
@@ -94,23 +121,31 @@ class Out:
         title: str | None = None,
         caption: str | None = None,
     ) -> None:
-        """A table in a terminal; piped, a header line and one whitespace-aligned line per
-        row (no title, no caption: the output stays easy to grep and cut)."""
+        """A table in a terminal; piped, a header line and exactly one whitespace-aligned line
+        per row, newlines inside a cell escaped (no title, no caption: the output stays easy to
+        grep and cut)."""
         if self.rich:
             table = Table(title=title, caption=caption, header_style="bold")
             for col in columns:
                 table.add_column(col, overflow="fold")
             for row in rows:
-                table.add_row(*(Text(c) if isinstance(c, str) else Text(*c) for c in row))
+                table.add_row(*(Text(*_rich_part(c, keep_newlines=True)) for c in row))
             self.console.print(table)
             return
         cells = [list(columns)] + [
-            [(c if isinstance(c, str) else c[0]) or "-" for c in row] for row in rows
+            [_escape(c if isinstance(c, str) else c[0]) or "-" for c in row] for row in rows
         ]
         widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
         for r in cells:
             text = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
             self.console.out(text, highlight=False)
+
+
+def _rich_part(part: str | tuple[str, str], *, keep_newlines: bool) -> tuple[str, str]:
+    """A ``(text, style)`` part with its control characters escaped (a stored value must not
+    move the cursor or change the terminal's colours)."""
+    text, style = (part, "") if isinstance(part, str) else part
+    return (_escape(text, keep_newlines=keep_newlines), style)
 
 
 def _status(status: RunStatus) -> tuple[str, str]:
@@ -124,10 +159,47 @@ def _fmt_time(t: float | None) -> str:
 
 
 def _value(value: Any, width: int | None = VALUE_WIDTH) -> str:
-    text = _serde.dumps(value).decode()
+    return _cut(_serde.dumps(value).decode(), width)
+
+
+def _cut(text: str, width: int | None = VALUE_WIDTH) -> str:
     if width is not None and len(text) > width:
         return text[: width - 1] + "…"
     return text
+
+
+def _duration(seconds: float) -> str:
+    """``12.3 s``, ``4 min 12 s``, ``3 h 5 min``, ``2 d 7 h``."""
+    s = abs(seconds)
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60)} s"
+    if s < 86400:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60)} min"
+    return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+
+
+def _lease_expired(run: Run, now: float) -> bool:
+    """Whether an active run is leased to an instance that stopped renewing the lease: the
+    worker that executes it is probably gone, and the next poll of any worker recovers it."""
+    return run.status.active and run.lease_owner is not None and not run.leased(now)
+
+
+def _lease_left(run: Run, now: float) -> str:
+    """How long the lease still holds, or since when it does not: ``expires in 12.3 s``,
+    ``expired 4.0 s ago``, against ``now``."""
+    if run.lease_expires is None:
+        return "no expiry"
+    left = run.lease_expires - now
+    return f"expires in {_duration(left)}" if left > 0 else f"expired {_duration(left)} ago"
+
+
+def _lease(run: Run, now: float) -> str:
+    """An active run's lease as ``owner (expires in ...)``; empty when nobody holds one."""
+    if not run.status.active or run.lease_owner is None:
+        return ""
+    return f"{run.lease_owner} ({_lease_left(run, now)})"
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -238,6 +310,7 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
     if args.limit > 0:
         runs = runs[-args.limit :]  # the most recent, still oldest first
     lanes = await _lanes(store, runs)
+    now = args.clock.now()
     rows = [
         (
             r.id,
@@ -247,6 +320,7 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
             lanes.get(r.id, ""),
             _fmt_time(r.created_at),
             _fmt_time(r.updated_at),
+            (_lease(r, now), "bold red" if _lease_expired(r, now) else ""),
         )
         for r in runs
     ]
@@ -256,7 +330,16 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
     elif not runs:
         caption = "no runs"
     out.table(
-        ("id", "workflow", "status", "singleton", "slot", "created (UTC)", "updated (UTC)"),
+        (
+            "id",
+            "workflow",
+            "status",
+            "singleton",
+            "slot",
+            "created (UTC)",
+            "updated (UTC)",
+            "lease",
+        ),
         rows,
         title=f"runs in {args.db}",
         caption=caption,
@@ -273,6 +356,23 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
         "]",
     )
     out.line(f"  created {_fmt_time(run.created_at)}  updated {_fmt_time(run.updated_at)} (UTC)")
+    now = args.clock.now()
+    if run.status.active and run.lease_owner is not None:
+        expired = _lease_expired(run, now)
+        until = f" until {_fmt_time(run.lease_expires)}" if run.lease_expires is not None else ""
+        left = (f" ({_lease_left(run, now)})", "bold red" if expired else "")
+        out.line("  lease   ", (run.lease_owner, "bold"), until, left)
+        if expired:
+            out.line(
+                "  ",
+                (
+                    f"lease expired: {run.lease_owner} is probably gone; any worker running "
+                    f"{run.workflow} recovers the run at its next poll",
+                    "bold red",
+                ),
+            )
+    elif run.status is RunStatus.RUNNING:
+        out.line(f"  lease   none: any worker running {run.workflow} claims it at its next poll")
     if run.wake_at is not None and run.status.active:
         out.line(f"  wakes   {_fmt_time(run.wake_at)}")
     if run.attempt > 1:
@@ -289,7 +389,10 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
     if run.status is RunStatus.COMPLETED:
         out.line(f"  output  {_value(run.output, None)}")
     if run.error:
-        out.line("  error   ", (f"{run.error.get('type')}: {run.error.get('message')}", "red"))
+        text = f"{run.error.get('type')}: {run.error.get('message')}"
+        if out.rich:  # a multi-line message (a ValidationError) under its first line
+            text = text.replace("\r\n", "\n").replace("\n", "\n" + " " * len("  error   "))
+        out.line("  error   ", (text, "red"))
     return 0
 
 
@@ -313,7 +416,7 @@ def _describe(ev: Event, t0: float) -> str:
             digest = f" (args {ev.args_digest})" if ev.args_digest else ""
             then = f"; retry at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else "; final"
             cancelled = " (cancelled)" if ev.cancelled else ""
-            message = _value(ev.error.message).strip('"')
+            message = _cut(_escape(ev.error.message))
             return f"{ev.name}{digest} attempt {ev.attempt} {ev.error.type}: {message}{then}" + (
                 cancelled
             )
@@ -387,6 +490,27 @@ def _load_workflow(spec: str) -> Any:
     return obj
 
 
+def _report_lines(exc: NonDeterminismError) -> list[str]:
+    """``exc.report()`` as its lines: the message as one line even when it holds newlines (a
+    body that now fails with a ``ValidationError``), then the recorded events around it."""
+    message = str(exc)
+    report = exc.report()
+    if not report.startswith(message):  # pragma: no cover - report() starts with the message
+        return report.split("\n")
+    return [message, *report[len(message) :].split("\n")[1:]]
+
+
+def _result_lines(r: ReplayResult) -> tuple[str, list[str]]:
+    """One ``replay_dir`` result: its line, and the indented report of a divergence."""
+    text = r.describe()
+    if isinstance(r.error, NonDeterminismError) and r.status == "diverged":
+        body = "\n".join("    " + line for line in r.error.report().splitlines())
+        if text.endswith("\n" + body):
+            return text[: -len(body) - 1], ["    " + line for line in _report_lines(r.error)]
+    first, *rest = text.split("\n")
+    return first, rest
+
+
 async def _replay(args: argparse.Namespace, out: Out, store: Any) -> int:
     path = Path(args.path)
     workflows: list[Any] = args.workflows
@@ -398,7 +522,7 @@ async def _replay(args: argparse.Namespace, out: Out, store: Any) -> int:
             label = {"ok": ("ok", "green"), "diverged": ("diverged", "red")}.get(
                 r.status, ("error", "bold red")
             )
-            first, *rest = r.describe().split("\n")
+            first, rest = _result_lines(r)
             out.line(label, first[len(r.status) :])
             for line in rest:
                 out.line(line)
@@ -414,7 +538,7 @@ async def _replay(args: argparse.Namespace, out: Out, store: Any) -> int:
     try:
         await replay_async(hist, wf)
     except NonDeterminismError as exc:
-        first, *rest = exc.report().split("\n")
+        first, *rest = _report_lines(exc)
         out.line(("diverged", "red"), f": {first}")
         for line in rest:
             out.line(line)
@@ -578,6 +702,7 @@ def _prepare(args: argparse.Namespace) -> None:
     """Checks and imports that need no database, done before the event loop starts (a user's
     module may run its own event loop when imported)."""
     args.codec = _load_codec(args.codec_keys) if args.codec_keys else None
+    args.clock = SystemClock()  # the workers' clock: lease expiry is compared against it
     if args.cmd == "runs" and args.limit < 0:
         raise CliError(f"--limit takes a count >= 0 (0: all runs), got {args.limit}")
     if args.cmd == "signal":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -52,6 +53,9 @@ WF_SOURCE = textwrap.dedent(
 )
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def flowkit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "flowkit.cli", *args],
@@ -59,7 +63,8 @@ def flowkit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         cwd=tmp,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PYTHONPATH": str(tmp)},
+        # this checkout's flowkit, not the one the virtualenv has installed (editable, elsewhere)
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}"},
     )
 
 
@@ -237,7 +242,8 @@ async def test_runs_shows_who_holds_and_who_waits(cliwf: ModuleType, tmp_path: P
         assert "waits behind l-1 (#1 in queue)" in row(out.stdout, "l-2")
         assert "waits behind l-1 (#2 in queue)" in row(out.stdout, "l-3")
         assert out.stdout.splitlines()[0].split() == [
-            "id", "workflow", "status", "singleton", "slot", "created", "(UTC)", "updated", "(UTC)"
+            "id", "workflow", "status", "singleton", "slot", "created", "(UTC)", "updated", "(UTC)",
+            "lease",
         ]  # fmt: skip
         assert "\x1b[" not in out.stdout and "│" not in out.stdout  # plain when piped
 
