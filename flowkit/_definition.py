@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
+
+from . import _annotations
 
 _DEF_ATTR = "__flowkit_workflow__"
 T = TypeVar("T", bound=type)
@@ -66,21 +70,114 @@ class RetryPolicy:
         return attempt < self.max_attempts and not isinstance(exc, self.non_retryable)
 
 
+# Where ``@workflow`` was applied: a module (or class body) still being executed, whose later
+# lines may define a name ``run`` annotates with, or a function, whose names are all known.
+_FUNCTION_FRAME = inspect.CO_OPTIMIZED
+
+
 @dataclass(frozen=True)
+class _RunAnnotations:
+    """What resolving ``run``'s input and output annotations needs: the function, the class
+    that defines it, and the local names of the scope ``@workflow`` was applied in (a copy,
+    taken then: a class defined in a test function may annotate with the test's local
+    models)."""
+
+    cls: type
+    run: Callable[..., Any]
+    owner: type
+    param: str
+    localns: dict[str, Any]
+
+    def resolve(self, name: str) -> tuple[Any, Any]:
+        """``(input_type, output_type)``: unannotated means ``Any``. Raises ``TypeError``
+        naming the workflow, the annotation and the missing name when one cannot be
+        resolved (``NameError`` as its ``__cause__``)."""
+        anns = inspect.get_annotations(self.run)
+        globalns = _annotations.function_globals(self.run)
+        localns = {**self.localns, **_annotations.class_names(self.owner)}
+        out: list[Any] = []
+        for key, what in ((self.param, f"parameter {self.param!r}"), ("return", "return")):
+            ann = anns.get(key, _annotations.MISSING)
+            if ann is _annotations.MISSING:
+                out.append(Any)
+                continue
+            try:
+                out.append(_annotations.evaluate(ann, globalns, localns))
+            except Exception as exc:
+                raise TypeError(self._explain(name, what, ann, exc)) from exc
+        return out[0], out[1]
+
+    def _explain(self, name: str, what: str, ann: Any, exc: Exception) -> str:
+        text = (
+            f"@workflow {self.cls.__qualname__} (workflow {name!r}): cannot resolve the "
+            f"annotation {_annotations.describe(ann)!r} of run()'s {what}: "
+            f"{type(exc).__name__}: {exc}."
+        )
+        missing = _annotations.missing_name(exc)
+        if missing is not None:
+            text += (
+                f" Define or import {missing!r} in module {self.run.__module__!r} (an import "
+                "under `if TYPE_CHECKING:` is not there at run time), in the class body, or "
+                "before the class in the function that applies @workflow; or leave the "
+                "annotation out to accept any JSON value."
+            )
+        return text
+
+
+_LAZY = frozenset({"input_type", "output_type", "input_adapter", "output_adapter"})
+
+
+@dataclass(frozen=True, eq=False)
 class WorkflowDefinition:
-    """What ``@workflow`` learned about a class: name, version, input/output adapters."""
+    """What ``@workflow`` learned about a class: name, version, input/output adapters.
+
+    The input and output types are resolved at decoration. Only a name that a later line of
+    the module may still define (a model declared below the workflow class) waits: it is
+    resolved when the definition is first used (``Engine`` registration, ``start``,
+    ``replay``), and one that is still missing then raises ``TypeError``."""
 
     cls: type
     name: str
     version: str
     singleton: Singleton | None
-    input_type: Any
-    output_type: Any
-    input_adapter: TypeAdapter[Any]
-    output_adapter: TypeAdapter[Any]
+    annotations: _RunAnnotations = field(repr=False)
+    input_type: Any = field(init=False, repr=False)
+    output_type: Any = field(init=False, repr=False)
+    input_adapter: TypeAdapter[Any] = field(init=False, repr=False)
+    output_adapter: TypeAdapter[Any] = field(init=False, repr=False)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the input and output types are resolved yet."""
+        return "output_adapter" in self.__dict__
+
+    def resolve(self) -> None:
+        """Resolve the input and output types now (a no-op once done); ``TypeError`` naming
+        the annotation and the missing name when one cannot be."""
+        if self.resolved:
+            return
+        in_t, out_t = self.annotations.resolve(self.name)
+        in_ad, out_ad = TypeAdapter(in_t), TypeAdapter(out_t)
+        object.__setattr__(self, "input_type", in_t)
+        object.__setattr__(self, "output_type", out_t)
+        object.__setattr__(self, "input_adapter", in_ad)
+        object.__setattr__(self, "output_adapter", out_ad)
+
+    if not typing.TYPE_CHECKING:  # (type checkers see the declared fields)
+
+        def __getattr__(self, attr: str) -> Any:
+            # only called for a type field that is not resolved yet
+            if attr in _LAZY:
+                self.resolve()
+                return self.__dict__[attr]
+            raise AttributeError(f"{type(self).__qualname__!r} object has no attribute {attr!r}")
 
 
-def _run_types(cls: type) -> tuple[Any, Any]:
+def _scope(cls: type) -> str:
+    return cls.__qualname__.rpartition(".")[0]
+
+
+def _run_annotations(cls: type, frame: FrameType | None) -> _RunAnnotations:
     run = getattr(cls, "run", None)
     if run is None or not inspect.iscoroutinefunction(run):
         raise TypeError(f"{cls.__qualname__} must define `async def run(self, ctx, input)`")
@@ -90,11 +187,43 @@ def _run_types(cls: type) -> tuple[Any, Any]:
             f"{cls.__qualname__}.run must take exactly (self, ctx, input), got {len(params)} "
             "parameters"
         )
+    owner = next((k for k in cls.__mro__ if "run" in vars(k)), cls)
+    # the local names of the scope that defined ``run``: the decorating frame's when the class
+    # (or the base it inherits ``run`` from) was declared there, else a decorated base's
+    same_scope = owner.__module__ == cls.__module__ and _scope(owner) == _scope(cls)
+    localns: dict[str, Any] = {}
+    base = vars(owner).get(_DEF_ATTR)
+    if same_scope and frame is not None and frame.f_locals is not frame.f_globals:
+        localns = dict(frame.f_locals)
+    elif not same_scope and isinstance(base, WorkflowDefinition):
+        localns = base.annotations.localns
+    return _RunAnnotations(cls, run, owner, params[2].name, localns)
+
+
+def _declare(
+    klass: Any, name: str | None, version: str, singleton: Any, frame: FrameType | None
+) -> Any:
+    if not isinstance(klass, type):
+        raise TypeError("@workflow decorates a class")
+    if singleton is not None and not isinstance(singleton, Singleton):
+        raise ValueError("singleton= takes a flowkit.Singleton(...)")
+    defn = WorkflowDefinition(
+        cls=klass,
+        name=name or klass.__name__,
+        version=str(version),
+        singleton=singleton,
+        annotations=_run_annotations(klass, frame),
+    )
     try:
-        hints = typing.get_type_hints(run)
-    except Exception:  # unresolved forward references: fall back to Any
-        hints = {}
-    return hints.get(params[2].name, Any), hints.get("return", Any)
+        defn.resolve()
+    except TypeError as exc:
+        # A name missing from a module (or class body) still being executed may be defined
+        # by a later line: wait for first use. In a function every name is known by now.
+        in_function = frame is not None and bool(frame.f_code.co_flags & _FUNCTION_FRAME)
+        if in_function or not isinstance(exc.__cause__, NameError):
+            raise
+    setattr(klass, _DEF_ATTR, defn)
+    return klass
 
 
 def workflow(
@@ -104,36 +233,29 @@ def workflow(
     version: str = "1",
     singleton: Singleton | None = None,
 ) -> Any:
-    """Declare a workflow class: ``@workflow(name=..., version=..., singleton=...)``."""
+    """Declare a workflow class: ``@workflow(name=..., version=..., singleton=...)``.
+
+    ``run``'s input and return annotations are resolved with the module's names, the class
+    body's and those of the function that applies the decorator; one that cannot be resolved
+    raises ``TypeError`` here (or, for a name a later line of the module may define, when
+    the workflow is first used)."""
 
     def wrap(klass: T) -> T:
-        if not isinstance(klass, type):
-            raise TypeError("@workflow decorates a class")
-        if singleton is not None and not isinstance(singleton, Singleton):
-            raise ValueError("singleton= takes a flowkit.Singleton(...)")
-        in_t, out_t = _run_types(klass)
-        defn = WorkflowDefinition(
-            cls=klass,
-            name=name or klass.__name__,
-            version=str(version),
-            singleton=singleton,
-            input_type=in_t,
-            output_type=out_t,
-            input_adapter=TypeAdapter(in_t),
-            output_adapter=TypeAdapter(out_t),
-        )
-        setattr(klass, _DEF_ATTR, defn)
-        return klass
+        return typing.cast(T, _declare(klass, name, version, singleton, sys._getframe(1)))
 
     if cls is not None:
-        return wrap(cls)
+        return _declare(cls, name, version, singleton, sys._getframe(1))
     return wrap
 
 
 def definition_of(obj: Any) -> WorkflowDefinition | None:
-    """The definition of a decorated class or instance, else ``None``."""
+    """The definition of a decorated class or instance, else ``None``. Its input and output
+    types are resolved: a name still missing raises ``TypeError`` here (at ``Engine``
+    registration, not at a run's first activation)."""
     klass = obj if isinstance(obj, type) else type(obj)
     defn = getattr(klass, _DEF_ATTR, None)
     if isinstance(defn, WorkflowDefinition) and defn.cls is klass:
+        if not defn.resolved:
+            defn.resolve()
         return defn
     return None

@@ -9,7 +9,6 @@ import functools
 import hashlib
 import inspect
 import math
-import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ import orjson
 import pydantic_core
 from pydantic import TypeAdapter
 
+from . import _annotations
 from .errors import SerializationError
 
 JSON = Any
@@ -44,25 +44,90 @@ def _unwrap(fn: Callable[..., Any]) -> Any:
     return fn
 
 
-@functools.lru_cache(maxsize=4096)
-def _return_adapter(fn: Any) -> TypeAdapter[Any]:
+def _step_function(fn: Any, target: Any) -> tuple[Any, type | None]:
+    """What carries the return annotation that types a step's result (a function, a method's
+    function, a wrapper's copy, a callable object's ``__call__``) and the class defining it;
+    ``(None, None)`` for builtins and classes, whose results stay ``Any``."""
+    bound = getattr(fn, "__self__", None)
+    if inspect.ismethod(target):  # (a partial of a bound method)
+        target, bound = target.__func__, target.__self__
+    if inspect.isfunction(target) or hasattr(target, "__wrapped__"):
+        return target, _owner(target, bound)
+    if isinstance(target, type):
+        return None, None
+    call = getattr(type(target), "__call__", None)  # noqa: B004
+    if inspect.isfunction(call):
+        return call, type(target)
+    return None, None
+
+
+def _owner(fn: Any, bound: Any) -> type | None:
+    """The class ``fn`` is defined in, for a method called through an instance or a class."""
+    if bound is None:
+        return None
+    cls = bound if isinstance(bound, type) else type(bound)
+    for klass in cls.__mro__:
+        if any(getattr(v, "__func__", v) is fn for v in vars(klass).values()):
+            return klass
+    return cls
+
+
+def _workflow_names() -> dict[str, Any]:
+    """The local names of the scope the running workflow's class was declared in (a step
+    function defined in the same test function as the workflow may return its models)."""
+    from ._activation_parts import _BRANCH  # (the activation imports this module)
+
+    current = _BRANCH.get()
+    defn = getattr(current[0], "defn", None) if current is not None else None
+    annotations = getattr(defn, "annotations", None)
+    localns = getattr(annotations, "localns", None)
+    return localns if isinstance(localns, dict) else {}
+
+
+def _return_type(fn: Callable[..., Any], target: Any) -> Any:
+    """The type ``fn``'s return annotation names (``Any`` when unannotated); ``TypeError``
+    naming the step, the annotation and the missing name when it cannot be resolved: the
+    recorded result would otherwise come back from replay as plain JSON."""
+    func, owner = _step_function(fn, target)
+    anns = getattr(func, "__annotations__", None)
+    if not isinstance(anns, dict):
+        return Any
+    ann = anns.get("return", _annotations.MISSING)
+    if ann is _annotations.MISSING:
+        return Any
+    globalns = _annotations.function_globals(func)
+    localns = {**_annotations.closure_names(func), **_annotations.class_names(owner)}
     try:
-        hints = typing.get_type_hints(fn)
-    except Exception:
-        hints = {}
-    ret = hints.get("return", Any)
-    if ret is None:
-        ret = type(None)
-    return adapter_for(ret)
+        return _annotations.evaluate(ann, globalns, localns)
+    except NameError:
+        try:
+            return _annotations.evaluate(ann, globalns, {**_workflow_names(), **localns})
+        except Exception as exc:
+            error: Exception = exc
+    except Exception as exc:
+        error = exc
+    text = (
+        f"step {step_name(target)!r}: cannot resolve its return annotation "
+        f"{_annotations.describe(ann)!r}: {type(error).__name__}: {error}. flowkit rebuilds "
+        "the recorded result with it on replay."
+    )
+    missing = _annotations.missing_name(error)
+    if missing is not None:
+        text += (
+            f" Define or import {missing!r} in module {func.__module__!r} (an import under "
+            "`if TYPE_CHECKING:` is not there at run time), or in the function that declares "
+            "the step and its workflow; or leave the annotation out to get plain JSON back."
+        )
+    raise TypeError(text) from error
 
 
 def return_adapter(fn: Callable[..., Any]) -> TypeAdapter[Any]:
-    """The adapter for ``fn``'s return annotation (``Any`` when unannotated)."""
-    target = _unwrap(fn)
-    try:
-        return _return_adapter(target)
-    except TypeError:  # unhashable callable
-        return ANY_ADAPTER
+    """The adapter for ``fn``'s return annotation (``Any`` when unannotated); ``TypeError``
+    when the annotation names something that cannot be resolved."""
+    ret = _return_type(fn, _unwrap(fn))
+    if ret is None:
+        ret = type(None)
+    return adapter_for(ret)
 
 
 _META: dict[Any, tuple[str, TypeAdapter[Any]]] = {}
@@ -75,12 +140,13 @@ def step_meta(fn: Callable[..., Any]) -> tuple[str, TypeAdapter[Any]]:
     try:
         return _META[target]
     except KeyError:
-        meta = _META[target] = (step_name(target), return_adapter(target))
-        if len(_META) > 4096:  # (functions made on the fly: keep it bounded)
+        meta = (step_name(target), return_adapter(fn))
+        if len(_META) >= 4096:  # (functions made on the fly: keep it bounded)
             _META.clear()
+        _META[target] = meta
         return meta
     except TypeError:  # unhashable callable
-        return step_name(target), ANY_ADAPTER
+        return step_name(target), return_adapter(fn)
 
 
 def step_name(fn: Callable[..., Any]) -> str:
