@@ -14,11 +14,12 @@
   histories; needs syrupy).
 
 ``flowkit_env`` is an async fixture run by pytest-asyncio. Under pytest-asyncio's default
-strict mode, which only runs async tests marked ``@pytest.mark.asyncio``, the plugin marks the
-async tests that request ``flowkit_env`` or use ``TestEnv`` in their body itself, so they run
-without any configuration. Another async test that nothing runs fails with a message naming
-exactly what to add (``asyncio_mode = "auto"`` in the project's pytest configuration, or the
-marker) instead of pytest's generic "install a suitable plugin"."""
+strict mode, which only runs async tests marked ``@pytest.mark.asyncio``, the plugin itself
+marks the async tests that request ``flowkit_env`` or use flowkit in their body (``TestEnv``,
+an ``Engine``, the conformance kit...), so they run without any configuration. Another async
+test that nothing runs fails with a message naming exactly what to add (``asyncio_mode =
+"auto"`` in the project's pytest configuration, or the marker) instead of pytest's generic
+"install a suitable plugin"."""
 
 from __future__ import annotations
 
@@ -105,22 +106,40 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
-def _uses_testenv(func: Any) -> bool:
-    """Whether the body of ``func`` refers to ``flowkit_testing.TestEnv`` (or a subclass),
-    under any name it was imported as."""
+def _is_flowkit_module(name: str) -> bool:
+    return name.partition(".")[0] in ("flowkit", "flowkit_testing")
+
+
+def _is_flowkit_object(name: str, value: Any) -> bool:
+    """Whether ``value``, bound to ``name`` where a test can see it, comes from flowkit: one of
+    its modules, a class derived from one of its classes (``TestEnv``, a store...), or an object
+    a flowkit module holds under the same name (functions, constants such as ``CHECKS``)."""
+    if isinstance(value, types.ModuleType):
+        return _is_flowkit_module(value.__name__)
+    if isinstance(value, type) and any(
+        _is_flowkit_module(getattr(cls, "__module__", "")) for cls in value.__mro__
+    ):
+        return True
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return False  # too common to tell where it came from
+    return any(
+        _is_flowkit_module(module_name) and getattr(module, name, None) is value
+        for module_name, module in list(sys.modules.items())
+    )
+
+
+def _uses_flowkit(func: Any) -> bool:
+    """Whether the body of ``func`` (nested functions included) uses anything from flowkit or
+    flowkit_testing, imported at module level or in the body. flowkit runs on asyncio only, so
+    such a test can only be meant for pytest-asyncio."""
     code = getattr(func, "__code__", None)
     if code is None:
         return False
     names = _names(code)
     scope = getattr(func, "__globals__", {})
-    package = sys.modules.get("flowkit_testing")
-    for name in names:
-        value = scope.get(name)
-        if isinstance(value, type) and issubclass(value, TestEnv):
-            return True
-        if value is package and package is not None and "TestEnv" in names:
-            return True
-    return "TestEnv" in names and "flowkit_testing" in names  # imported in the body
+    if any(_is_flowkit_module(name) and name in sys.modules for name in names):
+        return True  # ``import flowkit...`` / ``from flowkit... import`` in the body
+    return any(name in scope and _is_flowkit_object(name, scope[name]) for name in names)
 
 
 def _requested_fixtures(collector: pytest.Collector, obj: Any) -> set[str]:
@@ -138,9 +157,10 @@ def _requested_fixtures(collector: pytest.Collector, obj: Any) -> set[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> None:
-    """Mark the async tests that use ``flowkit_env`` or ``TestEnv`` with
-    ``@pytest.mark.asyncio`` when pytest-asyncio is in strict mode, before it collects them:
-    they can only run on asyncio, so they should not need any configuration."""
+    """Mark the async tests that request ``flowkit_env`` or use flowkit in their body (a
+    ``TestEnv``, an ``Engine``, the conformance kit...) with ``@pytest.mark.asyncio`` when
+    pytest-asyncio is in strict mode, before it collects them: they can only run on asyncio,
+    so they should not need any configuration."""
     if _asyncio_mode(collector.config) != "strict":
         return  # auto mode marks every async test; without pytest-asyncio nothing can run it
     func = _async_test_function(obj)
@@ -152,7 +172,7 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
     inherited = {mark.name for mark in collector.iter_markers()}
     if (own | inherited) & _FRAMEWORK_MARKERS:
         return  # the test (or its class or module) already says who runs it
-    if "flowkit_env" in _requested_fixtures(collector, obj) or _uses_testenv(func):
+    if "flowkit_env" in _requested_fixtures(collector, obj) or _uses_flowkit(func):
         pytest.mark.asyncio(obj)
 
 
@@ -176,12 +196,12 @@ def _async_config_help(item: pytest.Function) -> str:
         return (
             f"{item.nodeid} is an async test and no plugin ran it. flowkit's tests run on "
             f"pytest-asyncio: install it (pip install pytest-asyncio, or flowkit's test extra). "
-            f"Tests that use flowkit_env or TestEnv then run without configuration. {run_them}"
+            f"Tests that use flowkit_env or flowkit then run without configuration. {run_them}"
         )
     return (
         f"{item.nodeid} is an async test and no plugin ran it: pytest-asyncio is installed, "
         f"but in its default strict mode it only runs async tests marked "
-        f"@pytest.mark.asyncio (flowkit marks the tests that use flowkit_env or TestEnv "
+        f"@pytest.mark.asyncio (flowkit marks the tests that use flowkit_env or flowkit "
         f"itself). {run_them}"
     )
 

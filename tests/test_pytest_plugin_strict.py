@@ -1,6 +1,7 @@
 """flowkit's pytest plugin in a fresh project, where pytest-asyncio runs in its default strict
-mode: async tests that use ``flowkit_env`` or ``TestEnv`` run without any configuration, and
-any other async test that nothing runs fails with a message that says exactly what to add.
+mode: async tests that use ``flowkit_env`` or flowkit (``TestEnv``...) run without any
+configuration, and any other async test that nothing runs fails with a message that says
+exactly what to add.
 
 Each generated project has no pytest configuration of its own (or only the file named by the
 test); every run asserts pytest-asyncio's header line, so the repository's own
@@ -84,21 +85,23 @@ async def test_through_usefixtures(request):
     assert (await env.start("reminder", 1)).workflow == "reminder"
 """
 
-# Tests that drive TestEnv themselves, under every name it can be reached by.
+# Tests that use flowkit in their body: TestEnv under every name it can be reached by, an
+# Engine, the conformance kit.
 TESTENV_TESTS = """
 import flowkit_testing
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from flowkit import WorkflowCtx, workflow
+from flowkit import Engine, WorkflowCtx, workflow
+from flowkit.stores import MemoryStore
 from flowkit_testing import TestEnv
 from flowkit_testing import TestEnv as Env
+from flowkit_testing.conformance import CHECKS
 
 
 @workflow(name="double")
 class Double:
     async def run(self, ctx: WorkflowCtx, n: int) -> int:
-        await ctx.sleep(60)
         return 2 * n
 
 
@@ -151,6 +154,22 @@ async def test_with_hypothesis(n):  # docs/simulation.md: searching with Hypothe
         assert await env.result("d") == 2 * n
 
 
+async def test_an_engine():
+    async with Engine(MemoryStore(), [Double()]) as engine:
+        await engine.start("double", 3, "d")
+        assert await engine.result("d", timeout=5) == 6
+
+
+async def test_the_conformance_kit():  # docs/testing.md: one test per check
+    await CHECKS["create_run_idempotent"].run(MemoryStore, None)
+
+
+async def test_flowkit_imported_in_the_body():
+    import flowkit.stores
+
+    assert await flowkit.stores.MemoryStore().list_runs() == []
+
+
 @pytest.mark.asyncio(loop_scope="module")
 async def test_an_explicit_marker_is_kept():
     async with TestEnv([Double()]) as env:
@@ -173,11 +192,11 @@ def test_documented_plugin_example_runs_in_strict_mode(pytester: pytest.Pytester
     result.assert_outcomes(passed=5)
 
 
-def test_testenv_tests_run_in_strict_mode(pytester: pytest.Pytester) -> None:
+def test_tests_that_use_flowkit_run_in_strict_mode(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_envs=TESTENV_TESTS)
     result = pytester.runpytest(*ARGS)
     assert_mode(result, "strict")
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=11)
 
 
 def test_in_a_fresh_interpreter(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,7 +206,7 @@ def test_in_a_fresh_interpreter(pytester: pytest.Pytester, monkeypatch: pytest.M
     pytester.makepyfile(test_reminders=PLUGIN_EXAMPLE, test_envs=TESTENV_TESTS)
     result = pytester.runpytest_subprocess(*ARGS)
     assert_mode(result, "strict")
-    result.assert_outcomes(passed=13)
+    result.assert_outcomes(passed=16)
 
 
 @pytest.mark.parametrize(
@@ -243,7 +262,7 @@ def test_another_async_test_fails_with_what_to_add(
             "test_other.py::test_not_flowkit is an async test and no plugin ran it: "
             "pytest-asyncio is installed, but in its default strict mode it only runs async "
             "tests marked @pytest.mark.asyncio (flowkit marks the tests that use flowkit_env "
-            "or TestEnv itself). To run every async test with pytest-asyncio," + advice[0],
+            "or flowkit itself). To run every async test with pytest-asyncio," + advice[0],
             *advice[1:],
             "or mark this test with @pytest.mark.asyncio.",
         ]
