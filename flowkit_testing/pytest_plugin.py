@@ -128,18 +128,28 @@ def _is_flowkit_object(name: str, value: Any) -> bool:
     )
 
 
-def _uses_flowkit(func: Any) -> bool:
+def _uses_flowkit(func: Any, depth: int = 3, seen: set[int] | None = None) -> bool:
     """Whether the body of ``func`` (nested functions included) uses anything from flowkit or
-    flowkit_testing, imported at module level or in the body. flowkit runs on asyncio only, so
-    such a test can only be meant for pytest-asyncio."""
+    flowkit_testing, imported at module level or in the body, directly or through functions of
+    its own module that it calls (``depth`` levels deep). flowkit runs on asyncio only, so such
+    a test can only be meant for pytest-asyncio."""
     code = getattr(func, "__code__", None)
-    if code is None:
+    seen = set() if seen is None else seen
+    if code is None or id(code) in seen:
         return False
+    seen.add(id(code))
     names = _names(code)
     scope = getattr(func, "__globals__", {})
     if any(_is_flowkit_module(name) and name in sys.modules for name in names):
         return True  # ``import flowkit...`` / ``from flowkit... import`` in the body
-    return any(name in scope and _is_flowkit_object(name, scope[name]) for name in names)
+    values = [(name, scope[name]) for name in names if name in scope]
+    if any(_is_flowkit_object(name, value) for name, value in values):
+        return True
+    return depth > 0 and any(
+        _uses_flowkit(value, depth - 1, seen)
+        for _, value in values
+        if isinstance(value, types.FunctionType) and value.__module__ == func.__module__
+    )
 
 
 def _requested_fixtures(collector: pytest.Collector, obj: Any) -> set[str]:

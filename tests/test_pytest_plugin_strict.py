@@ -154,6 +154,16 @@ async def test_with_hypothesis(n):  # docs/simulation.md: searching with Hypothe
         assert await env.result("d") == 2 * n
 
 
+async def run_double(n):  # a helper of the test module
+    async with TestEnv([Double()]) as env:
+        await env.start("double", n, "d")
+        return await env.result("d")
+
+
+async def test_through_a_helper():
+    assert await run_double(4) == 8
+
+
 async def test_an_engine():
     async with Engine(MemoryStore(), [Double()]) as engine:
         await engine.start("double", 3, "d")
@@ -196,7 +206,7 @@ def test_tests_that_use_flowkit_run_in_strict_mode(pytester: pytest.Pytester) ->
     pytester.makepyfile(test_envs=TESTENV_TESTS)
     result = pytester.runpytest(*ARGS)
     assert_mode(result, "strict")
-    result.assert_outcomes(passed=11)
+    result.assert_outcomes(passed=12)
 
 
 def test_in_a_fresh_interpreter(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,7 +216,7 @@ def test_in_a_fresh_interpreter(pytester: pytest.Pytester, monkeypatch: pytest.M
     pytester.makepyfile(test_reminders=PLUGIN_EXAMPLE, test_envs=TESTENV_TESTS)
     result = pytester.runpytest_subprocess(*ARGS)
     assert_mode(result, "strict")
-    result.assert_outcomes(passed=16)
+    result.assert_outcomes(passed=17)
 
 
 @pytest.mark.parametrize(
