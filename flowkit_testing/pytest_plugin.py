@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import tomllib
 import types
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
@@ -186,12 +187,25 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
         pytest.mark.asyncio(obj)
 
 
+def _pyproject_table(path: Path) -> str:
+    """The table a ``pyproject.toml`` keeps pytest's settings in: ``[tool.pytest]`` when it
+    already uses pytest 9's native form (the two cannot be mixed), else the classic one."""
+    try:
+        with path.open("rb") as f:
+            tool = tomllib.load(f).get("tool", {}).get("pytest", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        tool = {}
+    native = isinstance(tool, dict) and any(key != "ini_options" for key in tool)
+    return "[tool.pytest]" if native else "[tool.pytest.ini_options]"
+
+
 def _async_config_help(item: pytest.Function) -> str:
     """What exactly to add so that pytest-asyncio runs ``item``, for its project's config."""
     inipath = item.config.inipath
-    if inipath is None or inipath.name == "pyproject.toml":
-        where = str(inipath) if inipath is not None else "pyproject.toml"
-        setting = '[tool.pytest.ini_options]\n    asyncio_mode = "auto"'
+    if inipath is None:
+        where, setting = "pyproject.toml", '[tool.pytest.ini_options]\n    asyncio_mode = "auto"'
+    elif inipath.name == "pyproject.toml":
+        where, setting = str(inipath), f'{_pyproject_table(inipath)}\n    asyncio_mode = "auto"'
     elif inipath.suffix == ".toml":
         where, setting = str(inipath), '[pytest]\n    asyncio_mode = "auto"'
     elif inipath.name == "setup.cfg":
@@ -210,7 +224,7 @@ def _async_config_help(item: pytest.Function) -> str:
         )
     return (
         f"{item.nodeid} is an async test and no plugin ran it: pytest-asyncio is installed, "
-        f"but in its default strict mode it only runs async tests marked "
+        f"but in strict mode (its default) it only runs async tests marked "
         f"@pytest.mark.asyncio (flowkit marks the tests that use flowkit_env or flowkit "
         f"itself). {run_them}"
     )

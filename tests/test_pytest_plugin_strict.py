@@ -24,6 +24,12 @@ ARGS = (
 )
 
 
+# pytest 9 reads native TOML settings: [tool.pytest] in pyproject.toml, [pytest] in pytest.toml.
+PYTEST_9 = pytest.mark.skipif(
+    int(pytest.__version__.split(".")[0]) < 9, reason="native TOML configuration is pytest 9's"
+)
+
+
 def assert_mode(result: pytest.RunResult, mode: str) -> None:
     """The run used pytest-asyncio in ``mode`` (its header: ``mode=strict`` or
     ``mode=Mode.STRICT``, depending on the version)."""
@@ -240,6 +246,18 @@ def test_in_a_fresh_interpreter(pytester: pytest.Pytester, monkeypatch: pytest.M
                 '    asyncio_mode = "auto"',
             ],
         ),
+        pytest.param(
+            "pyproject.toml",
+            "[tool.pytest]\nxfail_strict = true\n",
+            ["* add to /*/pyproject.toml:", "    [[]tool.pytest]", '    asyncio_mode = "auto"'],
+            marks=PYTEST_9,
+        ),
+        pytest.param(
+            "pytest.toml",
+            "[pytest]\nxfail_strict = true\n",
+            ["* add to /*/pytest.toml:", "    [[]pytest]", '    asyncio_mode = "auto"'],
+            marks=PYTEST_9,
+        ),
         (
             "pytest.ini",
             "[pytest]\n",
@@ -256,7 +274,15 @@ def test_in_a_fresh_interpreter(pytester: pytest.Pytester, monkeypatch: pytest.M
             ["* add to /*/setup.cfg:", "    [[]tool:pytest]", "    asyncio_mode = auto"],
         ),
     ],
-    ids=["no-config", "pyproject", "pytest.ini", "tox.ini", "setup.cfg"],
+    ids=[
+        "no-config",
+        "pyproject",
+        "pyproject-native",
+        "pytest.toml",
+        "pytest.ini",
+        "tox.ini",
+        "setup.cfg",
+    ],
 )
 def test_another_async_test_fails_with_what_to_add(
     pytester: pytest.Pytester, config: str | None, content: str, advice: list[str]
@@ -270,7 +296,7 @@ def test_another_async_test_fails_with_what_to_add(
     result.stdout.fnmatch_lines(
         [
             "test_other.py::test_not_flowkit is an async test and no plugin ran it: "
-            "pytest-asyncio is installed, but in its default strict mode it only runs async "
+            "pytest-asyncio is installed, but in strict mode (its default) it only runs async "
             "tests marked @pytest.mark.asyncio (flowkit marks the tests that use flowkit_env "
             "or flowkit itself). To run every async test with pytest-asyncio," + advice[0],
             *advice[1:],
