@@ -289,6 +289,45 @@ async def test_a_database_of_an_earlier_flowkit_is_migrated_on_first_use(
         again.close()
 
 
+async def test_a_role_that_may_not_migrate_still_orders_by_code_point(
+    store: SqlStore, icu_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role that may read and write the tables but does not own them (a deployment whose
+    migrations run as another role) cannot re-declare the columns: the store still opens,
+    says what the owner should run, and still orders by code point (every query says
+    ``COLLATE "C"``), in its releases too."""
+    await _put(store, _run("h", t=T0 - 1, admitted=True, status=RunStatus.RUNNING))
+    for rid in STARTED:
+        await _put(store, _run(rid))
+    url = sa.engine.make_url(icu_url)
+    role = f"{url.database}_app"
+    with store._db.tx() as conn:
+        _as_an_earlier_flowkit_made_it(conn)
+        conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+        conn.exec_driver_sql(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"'
+        )
+        conn.exec_driver_sql(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
+    store.close()
+
+    app = SqlStore(url.set(username=role).render_as_string(hide_password=False))
+    try:
+        with caplog.at_level(logging.WARNING, logger="flowkit"):
+            assert [r.id for r in await app.list_runs()] == ["h", *CODE_POINTS]
+        refused = [r.getMessage() for r in caplog.records if "not allowed" in r.getMessage()]
+        assert len(refused) == 1 and 'COLLATE "C"' in refused[0], refused
+        with app._db.tx(write=False) as conn:
+            assert set(_collations(conn).values()) == {None}  # (unchanged)
+        assert await app.due_runs(T0 + 100, 3) == ["h", *CODE_POINTS[:2]]
+        n = Notify("wf", TAG, 1, claim_owner="x", lease_expires=T0 + 90)
+        res = await app.commit("h", None, T0 + 1, _release(T0 + 1, n))
+        assert [h.run.id for h in res.handed] == ["B1"]
+        res = await app.commit("B1", "x", T0 + 2, _release(T0 + 2, Notify("wf", TAG, 1)))
+        assert res.woken == ("Z1",)
+    finally:
+        app.close()
+
+
 # -- the indexes still serve the order --------------------------------------------------------
 
 
