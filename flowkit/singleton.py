@@ -129,10 +129,9 @@ def waiters_to_wake(
     waiter the released slot can surely take; any other free slot is caught by its timer.
     Any other ``limit`` below 1 raises ``ValueError`` (``check_limit``)."""
     runs = list(runs)
-    if limit is not None:
-        check_limit(limit)
     if limit is None:
         return [r.id for r in waiters(runs, tag, workflow)[:1]]
+    check_limit(limit)
     free = limit - len(holders(runs, tag, workflow))
     if free <= 0:
         return []

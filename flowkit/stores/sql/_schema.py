@@ -258,15 +258,15 @@ def _collate_run_ids(conn: sa.Connection) -> None:
         return
     tables = [t for t, _ in RUN_ID_COLUMNS]
     alters = [f"ALTER TABLE {t} {', '.join(stale[t])}" for t in tables if t in stale]
-    log.warning(
-        'flowkit: declaring the run-id columns of %s COLLATE "C" (code-point order), once',
-        ", ".join(t for t in tables if t in stale),
-    )
     try:
         with conn.begin_nested():  # (a refusal must not abort the schema check's transaction)
             conn.exec_driver_sql(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
             for alter in alters:
                 conn.exec_driver_sql(alter)
+        log.warning(
+            'flowkit: declared the run-id columns of %s COLLATE "C" (code-point order), once',
+            ", ".join(t for t in tables if t in stale),
+        )
     except sa.exc.DBAPIError as exc:
         code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
         if code != "42501":  # insufficient_privilege: a role that does not own the tables
