@@ -45,13 +45,24 @@ def _order(run: RunLike) -> tuple[float, str]:
     return (run.created_at, run.id)
 
 
+def check_limit(limit: object) -> int:
+    """``limit`` as a slot count: an ``int`` >= 1, else ``ValueError`` (as ``Singleton(limit=)``
+    says). A store checks it before it reads or writes anything: a key with no slot would
+    park its runs for ever."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"a singleton limit must be an int >= 1, got {limit!r}")
+    return limit
+
+
 def holders(runs: Iterable[RunLike], tag: str, workflow: str) -> list[RunLike]:
     """Active runs of ``workflow`` with ``tag`` that carry the admission marker."""
     return [r for r in _sharing(runs, tag, workflow) if ADMITTED_TAG in r.tags]
 
 
 def waiters(runs: Iterable[RunLike], tag: str, workflow: str) -> list[RunLike]:
-    """Active, unmarked, non-cancelling runs sharing the key, oldest ``(created_at, id)`` first."""
+    """Active, unmarked, non-cancelling runs sharing the key, oldest ``(created_at, id)`` first
+    (FIFO ties by the id's code points: what a SQL store must order by too, whatever the
+    database's collation)."""
     return sorted(
         (
             r
@@ -68,8 +79,10 @@ def admission_tags(
     """The tags ``run_id`` must persist to be admitted, or ``None`` when it must wait.
 
     Existing holders keep their slots; the ``limit - holders`` free slots go to the oldest
-    waiters by ``(created_at, id)``. A holder is re-admitted as it is (idempotent); a cancelling
-    or terminal run is never admitted."""
+    waiters by ``(created_at, id)`` (ids in code-point order, as Python compares ``str``). A
+    holder is re-admitted as it is (idempotent); a cancelling or terminal run is never admitted.
+    A ``limit`` below 1 raises ``ValueError`` (``check_limit``)."""
+    check_limit(limit)
     runs = list(runs)
     me = next((r for r in runs if r.id == run_id), None)
     if me is None or me.workflow != workflow or tag not in me.tags:
@@ -113,10 +126,12 @@ def waiters_to_wake(
     """Notify-on-release: the oldest gated waiters that the free slots can take now.
 
     ``limit=None`` (the releasing engine does not know the workflow's limit) wakes the one
-    waiter the released slot can surely take; any other free slot is caught by its timer."""
+    waiter the released slot can surely take; any other free slot is caught by its timer.
+    Any other ``limit`` below 1 raises ``ValueError`` (``check_limit``)."""
     runs = list(runs)
     if limit is None:
         return [r.id for r in waiters(runs, tag, workflow)[:1]]
+    check_limit(limit)
     free = limit - len(holders(runs, tag, workflow))
     if free <= 0:
         return []
@@ -126,6 +141,7 @@ def waiters_to_wake(
 __all__ = [
     "RunLike",
     "admission_tags",
+    "check_limit",
     "denial_patch",
     "holders",
     "waiters",

@@ -130,3 +130,23 @@ def fresh_database(server_url: str, prefix: str = "flowkit_test") -> str:
     finally:
         engine.dispose()
     return url.set(database=name).render_as_string(hide_password=False)
+
+
+def collated_database(
+    server_url: str, prefix: str = "flowkit_icu", *, icu_locale: str = "en-US"
+) -> str:
+    """Create an empty database whose default collation is the ICU locale ``icu_locale`` (the
+    test server itself is ``--locale=C``, whose order is code points) and return its URL: what
+    a production database created with a language locale orders by."""
+    name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+    url = sa.engine.make_url(server_url)
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(
+                f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu'
+                f" ICU_LOCALE '{icu_locale}' LOCALE 'C.UTF-8'"
+            )
+    finally:
+        engine.dispose()
+    return url.set(database=name).render_as_string(hide_password=False)

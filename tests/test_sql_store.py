@@ -1886,9 +1886,9 @@ async def test_a_commit_that_hands_its_own_run_a_slot_writes_its_changes_first(
     own hand-off, as MemoryStore applies them, and the hand-off returns its history with it."""
     results = []
     for store in (sql_backend.store, MemoryStore()):
-        for rid in ("w1", "w2"):
-            await put(store, mk(rid, key="k", t=T0 + (1 if rid == "w1" else 2)))
-            assert not await store.try_admit_singleton(rid, TAG, "wf", 0, T0 + 50)
+        for rid in ("w1", "w2"):  # two parked waiters (as a denial leaves them)
+            t = T0 + (1 if rid == "w1" else 2)
+            await put(store, mk(rid, key="k", t=t, status=S.SUSPENDED, wake_at=T0 + 50))
         n = Notify("wf", TAG, 2, claim_owner="me", lease_expires=T0 + 40)
         res = await store.commit("w1", None, T0 + 3, Update(events=[fired(T0 + 3)], notify=n))
         handed = {h.run.id: (h.run, [e.type for e in h.events]) for h in res.handed}

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from .._history import Event
 from .._run import Run, RunStatus
 from ..errors import FlowkitError
+from ..singleton import check_limit
 
 
 class _Unset:
@@ -77,6 +78,9 @@ class Admission:
     retry_wake_at: float
     gated: tuple[Event, ...] = ()
 
+    def __post_init__(self) -> None:
+        check_limit(self.limit)  # (ValueError: a key without a slot would park every run)
+
 
 @dataclass(frozen=True)
 class Notify:
@@ -96,6 +100,10 @@ class Notify:
     claim_owner: str | None = None
     lease_expires: float = 0.0
     max_hand_offs: int | None = None  # at most this many waiters handed over; the rest woken
+
+    def __post_init__(self) -> None:
+        if self.limit is not None:
+            check_limit(self.limit)
 
 
 @dataclass(frozen=True)
@@ -226,7 +234,9 @@ class Store(Protocol):
     ) -> bool:
         """Atomically claim a singleton slot (DESIGN §4): serialize competing claims of the key,
         read only the active runs sharing ``tag``, select with ``admission_tags`` and persist
-        the marker before returning ``True``; on denial park the run with ``denial_patch``."""
+        the marker before returning ``True``; on denial park the run with ``denial_patch``.
+        FIFO ties (same ``created_at``) go by the run ids' code points. A ``limit`` that is not
+        an ``int`` >= 1 raises ``ValueError`` and writes nothing."""
         ...
 
 

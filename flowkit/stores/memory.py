@@ -297,6 +297,7 @@ class MemoryStore:
         limit: int,
         retry_wake_at: float | None = None,
     ) -> bool:
+        _sg.check_limit(limit)  # (before anything: a limit of 0 would park the run for ever)
         run = self._get(run_id)
         runs = self._deciding(workflow, tag, limit, run)
         tags = _sg.admission_tags(runs, run_id, tag, workflow, limit)

@@ -176,6 +176,24 @@ async def check_list_runs_order_and_filters(factory: StoreFactory) -> None:
     expect_eq(await s.list_runs(tag=ADMITTED_TAG), [], "list_runs(tag=ADMITTED_TAG)")
 
 
+@check()
+async def check_id_ties_by_code_point(factory: StoreFactory) -> None:
+    """Runs created at the same instant are listed (``list_runs``) and due (``due_runs``) in
+    the code-point order of their ids, as Python compares ``str``, whatever the collation of
+    the store's database: ``B1 Z1 a1 b1 é1``, then U+FF5A and U+1D518 (each followed by
+    ``1``); not a locale's ``a1 b1 B1 é1 Z1``, nor UTF-16 order (U+1D518 first)."""
+    s = await make_store(factory)
+    tied = ("é1", "b1", "Z1", "a1", "B1", "\uff5a1", "\U0001d5181")
+    for rid in tied:
+        await put(s, mk(rid, t=T0))
+    await put(s, mk("0-later", t=T0 + 1))
+    want = [*sorted(tied), "0-later"]
+    expect_eq([r.id for r in await s.list_runs()], want, "list_runs order of tied runs")
+    expect_eq([r.id for r in await s.list_runs(limit=3)], want[:3], "list_runs(limit=3)")
+    expect_eq(await s.due_runs(T0 + 1, 20), want, "due_runs order of tied pending runs")
+    expect_eq(await s.due_runs(T0 + 1, 3), want[:3], "due_runs(limit=3) of tied pending runs")
+
+
 # -- commit ----------------------------------------------------------------------------------
 
 

@@ -339,6 +339,71 @@ async def check_notify_hands_the_slot_over(factory: StoreFactory) -> None:
     expect_eq(await s.get_run("w1"), w1, "a waiter leased by another claimer must not change")
 
 
+TIED_IDS = ("é1", "b1", "Z1", "a1", "B1", "\uff5a1", "\U0001d5181")
+"""Run ids started at one instant, in start order. Their code-point order is ``B1 Z1 a1 b1
+é1``, then U+FF5A and U+1D518 (each followed by ``1``), which neither a locale's collation
+(``a1 b1 B1 é1 Z1``) nor UTF-16 order (U+1D518, a surrogate pair, before U+FF5A) gives."""
+
+
+@check(requires=["try_admit_singleton"])
+async def check_admission_ties_by_code_point(factory: StoreFactory) -> None:
+    """Waiters started at the same instant take a key's slot in the code-point order of their
+    ids (as Python compares ``str``), whatever the collation of the store's database: each
+    release (woken, or handed over with ``claim_owner``) goes to the next of them, and only
+    that one is admitted."""
+    s = await make_store(factory)
+    await put(s, mk("h", key="k", t=T0 - 1))
+    expect(await s.try_admit_singleton("h", TAG, WF, 1, T0 + 1), "the only waiter 'h' denied")
+    for rid in TIED_IDS:
+        await put(s, mk(rid, key="k", t=T0))
+    want = sorted(TIED_IDS)  # (Python compares str by code point)
+    for rid in reversed(want):  # the youngest asks first: every one is denied behind 'h'
+        expect(not await s.try_admit_singleton(rid, TAG, WF, 1, T0 + 50), f"{rid!r} admitted")
+    got: list[str] = []
+    holder, owner, now = "h", None, T0 + 2.0
+    for i in range(len(want)):
+        # releases alternate between waking the next waiter and handing it the slot
+        hand = i % 2 == 0
+        n = Notify(WF, TAG, 1, claim_owner="me" if hand else None, lease_expires=now + 100)
+        done = Update(events=[RunCompleted(at=now)], status=S.COMPLETED, notify=n)
+        res = await s.commit(holder, owner, now, done)
+        if res.handed:
+            holder, owner = res.handed[0].run.id, "me"
+        else:
+            expect_eq(len(res.woken), 1, f"release {i + 1} woke one waiter")
+            holder, owner = res.woken[0], None
+            rest = [r for r in want if r not in got and r != holder]
+            if rest:  # the youngest: not its turn
+                expect(
+                    not await s.try_admit_singleton(rest[-1], TAG, WF, 1, now + 50),
+                    f"{rest[-1]!r} admitted before {holder!r}",
+                )
+            expect(
+                await s.try_admit_singleton(holder, TAG, WF, 1, now + 50),
+                f"the woken {holder!r} was denied",
+            )
+        got.append(holder)
+        now += 1.0
+    expect_eq(got, want, "the order in which the tied waiters took the slot")
+
+
+@check(requires=["try_admit_singleton"])
+async def check_admission_rejects_a_limit_below_one(factory: StoreFactory) -> None:
+    """``try_admit_singleton`` with a ``limit`` below 1 (a key without a slot) raises
+    ``ValueError`` and writes nothing: the run is neither admitted nor parked."""
+    s = await make_store(factory)
+    await put(s, mk("w", key="k"))
+    before = await state(s, "w")
+    for limit in (0, -1):
+        await expect_raises(
+            ValueError,
+            s.try_admit_singleton("w", TAG, WF, limit, T0 + 1),
+            f"try_admit_singleton with limit={limit}",
+        )
+        await expect_unchanged(s, "w", before, f"try_admit_singleton with limit={limit}")
+    expect(await s.try_admit_singleton("w", TAG, WF, 1, T0 + 1), "'w' denied a free slot")
+
+
 # -- admission at creation -------------------------------------------------------------------
 
 

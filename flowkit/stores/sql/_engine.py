@@ -582,8 +582,12 @@ class Conn:
 GENERIC_PLANS_SQL = "SET LOCAL plan_cache_mode = force_generic_plan"
 """PostgreSQL: the transaction's prepared statements use their generic plan at once."""
 
-LOCK_ROWS_SQL = "SELECT id FROM flowkit_runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE"
-"""PostgreSQL: lock the rows of these runs, in run-id order (the rows a batch will write)."""
+LOCK_ROWS_SQL = (
+    'SELECT id FROM flowkit_runs WHERE id = ANY(%(ids)s) ORDER BY id COLLATE "C" FOR UPDATE'
+)
+"""PostgreSQL: lock the rows of these runs, in run-id order (the rows a batch will write):
+code-point order, the order in which ``run_batch`` sends its calls (Python sorts ``str`` so),
+whatever the database's collation; two orders would let two batches lock in a cycle."""
 
 LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%(k)s, 0))"
 """A transaction-scoped advisory lock on a name (a singleton key's ``lock_name``)."""

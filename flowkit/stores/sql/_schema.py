@@ -10,10 +10,17 @@
   ``SchemaVersionError`` instead of being read with the wrong layout. On SQLite it also holds
   the ``wakeups`` counter of cross-process wake-ups (``_wakeup``), created by the first
   wake-up: a row, not a change of layout, so the schema version stays the same.
+
+Run ids are ordered by code point everywhere (DESIGN §4.2, FIFO ties by ``id``; Python
+compares ``str`` so): on PostgreSQL the run-id columns are ``COLLATE "C"`` whatever the
+database's collation (``RUN_ID``), and a database created before that is migrated on first use
+(``_collate_run_ids``). SQLite's default ``BINARY`` collation compares UTF-8 bytes, which is
+code-point order already.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,6 +34,8 @@ SCHEMA_VERSION = 1
 """The layout this code reads and writes; bump it (and add a migration) on any change."""
 
 SCHEMA_VERSION_KEY = "schema_version"
+
+log = logging.getLogger("flowkit")
 
 WAITING_SQL = "status IN ('blocked', 'pending', 'running', 'suspended')"
 """A singleton waiter's status (``flowkit.singleton.waiters``: active, not cancelling), as
@@ -75,6 +84,22 @@ def _json() -> Any:
 # ``created_at`` (and every other instant) reads back bit for bit.
 _TIME = sa.Double
 
+# Run ids compare by code point (``COLLATE "C"``) on PostgreSQL, whatever the database's
+# collation: an ICU or glibc locale would order ``B1`` after ``a1`` (and ``é1`` before ``Z1``),
+# and FIFO ties would then follow the database's locale instead of the Python rules. All three
+# run-id columns carry it, so their joins compare under one collation and keep their indexes.
+RUN_ID = sa.String(255).with_variant(sa.String(255, collation="C"), "postgresql")
+RUN_ID_COLUMNS = (
+    ("flowkit_runs", "id"),
+    ("flowkit_events", "run_id"),
+    ("flowkit_signals", "run_id"),
+)
+"""The ``(table, column)`` of every run id: ``COLLATE "C"`` on PostgreSQL."""
+
+BY_ID = {"postgresql": 'id COLLATE "C"', "sqlite": "id"}
+"""The run id as an ``ORDER BY`` term, in code-point order on each dialect (explicit on
+PostgreSQL, so the order never depends on how the column was declared)."""
+
 # SQLite only autoincrements an ``INTEGER PRIMARY KEY`` (the rowid alias).
 _BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
@@ -83,7 +108,7 @@ metadata = sa.MetaData()
 runs = sa.Table(
     "flowkit_runs",
     metadata,
-    sa.Column("id", sa.String(255), primary_key=True),
+    sa.Column("id", RUN_ID, primary_key=True),
     sa.Column("workflow", sa.String(255), nullable=False),
     sa.Column("workflow_version", sa.String(255), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
@@ -128,7 +153,7 @@ runs = sa.Table(
 events = sa.Table(
     "flowkit_events",
     metadata,
-    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("run_id", RUN_ID, primary_key=True),
     sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=False),
     sa.Column("type", sa.String(64), nullable=False),
     sa.Column("at", _TIME, nullable=False),
@@ -139,7 +164,7 @@ signals = sa.Table(
     "flowkit_signals",
     metadata,
     sa.Column("id", _BIGID, primary_key=True, autoincrement=True),
-    sa.Column("run_id", sa.String(255), nullable=False),
+    sa.Column("run_id", RUN_ID, nullable=False),
     sa.Column("name", sa.String(255), nullable=False),
     sa.Column("payload", _json()),
     sa.Index("ix_flowkit_signals_inbox", "run_id", "name", "id"),
@@ -199,12 +224,67 @@ def ensure_schema(conn: sa.Connection) -> None:
             index.create(conn, checkfirst=True)
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(SQLITE_LAST_SEQ_TRIGGER)  # (on existing databases too)
+    else:
+        _collate_run_ids(conn)
     if found is None:
         conn.execute(sa.insert(meta).values(key=SCHEMA_VERSION_KEY, value=str(SCHEMA_VERSION)))
     # found < SCHEMA_VERSION: no older layout exists yet; migrations go here.
 
 
+# PostgreSQL: each run-id column's type and collation, as the unqualified table names resolve
+_PG_COLLATIONS = (
+    "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), co.collname"
+    " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+    " LEFT JOIN pg_collation co ON co.oid = a.attcollation WHERE NOT a.attisdropped AND ("
+    + " OR ".join(f"(c.oid = to_regclass('{t}') AND a.attname = '{c}')" for t, c in RUN_ID_COLUMNS)
+    + ")"
+)
+
+
+def _collate_run_ids(conn: sa.Connection) -> None:
+    """PostgreSQL: declare every run-id column ``COLLATE "C"`` where a database created by an
+    earlier flowkit left the database's default collation (a locale's order, not code points).
+
+    An older flowkit does not notice (its statements read and write the same values, now in
+    the order every other path uses), so the schema version stays 1. It runs once, in the
+    schema check's locked transaction: the tables are not rewritten, but the indexes on these
+    columns are rebuilt, with the three tables locked (in the order every transaction takes
+    them: runs, events, signals) until it commits."""
+    stale: dict[str, list[str]] = {}
+    for table, column, type_, collation in conn.exec_driver_sql(_PG_COLLATIONS):
+        if collation != "C":
+            stale.setdefault(table, []).append(f'ALTER COLUMN {column} TYPE {type_} COLLATE "C"')
+    if not stale:
+        return
+    tables = [t for t, _ in RUN_ID_COLUMNS]
+    alters = [f"ALTER TABLE {t} {', '.join(stale[t])}" for t in tables if t in stale]
+    try:
+        with conn.begin_nested():  # (a refusal must not abort the schema check's transaction)
+            conn.exec_driver_sql(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
+            for alter in alters:
+                conn.exec_driver_sql(alter)
+        log.warning(
+            'flowkit: declared the run-id columns of %s COLLATE "C" (code-point order), once',
+            ", ".join(t for t in tables if t in stale),
+        )
+    except sa.exc.DBAPIError as exc:
+        code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+        if code != "42501":  # insufficient_privilege: a role that does not own the tables
+            raise
+        # every query orders by ``id COLLATE "C"`` anyway: only the indexes cannot give
+        # that order (the database sorts a key's first waiters instead)
+        log.warning(
+            "flowkit: not allowed to change the run-id columns (%s); runs are still ordered"
+            " by code point, but the table owner should run: %s",
+            exc.orig,
+            "; ".join(alters),
+        )
+
+
 __all__ = [
+    "BY_ID",
+    "RUN_ID",
+    "RUN_ID_COLUMNS",
     "SCHEMA_VERSION",
     "SQLITE_LAST_SEQ_TRIGGER",
     "WAITING_SQL",

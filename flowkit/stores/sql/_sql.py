@@ -26,7 +26,7 @@ import orjson
 from ..._history import Event, event_from_json, event_to_json
 from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..base import UNSET, Notify, Update
-from ._schema import WAITING_SQL
+from ._schema import BY_ID, WAITING_SQL
 
 RUN_COLS = (
     "id",
@@ -123,6 +123,8 @@ class Sql:
         self.namespace = namespace
         pg = dialect == "postgresql"
         self.pg = pg
+        # FIFO ties and every other order of run ids: code points, as in Python
+        self.by_id = by_id = BY_ID[dialect]
         self.loads: Callable[[Any], Any] = _loads_text
         self.cols = cols = _PG_SELECT if pg else _NAMES
         ns = f" AND namespace = {self.p('ns')}" if namespace is not None else ""
@@ -187,7 +189,7 @@ class Sql:
             f" WHERE run_id = {p('id')} AND {self.in_list('name', 'names')}"
         )
         due_where = f"{_claimable(p('now'))}{ns}"
-        due_tail = f" ORDER BY {_DUE}, created_at, id LIMIT {p('limit')}"
+        due_tail = f" ORDER BY {_DUE}, created_at, {by_id} LIMIT {p('limit')}"
         self.due_runs = f"SELECT {cols} FROM flowkit_runs WHERE {due_where}{due_tail}"
         self.due_runs_of = (
             f"SELECT {cols} FROM flowkit_runs WHERE {due_where}"
@@ -652,7 +654,7 @@ class Sql:
             f" AND admitted = true AND status IN ({_ACTIVE})) AS ok),"
             # the oldest waiter (singleton.waiters: active, not admitted, not cancelling)
             f" w AS (SELECT {self.cols}, {handable} AS handable {key_rows}"
-            f" AND admitted = false AND {WAITING_SQL} ORDER BY created_at, id LIMIT 1),"
+            f" AND admitted = false AND {WAITING_SQL} ORDER BY created_at, {self.by_id} LIMIT 1),"
             f" h AS (UPDATE flowkit_runs SET tags = tags || {_ADMITTED_JSON}::jsonb,"
             f" admitted = true, status = 'running', wake_at = NULL,"
             f" lease_owner = {p('cowner')}, lease_expires = {p('until')}, updated_at = {now}"
@@ -714,7 +716,7 @@ class Sql:
         oldest = (
             f"SELECT {self.cols}, {handable} AS handable, NOT EXISTS ({holders}) AS free"
             f" FROM flowkit_runs INDEXED BY ix_flowkit_runs_waiting WHERE {key_rows}"
-            f" AND admitted = 0 AND {WAITING_SQL} ORDER BY created_at, id LIMIT 1"
+            f" AND admitted = 0 AND {WAITING_SQL} ORDER BY created_at, {self.by_id} LIMIT 1"
         )
         return (
             f"SELECT w.*, e.seq, e.body FROM ({oldest}) AS w"
@@ -799,7 +801,7 @@ class Sql:
         return (
             f"SELECT {self.cols} FROM flowkit_runs{hint} WHERE workflow = {self.p('wf')}"
             f" AND singleton_key = {self.p('key')}{self.ns}"
-            f" AND admitted = {false} AND {WAITING_SQL} ORDER BY created_at, id"
+            f" AND admitted = {false} AND {WAITING_SQL} ORDER BY created_at, {self.by_id}"
         )
 
     def sharing(self, workflow: str, tag: str) -> tuple[str, dict[str, Any]]:

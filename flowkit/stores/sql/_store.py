@@ -408,7 +408,7 @@ class SqlStore:
             q = q.where(r.status == RunStatus(status).value)
         if tag is not None:
             q = q.where(rows.has_tag_sql(self._dialect, tag))
-        q = q.order_by(r.created_at, r.id)
+        q = q.order_by(r.created_at, r.id.collate("C") if self._pg else r.id)  # (code points)
         if limit is not None:
             q = q.limit(limit)
         with self._db.tx(write=False) as conn:
@@ -875,6 +875,8 @@ class SqlStore:
         limit: int,
         retry_wake_at: float | None = None,
     ) -> bool:
+        _sg.check_limit(limit)  # (before the transaction: a limit of 0 would park the run)
+
         def op(c: Conn, found: Any) -> bool:
             # 1. serialize competing claims of this key (PostgreSQL, ``Op.locks``; SQLite
             #    holds its write lock already), 2. lock our own row against a concurrent
