@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flowkit")
 
+_NOT_CANCELLING = frozenset(s for s in RunStatus if s.active and s is not RunStatus.CANCELLING)
+
 
 class _Host:
     """The activation's window on the store: appends fenced by this worker's lease."""
@@ -441,10 +443,7 @@ class Worker:
                     run.id, tag, run.workflow, limit, retry_at
                 )
                 if not ok:
-                    evs: list[Event] = []
-                    if gate.needs_gated_event(events):
-                        evs.append(SingletonGated(key=key, retry_at=retry_at, at=eng.clock.now()))
-                    await self._commit(run, Update(events=evs, release_lease=True))
+                    await self._gated(run, events, key, retry_at, notify)
                     return
             admitted = True
             if gate.needs_admitted_event(events):
@@ -476,6 +475,28 @@ class Worker:
                 act.store_error,
             )
         await self._settle(run, outcome, admitted, notify, act.pending)
+
+    async def _gated(
+        self, run: Run, events: Sequence[Event], key: str, retry_at: float, notify: Notify | None
+    ) -> None:
+        """Record a denied admission, unless a cancellation arrived during the check (the
+        store never parks a cancelling run): a cancelled run is not gated, it settles."""
+        now = self.engine.clock.now()
+        evs: list[Event] = []
+        if gate.needs_gated_event(events):
+            evs.append(SingletonGated(key=key, retry_at=retry_at, at=now))
+        try:
+            await self._commit(
+                run, Update(events=evs, release_lease=True, expect_status=_NOT_CANCELLING)
+            )
+        except ConflictError:
+            fresh = await self.store.get_run(run.id)
+            if fresh is None or fresh.status is not RunStatus.CANCELLING:
+                raise
+            await self._commit(
+                fresh,
+                Update(events=[RunCancelled(at=now)], status=RunStatus.CANCELLED, notify=notify),
+            )
 
     async def _settle(
         self,
