@@ -132,8 +132,11 @@ class Engine:
     async def start_worker(self) -> None:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
         if self.is_worker and self._worker is None:
-            self._worker = Worker(self)
-            self._worker.start()
+            worker = Worker(self)
+            await worker.take_back_leases()  # (a restart under the same instance id)
+            if self._worker is None:
+                self._worker = worker
+                worker.start()
 
     async def stop(self) -> None:
         """Stop the worker loops and release this instance's leases."""
@@ -422,7 +425,10 @@ class Engine:
                     f"{now - run.lease_expires:.1f} s ago: that worker probably died; any "
                     "worker recovers the run at its next poll"
                 )
-            return f"worker {run.lease_owner!r} is executing it"
+            return (
+                f"worker {run.lease_owner!r} holds its lease for {run.lease_expires - now:.1f} s "
+                "more; if that worker died, any worker recovers the run once the lease expires"
+            )
         if run.status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCELLING):
             who = here if self._worker is None else "this engine's worker has not claimed it"
             return (

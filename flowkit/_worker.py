@@ -238,6 +238,23 @@ class Worker:
         return False
 
     # -- loops -------------------------------------------------------------------------
+    async def take_back_leases(self) -> None:
+        """A worker restarted under the same instance id takes its old leases back at once:
+        the activations that held them died with the previous process, so waiting for the
+        leases to expire would only delay its runs. Called before ``start``: no lease of this
+        worker's own exists yet. (Two live workers sharing an id would fence each other out
+        here: instance ids must be unique.)"""
+        release = getattr(self.store, "release_leases", None)
+        if release is None:
+            return
+        try:
+            released = await release(self.owner, self.engine.clock.now())
+        except Exception:  # never fatal: the leases expire anyway
+            log.exception("taking back the leases of %s failed", self.owner)
+            return
+        if released:
+            log.info("%s took back %d leased run(s) of its previous run", self.owner, len(released))
+
     async def _poll_loop(self) -> None:
         eng = self.engine
         names = tuple(eng.registry)

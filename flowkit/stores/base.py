@@ -4,10 +4,12 @@ Each method is one atomic operation; its docstring says what it guarantees. ``Me
 the reference implementation; the conformance kit (``flowkit_testing.conformance``) checks any
 store against this contract.
 
-Two methods are optional: ``try_admit_singleton`` (in ``Store``; without it singleton workflows
-are refused) and ``watch`` (``Watchable``; without it workers find work started elsewhere at
-their next timer poll). Leave an optional method out, or set it to ``None``; wrappers expose
-one only when the store they wrap has it. One capability is optional too: ``admits_on_create``
+Three methods are optional: ``try_admit_singleton`` (in ``Store``; without it singleton
+workflows are refused), ``watch`` (``Watchable``; without it workers find work started
+elsewhere at their next timer poll) and ``release_leases`` (``ReleasesLeases``; without it a
+worker restarted under the same instance id waits for its old leases to expire). Leave an
+optional method out, or set it to ``None``; wrappers expose one only when the store they wrap
+has it. One capability is optional too: ``admits_on_create``
 (``AdmitsOnCreate``: ``create_run`` takes an ``Admission`` and decides a singleton run's
 admission in its own transaction; without it the worker admits the run after creating it)."""
 
@@ -227,6 +229,16 @@ class Store(Protocol):
         """Atomically claim a singleton slot (DESIGN §4): serialize competing claims of the key,
         read only the active runs sharing ``tag``, select with ``admission_tags`` and persist
         the marker before returning ``True``; on denial park the run with ``denial_patch``."""
+        ...
+
+
+class ReleasesLeases(Protocol):
+    """The optional method ``release_leases`` (every bundled store has it)."""
+
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        """Give back every lease ``owner`` holds on an active run (a worker restarted under
+        the same instance id: its old activations are gone), leaving each run claimable at
+        ``now``; return their ids. Each run's release is atomic; a visible run only."""
         ...
 
 

@@ -249,6 +249,8 @@ class CodecStore:
             self.scoped = self._scoped
         if getattr(inner, "watch", None) is not None:
             self.watch = self._watch
+        if getattr(inner, "release_leases", None) is None:
+            self.release_leases = None  # type: ignore[assignment,method-assign]
         if getattr(inner, "admits_on_create", False):
             self.admits_on_create = True
         if getattr(inner, "appends_events", False):
@@ -424,6 +426,10 @@ class CodecStore:
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
         return self._maybe_run_out(await self.inner.claim(run_id, owner, now, lease_expires))
+
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        released: list[str] = await self.inner.release_leases(owner, now)
+        return released
 
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
         return self._maybe_run_out(await self.inner.renew_lease(run_id, owner, lease_expires))

@@ -202,6 +202,17 @@ class MemoryStore:
         self._put(new)
         return new
 
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        released = []
+        for rid in sorted(self._d.active):
+            run = self._d.runs[rid]
+            if run.lease_owner == owner and self._visible(run):
+                self._put(
+                    dataclasses.replace(run, lease_owner=None, lease_expires=None, updated_at=now)
+                )
+                released.append(rid)
+        return released
+
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
         run = self._d.runs.get(run_id)
         if run is None or run.lease_owner != owner or not run.status.active:

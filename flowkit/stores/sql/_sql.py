@@ -155,6 +155,11 @@ class Sql:
             f" WHERE id = {p('id')}{ns} AND lease_owner = {p('owner')} AND status IN ({_ACTIVE})"
             f" RETURNING {cols}"
         )
+        self.release_owned = (
+            f"UPDATE flowkit_runs SET lease_owner = NULL, lease_expires = NULL,"
+            f" updated_at = {p('now')}"
+            f" WHERE lease_owner = {p('owner')}{ns} AND status IN ({_ACTIVE}) RETURNING id"
+        )
         member = (
             f"waiting_signals ? {p('name')}"
             if pg

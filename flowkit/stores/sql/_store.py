@@ -429,6 +429,15 @@ class SqlStore:
         first = (self._sql.claim, params, RETURNING)
         return await self._db.write(Op(self._run_or_none, first, run_id, single=_always))
 
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        params = self._params(owner=owner, now=now)
+        q = self._sql.release_owned
+
+        def op(c: Conn, _: None) -> list[str]:
+            return sorted(str(r[0]) for r in c.all(q, params))
+
+        return await self._db.write(Op(op, None, owner))
+
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
         params = self._params(id=run_id, owner=owner, until=lease_expires)
         first = (self._sql.renew, params, RETURNING)
