@@ -18,10 +18,12 @@ from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
 from ._history import (
     CancelRequested,
+    Event,
     History,
     RunCancelled,
     RunRetried,
     RunStarted,
+    SingletonAdmitted,
     SingletonGated,
     SingletonReleased,
 )
@@ -47,6 +49,7 @@ from .stores.base import (
     QueueCap,
     Store,
     Update,
+    records_admission,
 )
 
 
@@ -221,7 +224,8 @@ class Engine:
             assert key is not None
             retry_at = gate.retry_wake_at(now, self.rng)
             gated = SingletonGated(key=key, retry_at=retry_at, at=now)
-            admission = Admission(defn.name, clean[0], sg.limit, retry_at, (gated,))
+            admitted = SingletonAdmitted(key=key, at=now)
+            admission = Admission(defn.name, clean[0], sg.limit, retry_at, (gated,), (admitted,))
             stored, created = await cast(AdmitsOnCreate, self.store).create_run(
                 run, [first], queue_cap=cap, admission=admission
             )
@@ -235,7 +239,10 @@ class Engine:
                 if worker is not None and stored.wake_at is not None:
                     worker.wake_by(stored.wake_at)
             elif claim and worker is not None:
-                worker.run_claimed(stored, [first])
+                events: list[Event] = [first]
+                if admission is not None and records_admission(self.store):
+                    events.append(admitted)  # (its seq is not needed: it has no position)
+                worker.run_claimed(stored, events)
             else:
                 self._wake(run_id)
         return stored

@@ -45,7 +45,9 @@ from .stores.base import (
     ConflictError,
     InboxSignal,
     Notify,
+    RecordsAdmission,
     Update,
+    records_admission,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +103,8 @@ class Worker:
             if getattr(self.store, "appends_events", False)
             else None
         )
+        # the store writes ``singleton_admitted`` with the admission marker (RecordsAdmission)
+        self.records_admission = records_admission(self.store)
         self._active: dict[str, Activation | None] = {}
         self._again: set[str] = set()
         # Runs handed to this instance while a stale activation of theirs was still winding
@@ -435,7 +439,7 @@ class Worker:
         if events is None:
             events = await self.store.load_events(run.id)
         cancelling = run.status is RunStatus.CANCELLING
-        admitted = False
+        admitted = recorded = False
         unwritten: list[Event] = []
         notify: Notify | None = None
         key = run.singleton_key
@@ -455,15 +459,22 @@ class Worker:
                         ),
                     )
                     return
-                retry_at = gate.retry_wake_at(eng.clock.now(), eng.rng)
-                ok = await self.store.try_admit_singleton(
-                    run.id, tag, run.workflow, limit, retry_at
-                )
+                now = eng.clock.now()
+                retry_at = gate.retry_wake_at(now, eng.rng)
+                if self.records_admission:  # the store writes singleton_admitted with it
+                    ok = await cast(RecordsAdmission, self.store).try_admit_singleton(
+                        run.id, tag, run.workflow, limit, retry_at, admitted_at=now
+                    )
+                    recorded = ok
+                else:
+                    ok = await self.store.try_admit_singleton(
+                        run.id, tag, run.workflow, limit, retry_at
+                    )
                 if not ok:
                     await self._gated(run, events, key, retry_at, notify)
                     return
             admitted = True
-            if gate.needs_admitted_event(events):
+            if not recorded and gate.needs_admitted_event(events):
                 # The admission itself is durable on the run row; its history record rides
                 # with the activation's next write instead of costing one of its own.
                 unwritten.append(SingletonAdmitted(key=key, at=eng.clock.now()))
