@@ -18,17 +18,20 @@ from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
 from ._history import (
     CancelRequested,
+    Event,
     History,
     RunCancelled,
     RunRetried,
     RunStarted,
+    SingletonAdmitted,
     SingletonGated,
     SingletonReleased,
 )
-from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._run import MAX_ID_LENGTH, RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._worker import Worker
 from .errors import (
     InvalidInputError,
+    ResultTimeoutError,
     RunCancelledError,
     RunNotFoundError,
     RunStateError,
@@ -46,6 +49,7 @@ from .stores.base import (
     QueueCap,
     Store,
     Update,
+    records_admission,
 )
 
 
@@ -131,8 +135,11 @@ class Engine:
     async def start_worker(self) -> None:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
         if self.is_worker and self._worker is None:
-            self._worker = Worker(self)
-            self._worker.start()
+            worker = Worker(self)
+            await worker.take_back_leases()  # (a restart under the same instance id)
+            if self._worker is None:
+                self._worker = worker
+                worker.start()
 
     async def stop(self) -> None:
         """Stop the worker loops and release this instance's leases."""
@@ -158,47 +165,34 @@ class Engine:
         *,
         tags: Sequence[str] = (),
     ) -> Run:
-        """Create a run (idempotent by ``run_id``) and hand it to a worker."""
+        """Create a run (idempotent by ``run_id``) and hand it to a worker.
+
+        An existing ``run_id`` returns that run as it is, even where a new start would be
+        refused (input the current code rejects, a store without singleton admission)."""
         defn = self._resolve(workflow)
-        try:
-            value = defn.input_adapter.validate_python(input)
-        except ValidationError as exc:
-            raise InvalidInputError(defn.name, str(exc)) from None
-        try:
-            input_json = _serde.to_json(value, defn.input_adapter, what="workflow input")
-        except SerializationError as exc:
-            raise InvalidInputError(defn.name, str(exc)) from None
+        if run_id is not None:
+            if not isinstance(run_id, str) or not run_id:
+                raise ValueError("run_id must be a non-empty string")
+            if len(run_id) > MAX_ID_LENGTH:
+                raise ValueError(
+                    f"run_id is {len(run_id)} characters long; at most {MAX_ID_LENGTH} are kept"
+                )
         if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
             raise TypeError("tags must be a sequence of strings")
-        clean = [
-            t
-            for t in dict.fromkeys(tags)
-            if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
-        ]
-        key: str | None = None
-        cap: QueueCap | None = None
+        try:
+            input_json, clean, key = self._admissible(defn, input, tags)
+        except (InvalidInputError, UnsupportedStoreError):
+            existing = await self.store.get_run(run_id) if run_id is not None else None
+            if existing is not None:
+                return existing  # idempotent: the run exists, nothing is decided again
+            raise
         sg = defn.singleton
-        if sg is not None:
-            if getattr(self.store, "try_admit_singleton", None) is None:
-                raise UnsupportedStoreError(
-                    f"{type(self.store).__name__} has no try_admit_singleton: it cannot run "
-                    f"singleton workflow {defn.name!r}"
-                )
-            try:
-                key = sg.key(value)
-            except Exception as exc:
-                raise InvalidInputError(defn.name, f"singleton key() raised {exc!r}") from exc
-            if not isinstance(key, str) or not key:
-                raise InvalidInputError(
-                    defn.name, f"singleton key() must return a non-empty str, got {key!r}"
-                )
-            clean.insert(0, SINGLETON_TAG_PREFIX + key)
-            if sg.max_queue_depth is not None:
-                cap = QueueCap(defn.name, clean[0], key, sg.limit, sg.max_queue_depth)
+        cap: QueueCap | None = None
+        if sg is not None and sg.max_queue_depth is not None:
+            assert key is not None
+            cap = QueueCap(defn.name, clean[0], key, sg.limit, sg.max_queue_depth)
         if run_id is None:
             run_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
-        elif not isinstance(run_id, str) or not run_id:
-            raise ValueError("run_id must be a non-empty string")
         now = self.clock.now()
         # A worker with free capacity creates the run already claimed by itself and runs it at
         # once: one transaction less per run, and no window in which another instance could
@@ -230,7 +224,8 @@ class Engine:
             assert key is not None
             retry_at = gate.retry_wake_at(now, self.rng)
             gated = SingletonGated(key=key, retry_at=retry_at, at=now)
-            admission = Admission(defn.name, clean[0], sg.limit, retry_at, (gated,))
+            admitted = SingletonAdmitted(key=key, at=now)
+            admission = Admission(defn.name, clean[0], sg.limit, retry_at, (gated,), (admitted,))
             stored, created = await cast(AdmitsOnCreate, self.store).create_run(
                 run, [first], queue_cap=cap, admission=admission
             )
@@ -244,10 +239,56 @@ class Engine:
                 if worker is not None and stored.wake_at is not None:
                     worker.wake_by(stored.wake_at)
             elif claim and worker is not None:
-                worker.run_claimed(stored, [first])
+                events: list[Event] = [first]
+                if admission is not None and records_admission(self.store):
+                    events.append(admitted)  # (its seq is not needed: it has no position)
+                worker.run_claimed(stored, events)
             else:
                 self._wake(run_id)
         return stored
+
+    def _admissible(
+        self, defn: WorkflowDefinition, input: Any, tags: Sequence[str]
+    ) -> tuple[Any, list[str], str | None]:
+        """Validate a new run's input and singleton key: its stored input, its tags (the
+        singleton tag first) and its key. Raises before anything is written."""
+        try:
+            value = defn.input_adapter.validate_python(input)
+        except ValidationError as exc:
+            raise InvalidInputError(defn.name, str(exc)) from None
+        try:
+            input_json = _serde.to_json(value, defn.input_adapter, what="workflow input")
+        except SerializationError as exc:
+            raise InvalidInputError(defn.name, str(exc)) from None
+        clean = [
+            t
+            for t in dict.fromkeys(tags)
+            if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
+        ]
+        sg = defn.singleton
+        if sg is None:
+            return input_json, clean, None
+        if getattr(self.store, "try_admit_singleton", None) is None:
+            raise UnsupportedStoreError(
+                f"{type(self.store).__name__} has no try_admit_singleton: it cannot run "
+                f"singleton workflow {defn.name!r}"
+            )
+        try:
+            key = sg.key(value)
+        except Exception as exc:
+            raise InvalidInputError(defn.name, f"singleton key() raised {exc!r}") from exc
+        if not isinstance(key, str) or not key:
+            raise InvalidInputError(
+                defn.name, f"singleton key() must return a non-empty str, got {key!r}"
+            )
+        if len(key) > MAX_ID_LENGTH:
+            raise InvalidInputError(
+                defn.name,
+                f"singleton key() returned {len(key)} characters ({key[:40]!r}...); "
+                f"every store keeps at most {MAX_ID_LENGTH}",
+            )
+        clean.insert(0, SINGLETON_TAG_PREFIX + key)
+        return input_json, clean, key
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it."""
@@ -361,26 +402,79 @@ class Engine:
     # -- results and queries -----------------------------------------------------------
     async def result(self, run_id: str, timeout: float | None = None) -> Any:
         """Wait for the run to settle; return its output or raise ``WorkflowFailedError`` /
-        ``RunCancelledError``. ``timeout`` (real seconds) raises ``TimeoutError``."""
-        async with asyncio.timeout(timeout):
-            first = True
-            while True:
-                fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
-                try:
-                    local = first and self._worker is not None and self._worker.executing(run_id)
-                    first = False
-                    if not local:
-                        # Executing here: its settling commit resolves ``fut`` with the
-                        # snapshot, so only a run elsewhere (or parked) needs a read.
-                        run = await self._get(run_id)
-                        if run.status.terminal:
-                            return self._outcome(run)
-                    await asyncio.wait({fut}, timeout=0.5)
-                    settled = fut.result() if fut.done() else None
-                    if isinstance(settled, Run) and settled.status.terminal:
-                        return self._outcome(settled)  # the settling commit's own snapshot
-                finally:
-                    self.bus.discard(run_id, fut)
+        ``RunCancelledError``. ``timeout`` (real seconds) raises ``ResultTimeoutError`` (a
+        ``TimeoutError``) saying the run's status and why it may not have moved."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._wait_settled(run_id)
+        except TimeoutError as exc:
+            if isinstance(exc, ResultTimeoutError) or timeout is None:
+                raise
+            run = await self.store.get_run(run_id)
+            if run is None:
+                raise RunNotFoundError(run_id) from None
+            if run.status.terminal:  # settled as the timeout struck
+                return self._outcome(run)
+            raise ResultTimeoutError(
+                run_id, run.status.value, timeout, self._stall_hint(run)
+            ) from None
+
+    def _stall_hint(self, run: Run) -> str:
+        """Why an unsettled run may not be moving, from its snapshot and this engine."""
+        now = self.clock.now()
+        here = "this engine's worker is not running (use `async with engine:` or " + (
+            "`await engine.start_worker()`)" if self.is_worker else "it was made with worker=False)"
+        )
+        if run.lease_owner is not None and run.lease_expires is not None:
+            if run.lease_expires <= now:
+                return (
+                    f"its lease (worker {run.lease_owner!r}) expired "
+                    f"{now - run.lease_expires:.1f} s ago: that worker probably died; any "
+                    "worker recovers the run at its next poll"
+                )
+            return (
+                f"worker {run.lease_owner!r} holds its lease for {run.lease_expires - now:.1f} s "
+                "more; if that worker died, any worker recovers the run once the lease expires"
+            )
+        if run.status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCELLING):
+            who = here if self._worker is None else "this engine's worker has not claimed it"
+            return (
+                f"no worker has claimed it: {who}, and no other worker on this store "
+                f"(namespace {run.namespace!r}) with workflow {run.workflow!r} took it"
+            )
+        if run.status is RunStatus.BLOCKED:
+            msg = (run.error or {}).get("message", "")
+            return f"it is blocked until its code replays its history: {msg}"
+        parts = []
+        if run.singleton_key is not None and not run.admitted:
+            parts.append(f"it waits for a slot of singleton key {run.singleton_key!r}")
+        if run.waiting_signals:
+            parts.append(f"it waits for signal(s) {', '.join(run.waiting_signals)}")
+        if run.wake_at is not None:
+            parts.append(f"it wakes in {run.wake_at - now:.1f} s")
+        if self._worker is None:
+            parts.append(here)
+        return "; ".join(parts) or "it is waiting"
+
+    async def _wait_settled(self, run_id: str) -> Any:
+        first = True
+        while True:
+            fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
+            try:
+                local = first and self._worker is not None and self._worker.executing(run_id)
+                first = False
+                if not local:
+                    # Executing here: its settling commit resolves ``fut`` with the
+                    # snapshot, so only a run elsewhere (or parked) needs a read.
+                    run = await self._get(run_id)
+                    if run.status.terminal:
+                        return self._outcome(run)
+                await asyncio.wait({fut}, timeout=0.5)
+                settled = fut.result() if fut.done() else None
+                if isinstance(settled, Run) and settled.status.terminal:
+                    return self._outcome(settled)  # the settling commit's own snapshot
+            finally:
+                self.bus.discard(run_id, fut)
 
     def _outcome(self, run: Run) -> Any:
         if run.status is RunStatus.COMPLETED:

@@ -34,6 +34,9 @@ ACTIVE_STATUSES = frozenset(RunStatus) - TERMINAL_STATUSES
 SINGLETON_TAG_PREFIX = "singleton:"
 ADMITTED_TAG = "flowkit:singleton:admitted"
 RESERVED_TAG_PREFIX = "flowkit:"
+# The longest run id and singleton key (in characters) every store keeps: PostgreSQL's
+# columns are VARCHAR(255), and the engine rejects longer ones before writing anything.
+MAX_ID_LENGTH = 255
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,17 @@ from .stores.base import (
     ConflictError,
     InboxSignal,
     Notify,
+    RecordsAdmission,
     Update,
+    records_admission,
 )
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
 log = logging.getLogger("flowkit")
+
+_NOT_CANCELLING = frozenset(s for s in RunStatus if s.active and s is not RunStatus.CANCELLING)
 
 
 class _Host:
@@ -99,6 +103,8 @@ class Worker:
             if getattr(self.store, "appends_events", False)
             else None
         )
+        # the store writes ``singleton_admitted`` with the admission marker (RecordsAdmission)
+        self.records_admission = records_admission(self.store)
         self._active: dict[str, Activation | None] = {}
         self._again: set[str] = set()
         # Runs handed to this instance while a stale activation of theirs was still winding
@@ -236,6 +242,23 @@ class Worker:
         return False
 
     # -- loops -------------------------------------------------------------------------
+    async def take_back_leases(self) -> None:
+        """A worker restarted under the same instance id takes its old leases back at once:
+        the activations that held them died with the previous process, so waiting for the
+        leases to expire would only delay its runs. Called before ``start``: no lease of this
+        worker's own exists yet. (Two live workers sharing an id would fence each other out
+        here: instance ids must be unique.)"""
+        release = getattr(self.store, "release_leases", None)
+        if release is None:
+            return
+        try:
+            released = await release(self.owner, self.engine.clock.now())
+        except Exception:  # never fatal: the leases expire anyway
+            log.exception("taking back the leases of %s failed", self.owner)
+            return
+        if released:
+            log.info("%s took back %d leased run(s) of its previous run", self.owner, len(released))
+
     async def _poll_loop(self) -> None:
         eng = self.engine
         names = tuple(eng.registry)
@@ -416,7 +439,7 @@ class Worker:
         if events is None:
             events = await self.store.load_events(run.id)
         cancelling = run.status is RunStatus.CANCELLING
-        admitted = False
+        admitted = recorded = False
         unwritten: list[Event] = []
         notify: Notify | None = None
         key = run.singleton_key
@@ -436,18 +459,22 @@ class Worker:
                         ),
                     )
                     return
-                retry_at = gate.retry_wake_at(eng.clock.now(), eng.rng)
-                ok = await self.store.try_admit_singleton(
-                    run.id, tag, run.workflow, limit, retry_at
-                )
+                now = eng.clock.now()
+                retry_at = gate.retry_wake_at(now, eng.rng)
+                if self.records_admission:  # the store writes singleton_admitted with it
+                    ok = await cast(RecordsAdmission, self.store).try_admit_singleton(
+                        run.id, tag, run.workflow, limit, retry_at, admitted_at=now
+                    )
+                    recorded = ok
+                else:
+                    ok = await self.store.try_admit_singleton(
+                        run.id, tag, run.workflow, limit, retry_at
+                    )
                 if not ok:
-                    evs: list[Event] = []
-                    if gate.needs_gated_event(events):
-                        evs.append(SingletonGated(key=key, retry_at=retry_at, at=eng.clock.now()))
-                    await self._commit(run, Update(events=evs, release_lease=True))
+                    await self._gated(run, events, key, retry_at, notify)
                     return
             admitted = True
-            if gate.needs_admitted_event(events):
+            if not recorded and gate.needs_admitted_event(events):
                 # The admission itself is durable on the run row; its history record rides
                 # with the activation's next write instead of costing one of its own.
                 unwritten.append(SingletonAdmitted(key=key, at=eng.clock.now()))
@@ -476,6 +503,28 @@ class Worker:
                 act.store_error,
             )
         await self._settle(run, outcome, admitted, notify, act.pending)
+
+    async def _gated(
+        self, run: Run, events: Sequence[Event], key: str, retry_at: float, notify: Notify | None
+    ) -> None:
+        """Record a denied admission, unless a cancellation arrived during the check (the
+        store never parks a cancelling run): a cancelled run is not gated, it settles."""
+        now = self.engine.clock.now()
+        evs: list[Event] = []
+        if gate.needs_gated_event(events):
+            evs.append(SingletonGated(key=key, retry_at=retry_at, at=now))
+        try:
+            await self._commit(
+                run, Update(events=evs, release_lease=True, expect_status=_NOT_CANCELLING)
+            )
+        except ConflictError:
+            fresh = await self.store.get_run(run.id)
+            if fresh is None or fresh.status is not RunStatus.CANCELLING:
+                raise
+            await self._commit(
+                fresh,
+                Update(events=[RunCancelled(at=now)], status=RunStatus.CANCELLED, notify=notify),
+            )
 
     async def _settle(
         self,

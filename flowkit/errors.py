@@ -14,6 +14,7 @@
     ├── WorkflowFailedError        result(): the run settled `failed`; `.cause` says why
     ├── RunCancelledError          result(): the run settled `cancelled`
     ├── SignalTimeout              ctx.wait_for_signal(): the timeout elapsed (also a TimeoutError)
+    ├── ResultTimeoutError         result(): the run did not settle in time (also a TimeoutError)
     ├── StepFailedError            ctx.step(): the step's final attempt failed
     ├── SerializationError         ctx.step()/start(): a value cannot be stored as JSON
     ├── HistoryError               History.from_json(): corrupt or foreign history
@@ -162,6 +163,20 @@ class SignalTimeout(FlowkitError, TimeoutError):
         super().__init__(f"no signal {name!r} within {timeout} s")
 
 
+class ResultTimeoutError(FlowkitError, TimeoutError):
+    """Raised by ``Engine.result`` when the run has not settled within ``timeout`` seconds;
+    the message says the run's status and, for a run no worker holds, the likely cause."""
+
+    def __init__(self, run_id: str, status: str, timeout: float, hint: str = "") -> None:
+        self.run_id = run_id
+        self.status = status
+        self.timeout = timeout
+        super().__init__(
+            f"run {run_id!r} did not settle within {timeout:g} s: it is {status!r}"
+            + (f"; {hint}" if hint else "")
+        )
+
+
 class StepFailedError(FlowkitError):
     """Raised inside a workflow by ``ctx.step`` when the step's final attempt failed (also on
     replay, from the recorded failure). ``error_type`` is the original exception's class name."""
@@ -198,6 +213,7 @@ __all__ = [
     "InvalidInputError",
     "LeaseLostError",
     "NonDeterminismError",
+    "ResultTimeoutError",
     "RunCancelledError",
     "RunIdTakenError",
     "RunNotFoundError",

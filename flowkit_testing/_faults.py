@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from flowkit._history import StepCompleted
 from flowkit._run import Run
-from flowkit.stores.base import Update
+from flowkit.stores.base import Update, records_admission
 
 Phase = Literal["before", "after"]
 
@@ -208,6 +208,12 @@ class InstanceStore:
         self._env = env
         self.crashed = False
         self.calls = 0
+
+    @property
+    def records_admission(self) -> bool:
+        """The shared store's, judged on the store itself (this proxy's ``try_admit_singleton``
+        takes any keyword)."""
+        return records_admission(self._inner)
 
     def __getattr__(self, name: str) -> Any:
         if name in HIDDEN:

@@ -1,11 +1,12 @@
 """A worker process for tests/test_process_crash.py.
 
-``python tests/crash_worker.py URL MARKER_DIR INSTANCE_ID RUN_ID [--block]`` runs one Engine
-(``lease_ttl=2``, ``poll_interval=0.1``) on ``SqlStore(URL)`` until run ``RUN_ID`` has settled,
-then exits 0. The ``crash3`` workflow runs three steps; each execution of step N first appends
-one line (``<instance> <pid> <unix time>``) to ``MARKER_DIR/stepN.log``. With ``--block``,
-step 2 then sleeps 60 s: the test kills the process with SIGKILL while it sleeps, and a second
-worker (without ``--block``) takes the run over once the lease has expired."""
+``python tests/crash_worker.py URL MARKER_DIR INSTANCE_ID RUN_ID [--block] [--lease-ttl S]``
+runs one Engine (``lease_ttl=2`` unless given, ``poll_interval=0.1``) on ``SqlStore(URL)``
+until run ``RUN_ID`` has settled, then exits 0. The ``crash3`` workflow runs three steps;
+each execution of step N first appends one line (``<instance> <pid> <unix time>``) to
+``MARKER_DIR/stepN.log``. With ``--block``, step 2 then sleeps 60 s: the test kills the
+process with SIGKILL while it sleeps, and a second worker (without ``--block``) takes the run
+over once the lease has expired (or at once, when it has the dead worker's instance id)."""
 
 from __future__ import annotations
 
@@ -66,13 +67,20 @@ class Crash3:
         return [a, b, c]
 
 
-async def main(url: str, marker_dir: Path, instance: str, run_id: str, block: bool) -> int:
+async def main(
+    url: str,
+    marker_dir: Path,
+    instance: str,
+    run_id: str,
+    block: bool,
+    lease_ttl: float = LEASE_TTL,
+) -> int:
     store = SqlStore(url)
     engine = Engine(
         store,
         [Crash3(marker_dir, instance, block)],
         instance_id=instance,
-        lease_ttl=LEASE_TTL,
+        lease_ttl=lease_ttl,
         poll_interval=POLL_INTERVAL,
     )
     deadline = time.monotonic() + 60
@@ -98,5 +106,6 @@ if __name__ == "__main__":
     p.add_argument("instance")
     p.add_argument("run_id")
     p.add_argument("--block", action="store_true")
+    p.add_argument("--lease-ttl", type=float, default=LEASE_TTL)
     a = p.parse_args()
-    sys.exit(asyncio.run(main(a.url, a.marker_dir, a.instance, a.run_id, a.block)))
+    sys.exit(asyncio.run(main(a.url, a.marker_dir, a.instance, a.run_id, a.block, a.lease_ttl)))

@@ -118,6 +118,7 @@ def test_registry_covers_every_check_function() -> None:
     }
     assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {
         "namespace_scoping",
+        "release_leases",
         *appends,
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
@@ -151,10 +152,12 @@ async def test_run_all_returns_every_check_name() -> None:
 
 
 class NoSingletonStore(MemoryStore):
-    """A store without singleton support (allowed: DESIGN §4.8), nor namespaces."""
+    """A store without singleton support (allowed: DESIGN §4.8), nor namespaces, nor a way to
+    give back a restarted worker's leases."""
 
     try_admit_singleton = None  # type: ignore[assignment]
     scoped = None  # type: ignore[assignment]
+    release_leases = None  # type: ignore[assignment]
 
 
 async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> None:
@@ -166,6 +169,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
     assert "append_events_continues_the_numbering" in ran
     assert "append_events_respects_namespaces" not in ran
     assert "admission_respects_limit" not in ran and "namespace_scoping" not in ran
+    assert "release_leases" not in ran and "release_leases" in await run_all(MemoryStore)
     assert "competing_claims" in ran
     with pytest.raises(ConformanceError, match="admission_respects_limit"):
         await run_all(NoSingletonStore, singleton=True, checks=["admission_respects_limit"])

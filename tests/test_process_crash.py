@@ -51,11 +51,19 @@ def executions(path: Path) -> list[tuple[str, int, float]]:
 
 
 def spawn(
-    url: str, markers: Path, instance: str, log: Path, *, block: bool
+    url: str,
+    markers: Path,
+    instance: str,
+    log: Path,
+    *,
+    block: bool,
+    lease_ttl: float | None = None,
 ) -> subprocess.Popen[Any]:
     args = [sys.executable, str(WORKER), url, str(markers), instance, RUN_ID]
     if block:
         args.append("--block")
+    if lease_ttl is not None:
+        args += ["--lease-ttl", str(lease_ttl)]
     with open(log, "wb") as out:  # the child keeps its own descriptor
         return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
@@ -161,3 +169,43 @@ def test_sigkill_mid_step_then_another_process_finishes_the_run(
     assert history.types.count("run_completed") == 1
     assert "step_failed" not in history.types
     assert took_over_after < 15 and time.monotonic() - t0 < 20, took_over_after
+
+
+@pytest.mark.parametrize("kind", ["sqlite", PG])
+def test_a_worker_restarted_with_its_instance_id_takes_its_runs_back_at_once(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same instance id after a SIGKILL (a deploy, a pod restart): the new process owns
+    the dead one's leases, so it resumes their runs at once instead of after a 60 s lease."""
+    url = _url(kind, request, tmp_path)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    asyncio.run(start_run(url, markers))
+    log_a, log_b = tmp_path / "first.log", tmp_path / "restarted.log"
+    first = spawn(url, markers, "worker-1", log_a, block=True, lease_ttl=60)
+    restarted: subprocess.Popen[Any] | None = None
+    try:
+        wait_for_line(markers / "step2.log", 1, first, log_a)
+        os.kill(first.pid, signal.SIGKILL)
+        assert first.wait(timeout=10) == -signal.SIGKILL
+        run, _ = asyncio.run(snapshot(url))
+        assert run is not None and run.lease_owner == "worker-1"
+        dead_lease_expires = run.lease_expires
+        assert dead_lease_expires is not None
+        restarted = spawn(url, markers, "worker-1", log_b, block=False, lease_ttl=60)
+        # (the bound only ends a broken run early: the assertions below are on the history)
+        assert restarted.wait(timeout=45) == 0, log_b.read_text()
+    finally:
+        for p in (first, restarted):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    run, history = asyncio.run(snapshot(url))
+    assert run is not None and run.status is RunStatus.COMPLETED, (run, log_b.read_text())
+    assert run.output == [5, 50, 53]
+    step2 = executions(markers / "step2.log")
+    assert restarted is not None
+    assert [(x[0], x[1]) for x in step2] == [("worker-1", first.pid), ("worker-1", restarted.pid)]
+    # it did not wait for its own dead lease: the run settled before that lease would expire
+    assert history.events[-1].at < dead_lease_expires, (history.events[-1].at, dead_lease_expires)
+    assert history.types.count("step_completed") == 3

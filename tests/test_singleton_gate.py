@@ -701,7 +701,9 @@ async def test_after_admission_crash_point_fires_after_an_admission_at_creation(
         assert env.fired == [(0, "create_run", "after", "crash", "r")]
         r = await get(env, "r")
         assert r.admitted and r.lease_owner == "instance-0"
-        assert await types(env, "r") == ["run_started"]  # its admission event not recorded
+        # its admission is recorded with the marker, at the instant it took the slot
+        assert await types(env, "r") == ["run_started", "singleton_admitted"]
+        assert (await events_of(env, "r", "singleton_admitted"))[0].at == env.clock.now()
         assert lane.body["r"] == 0
 
         await env.advance(31)  # past the lease: instance 1 recovers the admitted run
@@ -722,7 +724,7 @@ async def test_after_admission_crash_point_still_fires_after_the_workers_gate_ch
         assert env.fired == [(0, "try_admit_singleton", "after", "crash", "r")]
         assert env.crashed == [0]
         assert (await get(env, "r")).admitted
-        assert await types(env, "r") == ["run_started"]
+        assert await types(env, "r") == ["run_started", "singleton_admitted"]
 
         await env.restart(0)
         await env.advance(31)

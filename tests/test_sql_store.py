@@ -1264,7 +1264,9 @@ async def test_release_hands_the_slot_to_the_oldest_waiter(backend: Backend) -> 
     assert w1.status is S.RUNNING and w1.wake_at is None and w1.updated_at == T0 + 3
     assert (w1.lease_owner, w1.lease_expires) == ("x", T0 + 40)
     assert list(hand.events) == await s.load_events("w1")
-    assert [e.type for e in hand.events] == ["run_started"]
+    # its admission is recorded in the releasing transaction, at the release's time
+    assert [e.type for e in hand.events] == ["run_started", "singleton_admitted"]
+    assert (hand.events[-1].seq, hand.events[-1].at) == (2, T0 + 3)
     assert await s.get_run("w1") == w1  # persisted in the releasing transaction
     w2 = await s.get_run("w2")
     assert w2 is not None and not w2.admitted and w2.wake_at == T0 + 50  # untouched
@@ -1896,7 +1898,8 @@ async def test_a_commit_that_hands_its_own_run_a_slot_writes_its_changes_first(
         results.append((handed, rows, [e.type for e in await store.load_events("w1")]))
     sql, memory = results
     assert sql == memory
-    assert sql[0]["w1"][1] == ["run_started", "timer_fired"]
+    # (its own hand-off records its admission after its own event)
+    assert sql[0]["w1"][1] == ["run_started", "timer_fired", "singleton_admitted"]
 
 
 @pytest.mark.postgres

@@ -4,15 +4,18 @@ Each method is one atomic operation; its docstring says what it guarantees. ``Me
 the reference implementation; the conformance kit (``flowkit_testing.conformance``) checks any
 store against this contract.
 
-Two methods are optional: ``try_admit_singleton`` (in ``Store``; without it singleton workflows
-are refused) and ``watch`` (``Watchable``; without it workers find work started elsewhere at
-their next timer poll). Leave an optional method out, or set it to ``None``; wrappers expose
-one only when the store they wrap has it. One capability is optional too: ``admits_on_create``
+Three methods are optional: ``try_admit_singleton`` (in ``Store``; without it singleton
+workflows are refused), ``watch`` (``Watchable``; without it workers find work started
+elsewhere at their next timer poll) and ``release_leases`` (``ReleasesLeases``; without it a
+worker restarted under the same instance id waits for its old leases to expire). Leave an
+optional method out, or set it to ``None``; wrappers expose one only when the store they wrap
+has it. One capability is optional too: ``admits_on_create``
 (``AdmitsOnCreate``: ``create_run`` takes an ``Admission`` and decides a singleton run's
 admission in its own transaction; without it the worker admits the run after creating it)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -70,13 +73,17 @@ class Admission:
     stored with the admission marker, otherwise as passed. Denied: it is stored parked as
     ``flowkit.singleton.denial_patch`` says (``suspended``, ``wake_at=retry_wake_at``) and
     without a lease, and ``gated`` (the engine's ``singleton_gated`` record) is appended after
-    the run's events. An existing id is returned as it is: no admission, nothing written."""
+    the run's events. Admitted, a store with ``records_admission`` appends ``admitted`` (the
+    ``singleton_admitted`` record) after them: the history shows the slot from the instant
+    it was taken, whatever happens to the worker next. An existing id is returned as it is:
+    no admission, nothing written."""
 
     workflow: str
     tag: str
     limit: int
     retry_wake_at: float
     gated: tuple[Event, ...] = ()
+    admitted: tuple[Event, ...] = ()
 
     def __post_init__(self) -> None:
         check_limit(self.limit)  # (ValueError: a key without a slot would park every run)
@@ -237,6 +244,61 @@ class Store(Protocol):
         the marker before returning ``True``; on denial park the run with ``denial_patch``.
         FIFO ties (same ``created_at``) go by the run ids' code points. A ``limit`` that is not
         an ``int`` >= 1 raises ``ValueError`` and writes nothing."""
+        ...
+
+
+class RecordsAdmission(Protocol):
+    """The optional capability ``records_admission`` (``MemoryStore``, ``SqlStore``, and
+    ``CodecStore`` over either): the store appends ``singleton_admitted`` in the very
+    transaction that sets a run's admission marker, so a worker dying right after an
+    admission cannot leave a holder whose history says it was admitted later (or never):
+
+    * ``create_run(..., admission=...)`` appends ``Admission.admitted`` when it admits;
+    * ``try_admit_singleton(..., admitted_at=T)`` appends ``SingletonAdmitted(key, at=T)``
+      when it sets the marker (not when the run already held it);
+    * a hand-off (``Notify.claim_owner``) appends ``SingletonAdmitted(key, at=now)`` to the
+      waiter it admits, and the ``HandOff``'s events include it.
+
+    Without it the engine records the admission with the run's next write."""
+
+    records_admission: bool
+
+    async def try_admit_singleton(
+        self,
+        run_id: str,
+        tag: str,
+        workflow: str,
+        limit: int,
+        retry_wake_at: float | None = None,
+        *,
+        admitted_at: float | None = None,
+    ) -> bool: ...
+
+
+def records_admission(store: Any) -> bool:
+    """Whether ``store`` writes ``singleton_admitted`` with the admission marker
+    (``RecordsAdmission``): it says so, and its ``try_admit_singleton`` takes ``admitted_at``
+    (a subclass that overrides it with the older signature does not: the engine then records
+    the admission itself)."""
+    if not getattr(store, "records_admission", False):
+        return False
+    fn = getattr(store, "try_admit_singleton", None)
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "admitted_at" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+class ReleasesLeases(Protocol):
+    """The optional method ``release_leases`` (every bundled store has it)."""
+
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        """Give back every lease ``owner`` holds on an active run (a worker restarted under
+        the same instance id: its old activations are gone), leaving each run claimable at
+        ``now``; return their ids. Each run's release is atomic; a visible run only."""
         ...
 
 

@@ -44,7 +44,16 @@ from .._history import (
 )
 from .._run import Run, RunStatus
 from ..errors import FlowkitError
-from .base import UNSET, Admission, CommitResult, HandOff, InboxSignal, QueueCap, Update
+from .base import (
+    UNSET,
+    Admission,
+    CommitResult,
+    HandOff,
+    InboxSignal,
+    QueueCap,
+    Update,
+    records_admission,
+)
 
 STRING_PREFIX = "$codec:"
 """Marks an encoded value stored in a string-typed field (error messages)."""
@@ -206,6 +215,8 @@ class _AdmitFn(Protocol):
         workflow: str,
         limit: int,
         retry_wake_at: float | None = None,
+        *,
+        admitted_at: float | None = None,
     ) -> Coroutine[Any, Any, bool]: ...
 
 
@@ -228,13 +239,15 @@ class CodecStore:
     like every other event), and ``appends_events`` only when ``inner``'s is:
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
     ``Update.events``. Either, called on a wrapper whose ``inner`` lacks the capability,
-    raises ``TypeError`` and sends nothing."""
+    raises ``TypeError`` and sends nothing. ``records_admission`` (``singleton_admitted``
+    written with the marker) and ``release_leases`` are ``inner``'s too."""
 
     try_admit_singleton: _AdmitFn
     scoped: _ScopedFn
     watch: _WatchFn
     admits_on_create: bool = False
     appends_events: bool = False
+    records_admission: bool = False
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -249,10 +262,14 @@ class CodecStore:
             self.scoped = self._scoped
         if getattr(inner, "watch", None) is not None:
             self.watch = self._watch
+        if getattr(inner, "release_leases", None) is None:
+            self.release_leases = None  # type: ignore[assignment,method-assign]
         if getattr(inner, "admits_on_create", False):
             self.admits_on_create = True
         if getattr(inner, "appends_events", False):
             self.appends_events = True
+        if records_admission(inner):
+            self.records_admission = True
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)
@@ -282,10 +299,18 @@ class CodecStore:
         workflow: str,
         limit: int,
         retry_wake_at: float | None = None,
+        *,
+        admitted_at: float | None = None,
     ) -> bool:
         # no payload is read or written: the key and tags are in clear
+        if admitted_at is None:
+            return bool(
+                await self.inner.try_admit_singleton(run_id, tag, workflow, limit, retry_wake_at)
+            )
         return bool(
-            await self.inner.try_admit_singleton(run_id, tag, workflow, limit, retry_wake_at)
+            await self.inner.try_admit_singleton(
+                run_id, tag, workflow, limit, retry_wake_at, admitted_at=admitted_at
+            )
         )
 
     # -- value encoding -------------------------------------------------------------------
@@ -399,7 +424,8 @@ class CodecStore:
             if not self.admits_on_create:
                 raise TypeError(f"{self.inner!r} does not admit on create (admits_on_create)")
             gated = tuple(self._event_in(e) for e in admission.gated)
-            extra["admission"] = dataclasses.replace(admission, gated=gated)
+            admitted = tuple(self._event_in(e) for e in admission.admitted)
+            extra["admission"] = dataclasses.replace(admission, gated=gated, admitted=admitted)
         stored, created = await self.inner.create_run(
             self._run_in(run), [self._event_in(e) for e in events], queue_cap=queue_cap, **extra
         )
@@ -424,6 +450,10 @@ class CodecStore:
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
         return self._maybe_run_out(await self.inner.claim(run_id, owner, now, lease_expires))
+
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        released: list[str] = await self.inner.release_leases(owner, now)
+        return released
 
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
         return self._maybe_run_out(await self.inner.renew_lease(run_id, owner, lease_expires))

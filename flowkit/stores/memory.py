@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import singleton as _sg
-from .._history import Event
-from .._run import ACTIVE_STATUSES, ADMITTED_TAG, Run, RunStatus
+from .._history import Event, SingletonAdmitted
+from .._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..errors import LeaseLostError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from .base import (
     UNSET,
@@ -45,6 +45,7 @@ class MemoryStore:
     """An in-process store (see ``flowkit.stores.base.Store`` for the contract)."""
 
     admits_on_create = True
+    records_admission = True
     """``create_run`` takes an ``Admission`` (``flowkit.stores.base.AdmitsOnCreate``)."""
     appends_events = True
     """``append_events`` records a running step (``flowkit.stores.base.AppendsEvents``)."""
@@ -202,6 +203,17 @@ class MemoryStore:
         self._put(new)
         return new
 
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        released = []
+        for rid in sorted(self._d.active):
+            run = self._d.runs[rid]
+            if run.lease_owner == owner and self._visible(run):
+                self._put(
+                    dataclasses.replace(run, lease_owner=None, lease_expires=None, updated_at=now)
+                )
+                released.append(rid)
+        return released
+
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
         run = self._d.runs.get(run_id)
         if run is None or run.lease_owner != owner or not run.status.active:
@@ -231,6 +243,7 @@ class MemoryStore:
             for w, admitted in plan_release(self._deciding(n.workflow, n.tag, n.limit), n, now):
                 if admitted is not None:
                     self._put(admitted)
+                    self._append(w.id, [admitted_event(n.tag, now)])
                     handed.append(HandOff(admitted, tuple(self._d.events.get(w.id, ()))))
                     continue
                 if w.status is RunStatus.SUSPENDED:
@@ -296,6 +309,8 @@ class MemoryStore:
         workflow: str,
         limit: int,
         retry_wake_at: float | None = None,
+        *,
+        admitted_at: float | None = None,
     ) -> bool:
         _sg.check_limit(limit)  # (before anything: a limit of 0 would park the run for ever)
         run = self._get(run_id)
@@ -304,6 +319,8 @@ class MemoryStore:
         if tags is not None:
             if list(run.tags) != tags:
                 self._put(dataclasses.replace(run, tags=tuple(tags)))
+                if admitted_at is not None and ADMITTED_TAG not in run.tags:
+                    self._append(run_id, [admitted_event(tag, admitted_at)])
             return True
         patch = _sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at)
         if patch:
@@ -366,12 +383,18 @@ def admit_new(
     wf, tag = admission.workflow, admission.tag
     tags = _sg.admission_tags(runs, run.id, tag, wf, admission.limit)
     if tags is not None:
-        return dataclasses.replace(run, tags=tuple(tags)), list(events)
+        return dataclasses.replace(run, tags=tuple(tags)), [*events, *admission.admitted]
     patch = _sg.denial_patch(runs, run.id, tag, wf, admission.retry_wake_at)
     if not patch:
         return run, list(events)
     parked = dataclasses.replace(run, **patch, lease_owner=None, lease_expires=None)
     return parked, [*events, *admission.gated]
+
+
+def admitted_event(tag: str, at: float) -> SingletonAdmitted:
+    """The ``singleton_admitted`` record a store with ``records_admission`` appends when it
+    sets a run's admission marker for ``tag`` (``"singleton:" + key``)."""
+    return SingletonAdmitted(key=tag.removeprefix(SINGLETON_TAG_PREFIX), at=at)
 
 
 def check_commit(run: Run, owner: str | None, now: float, update: Update) -> None:

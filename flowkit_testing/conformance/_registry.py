@@ -18,7 +18,7 @@ from ._support import (
 CheckFn = Callable[[Any], Awaitable[None]]
 F = TypeVar("F", bound=CheckFn)
 
-OPTIONAL_METHODS = ("try_admit_singleton", "scoped")
+OPTIONAL_METHODS = ("try_admit_singleton", "scoped", "release_leases")
 """Store methods the contract lets a store leave out (absent or ``None``)."""
 OPTIONAL_CAPABILITIES = ("admits_on_create", "appends_events")
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``

@@ -536,6 +536,35 @@ async def check_renew_lease(factory: StoreFactory) -> None:
     expect_eq(await s.renew_lease("nope", "w2", T0 + 90), None, "renew_lease of an unknown run")
 
 
+@check(requires=["release_leases"])
+async def check_release_leases(factory: StoreFactory) -> None:
+    """``release_leases(owner, now)`` gives back every lease ``owner`` holds on an active run
+    (a worker restarted under its old instance id) and returns those run ids: the runs are
+    claimable at once; other owners' leases and settled runs are untouched."""
+    s: Any = await make_store(factory)
+    for rid in ("a", "b", "c", "done"):
+        await put(s, mk(rid))
+    await s.claim("a", "w1", T0, T0 + 30)
+    await s.claim("b", "w1", T0, T0 + 30)
+    await s.claim("c", "w2", T0, T0 + 30)
+    await s.claim("done", "w1", T0, T0 + 30)
+    await s.commit(
+        "done", "w1", T0 + 1, Update(events=[RunCompleted(at=T0 + 1)], status=S.COMPLETED)
+    )
+    before_c = await get(s, "c")
+    released = await s.release_leases("w1", T0 + 2)
+    expect_eq(sorted(released), ["a", "b"], "release_leases('w1') returns the runs it freed")
+    for rid in ("a", "b"):
+        run = await get(s, rid)
+        expect(run.lease_owner is None and run.lease_expires is None, f"{rid} is unleased")
+        expect_eq(run.status, S.RUNNING, f"{rid} keeps its status")
+        taken = await s.claim(rid, "w1", T0 + 2, T0 + 32)
+        expect(taken is not None, f"{rid} is claimable at once after release_leases")
+    expect_eq(await get(s, "c"), before_c, "another owner's lease is untouched")
+    expect_eq((await get(s, "done")).status, S.COMPLETED, "a settled run is untouched")
+    expect_eq(await s.release_leases("nobody", T0 + 3), [], "an owner without leases")
+
+
 @check()
 async def check_cancelling_is_sticky(factory: StoreFactory) -> None:
     """A non-terminal status never replaces ``cancelling``; a suspend while cancelling is due

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ..._history import Event, event_from_json, event_to_json
+from ..._history import Event, SingletonAdmitted, event_from_json, event_to_json
 from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..base import UNSET, Notify, Update
 from ._schema import BY_ID, WAITING_SQL
@@ -157,6 +157,11 @@ class Sql:
             f" WHERE id = {p('id')}{ns} AND lease_owner = {p('owner')} AND status IN ({_ACTIVE})"
             f" RETURNING {cols}"
         )
+        self.release_owned = (
+            f"UPDATE flowkit_runs SET lease_owner = NULL, lease_expires = NULL,"
+            f" updated_at = {p('now')}"
+            f" WHERE lease_owner = {p('owner')}{ns} AND status IN ({_ACTIVE}) RETURNING id"
+        )
         member = (
             f"waiting_signals ? {p('name')}"
             if pg
@@ -227,24 +232,52 @@ class Sql:
         if pg:
             hand_if = f"id = (SELECT id FROM flowkit_runs WHERE {hand_if} FOR UPDATE SKIP LOCKED)"
             wake_if = f"id = (SELECT id FROM flowkit_runs WHERE {wake_if} FOR UPDATE SKIP LOCKED)"
+        # (the hand-off takes the seq of the waiter's ``singleton_admitted``, which the same
+        # transaction appends: ``admitted_event`` and the statements built on ``handing``)
         self.hand_off = (
             f"UPDATE flowkit_runs SET tags = {j('tags')}, admitted = {p('admitted')},"
             f" status = 'running', wake_at = NULL, lease_owner = {p('owner')},"
-            f" lease_expires = {p('until')}, updated_at = {p('now')}"
+            f" lease_expires = {p('until')}, updated_at = {p('now')}, last_seq = last_seq + 1"
             f" WHERE {hand_if} RETURNING {cols}"
         )
         self.wake_waiter = f"UPDATE flowkit_runs SET wake_at = {p('now')} WHERE {wake_if}"
-        # PostgreSQL: the hand-off and the waiter's history in one statement (the run's
-        # columns, then each event's seq and body; no rows on a miss)
-        self.hand_off_history = (
-            f"WITH h AS ({self.hand_off}) SELECT h.*, e.seq, e.body{'::text' if pg else ''}"
-            f" FROM h LEFT JOIN flowkit_events e ON e.run_id = h.id ORDER BY e.seq"
+        # a hand-off undone (the waiter's history cannot be read): its admission record goes
+        self.drop_admitted = (
+            f"DELETE FROM flowkit_events WHERE run_id = {p('id')} AND seq = {p('seq')}"
+            f" AND type = 'singleton_admitted'"
         )
+        self.unbump = f"UPDATE flowkit_runs SET last_seq = {p('seq')} - 1 WHERE id = {p('id')}"
+        # PostgreSQL: the hand-off, its ``singleton_admitted`` and the waiter's history in one
+        # statement (the run's columns, then each event's seq and body; no rows on a miss)
+        self.hand_off_history = self.handing(f"h AS ({self.hand_off})")
         self._updates: dict[tuple[str, ...], str] = {}
         self._commits: dict[tuple[Any, ...], str] = {}
         self._cache: dict[tuple[str, int], str] = {}
         self._cache_text: dict[str, str] = {}
         self._joined: dict[tuple[tuple[str, ...], bool], str] = {}
+
+    def handing(self, ctes: str) -> str:
+        """PostgreSQL: ``ctes`` (which define ``h``, a hand-off's ``RETURNING``) followed by
+        the insert of the handed waiter's ``singleton_admitted`` (body ``adm``, at the seq
+        the hand-off took) and the select of the waiter's columns with its whole history."""
+        ev = (
+            f" ev AS (INSERT INTO flowkit_events (run_id, seq, type, at, body)"
+            f" SELECT h.id, h.last_seq, 'singleton_admitted', h.updated_at,"
+            f" jsonb_set({self.p('adm')}::jsonb, '{{seq}}', to_jsonb(h.last_seq)) FROM h"
+            f" RETURNING run_id, seq, body)"
+        )
+        return (
+            f"WITH {ctes},{ev} SELECT h.*, e.seq, e.body::text FROM h"
+            f" LEFT JOIN flowkit_events e ON e.run_id = h.id"
+            f" UNION ALL SELECT h.*, ev.seq, ev.body::text FROM h"
+            f" JOIN ev ON ev.run_id = h.id ORDER BY seq"
+        )
+
+    @staticmethod
+    def admitted_body(tag: str, now: float) -> str:
+        """The JSON body of the ``singleton_admitted`` a hand-off appends (seq set by SQL)."""
+        ev = SingletonAdmitted(key=tag[len(SINGLETON_TAG_PREFIX) :], at=now)
+        return dumps(event_to_json(ev))
 
     # -- placeholders ---------------------------------------------------------------------
     def p(self, name: str) -> str:
@@ -613,6 +646,7 @@ class Sql:
         params["tagj"] = dumps([n.tag])
         params["cowner"] = n.claim_owner
         params["until"] = n.lease_expires
+        params["adm"] = self.admitted_body(n.tag, now)
         key = ("release", *shape)
         sql = self._commits.get(key)
         if sql is None:
@@ -657,13 +691,19 @@ class Sql:
             f" AND admitted = false AND {WAITING_SQL} ORDER BY created_at, {self.by_id} LIMIT 1),"
             f" h AS (UPDATE flowkit_runs SET tags = tags || {_ADMITTED_JSON}::jsonb,"
             f" admitted = true, status = 'running', wake_at = NULL,"
-            f" lease_owner = {p('cowner')}, lease_expires = {p('until')}, updated_at = {now}"
-            f" WHERE {hand} RETURNING {self.cols}),"
+            f" lease_owner = {p('cowner')}, lease_expires = {p('until')}, updated_at = {now},"
+            f" last_seq = last_seq + 1 WHERE {hand} RETURNING {self.cols}),"
+            # (the handed waiter's singleton_admitted, in this transaction)
+            f" ev AS (INSERT INTO flowkit_events (run_id, seq, type, at, body)"
+            f" SELECT h.id, h.last_seq, 'singleton_admitted', h.updated_at,"
+            f" jsonb_set({p('adm')}::jsonb, '{{seq}}', to_jsonb(h.last_seq)) FROM h"
+            f" RETURNING run_id, seq, body),"
             f" wk AS (UPDATE flowkit_runs SET wake_at = {now}"
             f" WHERE {wake} RETURNING id)"
             f" SELECT 0 AS k, me.*, NULL::integer AS seq, NULL::text AS body FROM me"
             f" UNION ALL SELECT 1, h.*, e2.seq, e2.body::text FROM h"
             f" LEFT JOIN flowkit_events e2 ON e2.run_id = h.id"
+            f" UNION ALL SELECT 1, h.*, ev.seq, ev.body::text FROM h JOIN ev ON ev.run_id = h.id"
             f" UNION ALL SELECT 2, {waiter_cols}, CASE WHEN w.handable THEN 0 ELSE 1 END, NULL"
             f" FROM w, free WHERE free.ok"
             f" ORDER BY k, seq"
@@ -779,16 +819,14 @@ class Sql:
             *head, tail = [_renamed(q, f"p{i}_") for i, (q, _) in enumerate(parts)]
             ctes = ", ".join(f"w{i} AS ({q})" for i, q in enumerate(head))
             if handing:
-                ctes = f"{ctes}, h AS ({tail})" if ctes else f"h AS ({tail})"
-                sql = (
-                    f"WITH {ctes} SELECT h.*, e.seq, e.body::text FROM h"
-                    f" LEFT JOIN flowkit_events e ON e.run_id = h.id ORDER BY e.seq"
-                )
+                sql = self.handing(f"{ctes}, h AS ({tail})" if ctes else f"h AS ({tail})")
             else:
                 sql = f"WITH {ctes} {tail}"
             if len(self._joined) < 64:
                 self._joined[key] = sql
         params = {f"p{i}_{k}": v for i, (_, ps) in enumerate(parts) for k, v in ps.items()}
+        if handing:
+            params["adm"] = parts[-1][1]["adm"]
         return sql, params
 
     def _waiters(self) -> str:

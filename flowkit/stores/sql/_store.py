@@ -48,7 +48,15 @@ from ...errors import (
     SingletonQueueFullError,
 )
 from ..base import Admission, CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
-from ..memory import admit_new, apply_update, check_commit, claimable, due_time, plan_release
+from ..memory import (
+    admit_new,
+    admitted_event,
+    apply_update,
+    check_commit,
+    claimable,
+    due_time,
+    plan_release,
+)
 from . import _rows as rows
 from ._engine import RETURNING, ROWCOUNT, ROWS, SELECT, After, Conn, Database, Deferred, Op
 from ._schema import runs
@@ -110,6 +118,7 @@ class SqlStore:
     ``LISTEN``. Writes emit wake-ups either way. Shared by the scoped views."""
 
     admits_on_create = True
+    records_admission = True
     appends_events = True
 
     def __init__(
@@ -429,6 +438,15 @@ class SqlStore:
         first = (self._sql.claim, params, RETURNING)
         return await self._db.write(Op(self._run_or_none, first, run_id, single=_always))
 
+    async def release_leases(self, owner: str, now: float) -> list[str]:
+        params = self._params(owner=owner, now=now)
+        q = self._sql.release_owned
+
+        def op(c: Conn, _: None) -> list[str]:
+            return sorted(str(r[0]) for r in c.all(q, params))
+
+        return await self._db.write(Op(op, None, owner))
+
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
         params = self._params(id=run_id, owner=owner, until=lease_expires)
         first = (self._sql.renew, params, RETURNING)
@@ -710,7 +728,9 @@ class SqlStore:
                 }
                 handed = c.returning(sql.hand_off, params)
                 if handed is not None:
-                    return CommitResult(new, seqs, (), (HandOff(sql.to_run(handed), evs),))
+                    adm = self._admitted(c, handed, rn.tag, now)
+                    hand = HandOff(sql.to_run(handed), (*evs, adm))
+                    return CommitResult(new, seqs, (), (hand,))
         c.write(sql.wake_waiter, {"id": w[0], "now": now})
         c.wakeup(w[_NAMESPACE])
         return CommitResult(new, seqs, (w[0],))
@@ -736,6 +756,7 @@ class SqlStore:
         damaged row) must not fail the holder's release: the hand-off is then undone
         (``None``: the waiter is woken instead)."""
         sql = self._sql
+        tag = next(t for t in admitted.tags if t.startswith(SINGLETON_TAG_PREFIX))
         params = {
             "id": admitted.id,
             "tags": dumps(list(admitted.tags)),
@@ -743,6 +764,7 @@ class SqlStore:
             "owner": admitted.lease_owner,
             "until": admitted.lease_expires,
             "now": now,
+            "adm": sql.admitted_body(tag, now),
         }
         if c.can_pipeline and not c.committed:
             pending = _PendingHandOff(self, waiter, now)
@@ -767,9 +789,17 @@ class SqlStore:
             log.warning(
                 "not handing over %s: its history cannot be read", admitted.id, exc_info=True
             )
-            self._write_changes(c, handed, waiter)  # as it was, before the hand-off
+            # as it was, before the hand-off (whose seq it gives back)
+            self._write_changes(c, handed, waiter, last_seq=int(updated[0][LAST_SEQ]) - 1)
             return None
-        return HandOff(handed, evs)
+        return HandOff(handed, (*evs, self._admitted(c, updated[0], tag, now)))
+
+    def _admitted(self, c: Conn, row: Any, tag: str, now: float) -> Event:
+        """Append a handed waiter's ``singleton_admitted`` at the seq its hand-off took."""
+        seq = int(row[LAST_SEQ])
+        ev = admitted_event(tag, now).model_copy(update={"seq": seq})
+        self._append(c, row[0], seq, [ev])
+        return ev
 
     def _wake_missed(self, waiter: Run, now: float) -> None:
         """After the releasing transaction committed (``_PendingHandOff``): wake a waiter
@@ -800,6 +830,10 @@ class SqlStore:
             if (current.lease_owner, current.status) != (handed.lease_owner, RunStatus.RUNNING):
                 return False  # (changed since: a cancel request; leave it to its holder)
             self._write_changes(c, current, waiter)
+            # its singleton_admitted goes with the hand-off (nothing was appended after it)
+            seq = int(row[LAST_SEQ])
+            if c.write(sql.drop_admitted, {"id": waiter.id, "seq": seq}):
+                c.write(sql.unbump, {"id": waiter.id, "seq": seq})
             c.write(sql.wake_waiter, {"id": waiter.id, "now": now})
             c.wakeup(waiter.namespace)
             return True
@@ -874,6 +908,8 @@ class SqlStore:
         workflow: str,
         limit: int,
         retry_wake_at: float | None = None,
+        *,
+        admitted_at: float | None = None,
     ) -> bool:
         _sg.check_limit(limit)  # (before the transaction: a limit of 0 would park the run)
 
@@ -891,7 +927,12 @@ class SqlStore:
             if tags is not None:
                 if list(run.tags) != tags:
                     new = dataclasses.replace(run, tags=tuple(tags))
-                    self._write_changes(c, run, new, later=True)
+                    if admitted_at is not None and ADMITTED_TAG not in run.tags:
+                        seq = int(row[LAST_SEQ]) + 1  # its singleton_admitted, with the marker
+                        self._write_changes(c, run, new, later=True, last_seq=seq)
+                        self._append(c, run_id, seq, [admitted_event(tag, admitted_at)], later=True)
+                    else:
+                        self._write_changes(c, run, new, later=True)
                 return True
             patch = _sg.denial_patch(sharing, run_id, tag, workflow, retry_wake_at)
             if patch:

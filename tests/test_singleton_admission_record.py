@@ -1,0 +1,110 @@
+"""``singleton_admitted`` is written in the transaction that sets the admission marker, at the
+instant the run took its slot, on every path that admits (admission at creation, the worker's
+gate check, a release handing the slot over) and on every store: a worker dying right after
+the admission cannot leave a holder whose history shows the admission at its recovery time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from singleton_kit import events_of, get, inp, make_lane, types
+
+from flowkit import Engine, RunStatus
+from flowkit.stores import MemoryStore, SqlStore
+from flowkit.stores.base import Update
+from flowkit_testing import InstanceCrashed, Rule, TestEnv
+
+try:
+    from pg import fresh_database
+except ImportError:  # tests/ imported as a package
+    from tests.pg import fresh_database
+
+PG = pytest.param("postgres", marks=pytest.mark.postgres)
+
+
+@pytest.fixture(params=["memory", "sqlite", PG])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    if request.param == "sqlite":
+        s = SqlStore(f"sqlite:///{tmp_path / 'f.db'}")
+    else:
+        s = SqlStore(fresh_database(request.getfixturevalue("pg_server")))
+    yield s
+    s.close()
+
+
+async def _admitted_at(env: TestEnv, run_id: str) -> float:
+    evs = await events_of(env, run_id, "singleton_admitted")
+    assert len(evs) == 1, await types(env, run_id)
+    return evs[0].at
+
+
+async def test_admission_at_creation_is_recorded_with_the_insert(store: Any) -> None:
+    lane = make_lane()
+    async with TestEnv([lane], instances=2, lease_ttl=30, store=store) as env:
+        env.crash_at(0, "after_admission")
+        t0 = env.clock.now()
+        with pytest.raises(InstanceCrashed):
+            await env.start("lane", inp("A"), "r")
+        assert await types(env, "r") == ["run_started", "singleton_admitted"]
+        await env.advance(31)  # instance 1 recovers it after the lease
+        assert (await get(env, "r")).status is RunStatus.COMPLETED
+        assert await _admitted_at(env, "r") == t0  # not the recovery time
+
+
+async def test_admission_by_the_gate_check_is_recorded_with_the_marker(store: Any) -> None:
+    lane = make_lane()
+    async with TestEnv([lane], lease_ttl=30, store=store) as env:
+        client = Engine(env.store, [lane], clock=env.clock, worker=False)
+        env.crash_at(0, "after_admission")
+        await client.start("lane", inp("A"), "r")  # pending: the worker's gate admits it
+        t0 = env.clock.now()
+        await env.advance(0)
+        assert env.crashed == [0]
+        assert await types(env, "r") == ["run_started", "singleton_admitted"]
+        await env.restart(0)
+        await env.advance(31)
+        assert (await get(env, "r")).status is RunStatus.COMPLETED
+        assert await _admitted_at(env, "r") == t0
+
+
+def _releases(run_id: str) -> Any:
+    def match(args: Any, kwargs: Any) -> bool:
+        update = kwargs.get("update", args[3] if len(args) > 3 else None)
+        return args[0] == run_id and isinstance(update, Update) and update.notify is not None
+
+    return match
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_a_handed_over_slot_is_recorded_in_the_release(store: Any, limit: int) -> None:
+    """limit=1 takes the one-statement release (PostgreSQL) or the lean one (SQLite); 2 the
+    general path. The releasing instance dies right after its release committed: the waiter
+    it was handed to has its admission recorded already, at the release time."""
+    lane = make_lane(limit=limit)
+    async with TestEnv([lane], instances=2, lease_ttl=30, store=store) as env:
+        holders = [f"h{i}" for i in range(limit)]
+        for h in holders:
+            await env.start("lane", inp("A", "event"), h)
+        await env.start("lane", inp("A"), "w")  # gated behind them
+        await env.settle()
+        assert "singleton_admitted" not in await types(env, "w")
+        env.inject(Rule("commit", "crash", "after", instance=0, match=_releases("h0")))
+        released_at = env.clock.now()
+        lane.gates["h0"].set()
+        await env.settle()
+        assert env.crashed == [0]
+        assert (await get(env, "h0")).status is RunStatus.COMPLETED
+        w = await get(env, "w")
+        assert w.admitted and w.lease_owner == "instance-0"  # handed to the dead instance
+        assert (await types(env, "w"))[-1] == "singleton_admitted"
+        await env.advance(31)
+        assert (await get(env, "w")).status is RunStatus.COMPLETED
+        assert await _admitted_at(env, "w") == released_at
+        t = await types(env, "w")
+        assert t.index("singleton_gated") < t.index("singleton_admitted")
