@@ -254,6 +254,14 @@ class OldStore(MemoryStore):
     next_due_after = None  # type: ignore[assignment]
 
 
+def test_next_due_after_is_an_exported_optional_capability() -> None:
+    import flowkit.stores
+
+    assert flowkit.stores.NextDueAfter is flowkit.stores.base.NextDueAfter
+    assert callable(MemoryStore().next_due_after)
+    assert callable(SqlStore.next_due_after)
+
+
 async def test_a_store_without_next_due_after_still_fires_timers() -> None:
     FAILED_ONCE.clear()
     store = CodecStore(OldStore(), AESGCMCodec([("k1", b"\x01" * 32)]))
