@@ -26,6 +26,7 @@ import lock_bench
 import replay_bench
 import singleton_bench
 import store_bench
+import timer_bench
 
 
 def main() -> int:
@@ -48,6 +49,7 @@ def main() -> int:
             "dbos": lambda: dbos_bench.main(args.smoke, pg_url, Path(tmp)),
             "replay": lambda: replay_bench.main(args.smoke),
             "sqlite_lock_wait": lambda: lock_bench.main(args.smoke, Path(tmp)),
+            "timer_lateness": lambda: timer_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

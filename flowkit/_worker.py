@@ -275,7 +275,7 @@ class Worker:
                 if len(due) >= eng.max_concurrency and len(self._active) < eng.max_concurrency:
                     await asyncio.sleep(0)  # a backlog and free capacity: next batch at once
                     continue
-                nxt = await self.store.next_due_at((self.owner,))
+                nxt = await self._next_due(now)
             except Exception:  # the store is unavailable: try again after a pause
                 log.exception("polling the store failed")
                 await self._wait(now + (eng.poll_interval or 1.0))
@@ -284,6 +284,22 @@ class Worker:
             if nxt is not None and nxt > now and (deadline is None or nxt < deadline):
                 deadline = nxt
             await self._wait(deadline)
+
+    async def _next_due(self, now: float) -> float | None:
+        """When the store next has work due after ``now``: the poller's deadline. Runs leased
+        here are left out (their activations are running here and renew their leases).
+
+        Only an instant after ``now`` is a deadline. The earliest due instant of all
+        (``next_due_at``) is in the past whenever some run is claimable already: one just
+        dispatched above and not claimed yet (a fired timer, a waiter's gate re-check), or a
+        run of a workflow this worker does not have. The poller then waits its whole poll
+        interval, and every timer due before that fires late; so it asks a store with
+        ``next_due_after`` (``stores.base.NextDueAfter``) for the first instant after ``now``."""
+        after = getattr(self.store, "next_due_after", None)
+        if after is not None:
+            due: float | None = await after(now, (self.owner,))
+            return due
+        return await self.store.next_due_at((self.owner,))
 
     async def _wait(self, deadline: float | None) -> None:
         """Until poked or ``deadline``, which ``wake_by`` may lower meanwhile."""

@@ -32,6 +32,7 @@ STORE_OPS = (
     "append_events",
     "due_runs",
     "next_due_at",
+    "next_due_after",
     "deliver_signal",
     "peek_signal",
     "try_admit_singleton",

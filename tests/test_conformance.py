@@ -119,6 +119,7 @@ def test_registry_covers_every_check_function() -> None:
     assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {
         "namespace_scoping",
         "release_leases",
+        "next_due_after",
         *appends,
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
@@ -163,9 +164,9 @@ class NoSingletonStore(MemoryStore):
 async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> None:
     ran = await run_all(NoSingletonStore)
     # (it keeps the capabilities of a MemoryStore: those that need no optional method run)
-    assert ran == [
-        n for n, c in CHECKS.items() if set(c.requires) <= {"admits_on_create", "appends_events"}
-    ]
+    kept = {"admits_on_create", "appends_events", "next_due_after"}
+    assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
+    assert "next_due_after" in ran
     assert "append_events_continues_the_numbering" in ran
     assert "append_events_respects_namespaces" not in ran
     assert "admission_respects_limit" not in ran and "namespace_scoping" not in ran

@@ -371,10 +371,17 @@ async def test_a_timer_set_here_wakes_the_poller_without_a_store_read() -> None:
             self.calls["next_due_at"] += 1
             return await super().next_due_at(exclude_lease_owners)
 
+        async def next_due_after(
+            self, now: float, exclude_lease_owners: Sequence[str] = ()
+        ) -> float | None:
+            self.calls["next_due_after"] += 1
+            return await super().next_due_after(now, exclude_lease_owners)
+
     store = Counting()
     engine = flowkit.Engine(store, [ShortNap()], clock=flowkit.SystemClock(), poll_interval=60)
     async with engine:
         await engine.start(ShortNap, None, "nap")
         assert await engine.result("nap", timeout=10) == "rested"
-    # the poller's first pass, and one when the timer fired (none when the run parked)
-    assert store.calls["next_due_at"] == 2
+    # the poller's first pass, and one when the timer fired (none when the run parked); it
+    # asks for the next instant after now (next_due_after), not for the earliest of all
+    assert store.calls == {"next_due_after": 2}

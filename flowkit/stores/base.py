@@ -219,7 +219,9 @@ class Store(Protocol):
         ...
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
-        """The earliest future instant at which some active run becomes claimable."""
+        """The earliest instant at which some active run not leased by one of
+        ``exclude_lease_owners`` becomes claimable (``memory.due_time``), or ``None``. It may
+        have passed already: a run claimable now counts too (see ``NextDueAfter``)."""
         ...
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
@@ -357,6 +359,27 @@ class AppendsEvents(Protocol):
         ...
 
 
+class NextDueAfter(Protocol):
+    """The optional ``next_due_after`` method (``MemoryStore``, ``SqlStore``; ``CodecStore``
+    when the store it wraps has it): the deadline of a worker's timer poll.
+
+    ``next_due_at`` answers with the earliest due instant of all, which is in the past as long
+    as some run is claimable already: one the poller has just dispatched and not claimed yet,
+    a run of a workflow this worker does not have, a backlog beyond its capacity. An instant in
+    the past is no deadline, and the future ones behind it are lost with it; the poller uses
+    this method instead when the store has it. Without it, the poller falls back to its
+    ``poll_interval`` while any run is overdue, so timers may fire up to that late."""
+
+    async def next_due_after(
+        self, now: float, exclude_lease_owners: Sequence[str] = ()
+    ) -> float | None:
+        """The earliest instant later than ``now`` at which some active run not leased by one
+        of ``exclude_lease_owners`` becomes claimable (``memory.due_time``: its wake time, its
+        lease expiry, its creation), or ``None``. Runs due at ``now`` or before are left out
+        (``due_runs`` lists those). One read; writes nothing."""
+        ...
+
+
 class Watchable(Protocol):
     """The optional ``watch`` method: cross-process wake-ups (``SqlStore`` has it).
 
@@ -386,6 +409,7 @@ __all__ = [
     "ConflictError",
     "HandOff",
     "InboxSignal",
+    "NextDueAfter",
     "Notify",
     "QueueCap",
     "Store",

@@ -228,13 +228,20 @@ class _WatchFn(Protocol):
     def __call__(self, callback: Callable[[], None]) -> Callable[[], None]: ...
 
 
+class _NextDueAfterFn(Protocol):
+    async def __call__(
+        self, now: float, exclude_lease_owners: Sequence[str] = ()
+    ) -> float | None: ...
+
+
 class CodecStore:
     """A store that encodes payloads with ``codec`` before they reach ``inner`` (module doc).
 
-    ``try_admit_singleton``, ``scoped`` and ``watch`` exist only when ``inner`` has them (not
-    ``None``): the engine refuses singleton workflows (``UnsupportedStoreError``) on a store
-    without admission, and a ``CodecStore`` must not pretend otherwise. ``watch`` (wake-ups
-    carry no payload) is ``inner``'s own. Likewise ``admits_on_create`` is true only when
+    ``try_admit_singleton``, ``scoped``, ``watch`` and ``next_due_after`` exist only when
+    ``inner`` has them (not ``None``): the engine refuses singleton workflows
+    (``UnsupportedStoreError``) on a store without admission, and a ``CodecStore`` must not
+    pretend otherwise. ``watch`` (wake-ups carry no payload) and ``next_due_after`` (an
+    instant) are ``inner``'s own. Likewise ``admits_on_create`` is true only when
     ``inner``'s is: ``create_run`` then forwards an ``Admission`` (its gated events encoded
     like every other event), and ``appends_events`` only when ``inner``'s is:
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
@@ -245,6 +252,7 @@ class CodecStore:
     try_admit_singleton: _AdmitFn
     scoped: _ScopedFn
     watch: _WatchFn
+    next_due_after: _NextDueAfterFn
     admits_on_create: bool = False
     appends_events: bool = False
     records_admission: bool = False
@@ -264,6 +272,8 @@ class CodecStore:
             self.watch = self._watch
         if getattr(inner, "release_leases", None) is None:
             self.release_leases = None  # type: ignore[assignment,method-assign]
+        if getattr(inner, "next_due_after", None) is not None:
+            self.next_due_after = self._next_due_after
         if getattr(inner, "admits_on_create", False):
             self.admits_on_create = True
         if getattr(inner, "appends_events", False):
@@ -274,6 +284,12 @@ class CodecStore:
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)
         return unwatch
+
+    async def _next_due_after(
+        self, now: float, exclude_lease_owners: Sequence[str] = ()
+    ) -> float | None:
+        due: float | None = await self.inner.next_due_after(now, exclude_lease_owners)
+        return due
 
     def __repr__(self) -> str:
         return f"CodecStore({self.inner!r}, {self.codec!r})"

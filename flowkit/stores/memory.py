@@ -280,13 +280,21 @@ class MemoryStore:
         return [r.id for r in due[:limit]]
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
+        return self._next_due(None, exclude_lease_owners)
+
+    async def next_due_after(
+        self, now: float, exclude_lease_owners: Sequence[str] = ()
+    ) -> float | None:
+        return self._next_due(now, exclude_lease_owners)
+
+    def _next_due(self, after: float | None, exclude_lease_owners: Sequence[str]) -> float | None:
         best: float | None = None
         for rid in self._d.active:
             r = self._d.runs[rid]
             if not self._visible(r) or (r.lease_owner in exclude_lease_owners and r.lease_owner):
                 continue
             t = due_time(r)
-            if t is not None and (best is None or t < best):
+            if t is not None and (after is None or t > after) and (best is None or t < best):
                 best = t
         return best
 

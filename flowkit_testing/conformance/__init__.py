@@ -58,6 +58,7 @@ from ._runs import (
     check_list_runs_order_and_filters,
     check_microsecond_timestamps,
     check_namespace_scoping,
+    check_next_due_after,
     check_payloads_round_trip,
     check_queue_cap_rejection_writes_nothing,
     check_release_leases,
@@ -97,11 +98,12 @@ async def run_all(
 
     Without ``make_pair`` the competing checks run on one store object used twice (still
     concurrent through ``asyncio.gather``, but not two connections). Checks that need an
-    optional store method (``try_admit_singleton``, ``scoped``) or capability
-    (``admits_on_create``, ``appends_events``) run only when a store from ``make_store`` has
-    it; ``singleton=True``/``False`` forces the singleton checks in or out (those of
-    admission at creation still need ``admits_on_create``). Every selected check runs; if
-    any fail, one ``ConformanceError`` lists them all (chained to the first failure)."""
+    optional store method (``try_admit_singleton``, ``scoped``, ``next_due_after``) or
+    capability (``admits_on_create``, ``appends_events``) run only when a store from
+    ``make_store`` has it; ``singleton=True``/``False`` forces the singleton checks in or out
+    (those of admission at creation still need ``admits_on_create``). Every selected check
+    runs; if any fail, one ``ConformanceError`` lists them all (chained to the first
+    failure)."""
     selected = list(CHECKS) if checks is None else list(checks)
     unknown = [n for n in selected if n not in CHECKS]
     if unknown:
@@ -181,6 +183,7 @@ __all__ = [
     "check_list_runs_order_and_filters",
     "check_microsecond_timestamps",
     "check_namespace_scoping",
+    "check_next_due_after",
     "check_notify_hands_the_slot_over",
     "check_notify_wakes_oldest_waiters",
     "check_payloads_round_trip",

@@ -18,7 +18,7 @@ from ._support import (
 CheckFn = Callable[[Any], Awaitable[None]]
 F = TypeVar("F", bound=CheckFn)
 
-OPTIONAL_METHODS = ("try_admit_singleton", "scoped", "release_leases")
+OPTIONAL_METHODS = ("try_admit_singleton", "scoped", "release_leases", "next_due_after")
 """Store methods the contract lets a store leave out (absent or ``None``)."""
 OPTIONAL_CAPABILITIES = ("admits_on_create", "appends_events")
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
@@ -33,7 +33,7 @@ class Check:
     ``kind`` says what ``func`` takes: ``"store"`` checks take ``make_store``, ``"pair"``
     checks take ``make_pair`` (two store objects over the same data). ``requires`` names the
     optional store methods and capabilities the check needs (``try_admit_singleton``,
-    ``scoped``, ``admits_on_create``, ``appends_events``)."""
+    ``scoped``, ``next_due_after``, ``admits_on_create``, ``appends_events``)."""
 
     name: str
     func: CheckFn

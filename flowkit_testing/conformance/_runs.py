@@ -763,6 +763,39 @@ async def check_due_runs_and_next_due_at(factory: StoreFactory) -> None:
     expect_eq(await s.next_due_at(("w1", "w2")), None, "next_due_at(exclude w1, w2)")
 
 
+@check(requires=["next_due_after"])
+async def check_next_due_after(factory: StoreFactory) -> None:
+    """``next_due_after(now)`` is the earliest instant *later than* ``now`` at which some
+    active run becomes claimable (wake time, creation, lease expiry), skipping leases of the
+    excluded owners: runs due at ``now`` or before, claimed or not, are left out (a poller's
+    deadline must not be an instant that has passed). It writes nothing."""
+    s: Any = await make_store(factory)
+    await put(s, mk("p", t=T0 + 1))
+    await put(s, mk("s5", status=S.SUSPENDED, wake_at=T0 + 5))
+    await put(s, mk("s2", status=S.SUSPENDED, wake_at=T0 + 2))
+    await put(s, mk("b3", status=S.BLOCKED, wake_at=T0 + 3, wf="other"))
+    await put(s, mk("held", status=S.RUNNING, lease_owner="w1", lease_expires=T0 + 10))
+    await put(s, mk("done", status=S.COMPLETED))
+    await put(s, mk("forever", status=S.SUSPENDED, waiting_signals=("go",)))
+    before = {rid: await state(s, rid) for rid in ("p", "s5", "s2", "b3", "held")}
+    expect_eq(await s.next_due_after(T0), T0 + 1, "next_due_after(T0)")
+    expect_eq(await s.next_due_after(T0 + 1), T0 + 2, "next_due_after(T0+1): due at now is out")
+    expect_eq(await s.next_due_after(T0 + 2.5), T0 + 3, "next_due_after(T0+2.5)")
+    # p, s2 and b3 are overdue and unclaimed: the next instant is still s5's wake time
+    expect_eq(await s.next_due_after(T0 + 4), T0 + 5, "next_due_after(T0+4), three overdue")
+    expect_eq(await s.next_due_after(T0 + 4, ("w1",)), T0 + 5, "next_due_after(exclude w1)")
+    expect_eq(await s.next_due_after(T0 + 5), T0 + 10, "next_due_after(T0+5): a lease expiry")
+    expect_eq(await s.next_due_after(T0 + 5, ("w1",)), None, "next_due_after(T0+5, w1)")
+    expect_eq(await s.next_due_after(T0 + 5, ("w2",)), T0 + 10, "next_due_after(T0+5, w2)")
+    expect_eq(await s.next_due_after(T0 + 10), None, "next_due_after(T0+10)")
+    for rid, was in before.items():
+        await expect_unchanged(s, rid, was, "next_due_after")
+    # claiming s5 at its wake time: its lease expiry is its next instant
+    expect(await s.claim("s5", "w2", T0 + 5, T0 + 8) is not None, "claim of s5 at T0+5")
+    expect_eq(await s.next_due_after(T0 + 5), T0 + 8, "next_due_after(T0+5), s5 leased")
+    expect_eq(await s.next_due_after(T0 + 5, ("w2",)), T0 + 10, "next_due_after(exclude w2)")
+
+
 # -- values ----------------------------------------------------------------------------------
 
 

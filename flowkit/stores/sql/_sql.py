@@ -203,10 +203,12 @@ class Sql:
         nda = f"SELECT {cols} FROM flowkit_runs WHERE status IN ({_ACTIVE}){ns}"
         nda += f" AND ({_DUE}) IS NOT NULL"
         self.next_due = f"{nda} ORDER BY {_DUE} LIMIT 1"
-        self.next_due_skip = (
-            f"{nda} AND (lease_owner IS NULL OR NOT {self.in_list('lease_owner', 'skip')})"
-            f" ORDER BY {_DUE} LIMIT 1"
-        )
+        skip = f" AND (lease_owner IS NULL OR NOT {self.in_list('lease_owner', 'skip')})"
+        self.next_due_skip = f"{nda}{skip} ORDER BY {_DUE} LIMIT 1"
+        # next_due_after: only instants later than `now` (what is due already is not a deadline)
+        later = f" AND ({_DUE}) > {p('now')}"
+        self.next_due_after = f"{nda}{later} ORDER BY {_DUE} LIMIT 1"
+        self.next_due_after_skip = f"{nda}{later}{skip} ORDER BY {_DUE} LIMIT 1"
         sharing = f"SELECT {cols} FROM flowkit_runs WHERE workflow = {p('wf')}"
         sharing += f" AND status IN ({_ACTIVE}){ns}"
         self.sharing_key = f"{sharing} AND singleton_key = {p('key')}"

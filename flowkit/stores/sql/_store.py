@@ -865,6 +865,22 @@ class SqlStore:
             q, params = sql.next_due_skip, self._params(skip=sql.in_list_param(skip))
         else:
             q, params = sql.next_due, self._params()
+        return await self._next_due(q, params)
+
+    async def next_due_after(
+        self, now: float, exclude_lease_owners: Sequence[str] = ()
+    ) -> float | None:
+        sql = self._sql
+        skip = [o for o in exclude_lease_owners if o]
+        if skip:
+            q = sql.next_due_after_skip
+            params = self._params(now=now, skip=sql.in_list_param(skip))
+        else:
+            q, params = sql.next_due_after, self._params(now=now)
+        return await self._next_due(q, params)
+
+    async def _next_due(self, q: str, params: dict[str, Any]) -> float | None:
+        sql = self._sql
 
         def op(c: Conn) -> Any:
             return c.one(q, params)
