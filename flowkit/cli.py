@@ -485,7 +485,11 @@ def _load_workflow(spec: str) -> Any:
         obj = getattr(obj, part, None)
         if obj is None:
             raise CliError(f"{mod_name!r} has no attribute {attr!r}")
-    if definition_of(obj) is None:
+    try:
+        defn = definition_of(obj)
+    except TypeError as exc:  # an annotation of run() that cannot be resolved
+        raise CliError(f"{spec}: {exc}") from None
+    if defn is None:
         raise CliError(f"{spec} is not a @workflow class or instance")
     return obj
 

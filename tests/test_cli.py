@@ -49,6 +49,11 @@ WF_SOURCE = textwrap.dedent(
     class Lane:
         async def run(self, ctx: WorkflowCtx, input: str) -> str:
             return await ctx.wait_for_signal("go")
+
+    @workflow(name="cli-unresolved")
+    class Unresolved:
+        async def run(self, ctx: WorkflowCtx, input: "NoSuchModel") -> str:  # noqa: F821
+            return "never"
     """
 )
 
@@ -328,6 +333,7 @@ async def test_other_errors(db: str, tmp_path: Path) -> None:
         (("history", "nope"), "unknown run 'nope'"),
         (("replay", "h.json", "--workflow", "cliwf:Nothing"), "has no attribute 'Nothing'"),
         (("replay", "h.json", "--workflow", "cliwf:double"), "is not a @workflow"),
+        (("replay", "h.json", "--workflow", "cliwf:Unresolved"), "NoSuchModel"),
         (("replay", "h.json", "--workflow", "cliwf"), "takes module:Class"),
     ):
         (tmp_path / "h.json").write_text("{}")
