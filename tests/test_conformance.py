@@ -22,7 +22,7 @@ from flowkit import ADMITTED_TAG
 from flowkit import singleton as sg
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
 from flowkit.stores.base import Store, Update
-from flowkit.stores.memory import admit_new
+from flowkit.stores.memory import admit_new, admitted_event
 from flowkit_testing.conformance import CHECKS, ConformanceError, run_all
 
 try:
@@ -135,8 +135,11 @@ def test_registry_covers_every_check_function() -> None:
         "create_admission_of_an_existing_id_writes_nothing",
         "create_admission_respects_the_queue_cap",
         "competing_create_admissions",
+        "admission_is_recorded_with_the_marker",
     }
     assert all(CHECKS[n].singleton for n in on_create)  # parked runs re-check with it
+    recorded = {n for n, c in CHECKS.items() if "records_admission" in c.requires}
+    assert recorded == {"admission_is_recorded_with_the_marker"}
 
 
 async def test_run_all_returns_every_check_name() -> None:
@@ -258,9 +261,17 @@ class AdmitsOneTooMany(MemoryStore):
     """Hands out ``limit + 1`` slots."""
 
     async def try_admit_singleton(
-        self, run_id: str, tag: str, workflow: str, limit: int, retry_wake_at: float | None = None
+        self,
+        run_id: str,
+        tag: str,
+        workflow: str,
+        limit: int,
+        retry_wake_at: float | None = None,
+        **kw: Any,
     ) -> bool:
-        return await super().try_admit_singleton(run_id, tag, workflow, limit + 1, retry_wake_at)
+        return await super().try_admit_singleton(
+            run_id, tag, workflow, limit + 1, retry_wake_at, **kw
+        )
 
 
 class ForgetsFencing(MemoryStore):
@@ -276,7 +287,14 @@ class RacyAdmission(MemoryStore):
     """Reads the key's runs, yields to the loop, then writes: not serialized per key."""
 
     async def try_admit_singleton(
-        self, run_id: str, tag: str, workflow: str, limit: int, retry_wake_at: float | None = None
+        self,
+        run_id: str,
+        tag: str,
+        workflow: str,
+        limit: int,
+        retry_wake_at: float | None = None,
+        *,
+        admitted_at: float | None = None,
     ) -> bool:
         runs = self._sharing(workflow, tag)
         tags = sg.admission_tags(runs, run_id, tag, workflow, limit)
@@ -284,6 +302,8 @@ class RacyAdmission(MemoryStore):
         run = self._get(run_id)
         if tags is not None:
             self._put(dataclasses.replace(run, tags=tuple(tags)))
+            if admitted_at is not None and ADMITTED_TAG not in run.tags:
+                self._append(run_id, [admitted_event(tag, admitted_at)])
             return True
         patch = sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at)
         if patch:

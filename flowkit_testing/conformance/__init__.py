@@ -68,6 +68,7 @@ from ._runs import (
 )
 from ._singleton import (
     check_admission_fifo_keeps_holders,
+    check_admission_is_recorded_with_the_marker,
     check_admission_marker_persisted,
     check_admission_rejects_a_limit_below_one,
     check_admission_respects_limit,
@@ -98,8 +99,9 @@ async def run_all(
 
     Without ``make_pair`` the competing checks run on one store object used twice (still
     concurrent through ``asyncio.gather``, but not two connections). Checks that need an
-    optional store method (``try_admit_singleton``, ``scoped``, ``next_due_after``) or
-    capability (``admits_on_create``, ``appends_events``) run only when a store from
+    optional store method (``try_admit_singleton``, ``scoped``, ``release_leases``,
+    ``next_due_after``) or capability (``admits_on_create``, ``appends_events``,
+    ``records_admission``) run only when a store from
     ``make_store`` has it; ``singleton=True``/``False`` forces the singleton checks in or out
     (those of admission at creation still need ``admits_on_create``). Every selected check
     runs; if any fail, one ``ConformanceError`` lists them all (chained to the first
@@ -147,6 +149,7 @@ __all__ = [
     "PairFactory",
     "StoreFactory",
     "check_admission_fifo_keeps_holders",
+    "check_admission_is_recorded_with_the_marker",
     "check_admission_marker_persisted",
     "check_admission_rejects_a_limit_below_one",
     "check_admission_respects_limit",

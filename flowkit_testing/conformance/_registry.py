@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
+from flowkit.stores.base import records_admission
+
 from ._support import (
     ConformanceError,
     PairFactory,
@@ -20,7 +22,7 @@ F = TypeVar("F", bound=CheckFn)
 
 OPTIONAL_METHODS = ("try_admit_singleton", "scoped", "release_leases", "next_due_after")
 """Store methods the contract lets a store leave out (absent or ``None``)."""
-OPTIONAL_CAPABILITIES = ("admits_on_create", "appends_events")
+OPTIONAL_CAPABILITIES = ("admits_on_create", "appends_events", "records_admission")
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
 (``create_run`` takes an ``Admission``) and ``appends_events`` (``append_events`` records a
 running step)."""
@@ -103,4 +105,7 @@ async def optional_methods(factory: StoreFactory) -> set[str]:
     ``factory`` has."""
     store = await make_store(factory)
     have = {m for m in OPTIONAL_METHODS if getattr(store, m, None) is not None}
-    return have | {c for c in OPTIONAL_CAPABILITIES if getattr(store, c, False)}
+    have |= {c for c in OPTIONAL_CAPABILITIES if getattr(store, c, False)}
+    if not records_admission(store):  # (it says so, and its try_admit_singleton agrees)
+        have.discard("records_admission")
+    return have

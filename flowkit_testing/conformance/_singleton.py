@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any, cast
 
 from flowkit import ADMITTED_TAG, Run
-from flowkit._history import RunCancelled, RunCompleted, SingletonGated
+from flowkit._history import RunCancelled, RunCompleted, SingletonAdmitted, SingletonGated
 from flowkit.errors import RunNotFoundError, SingletonQueueFullError
 from flowkit.stores.base import Admission, AdmitsOnCreate, Notify, QueueCap, Store, Update
 
@@ -638,3 +638,51 @@ async def check_create_admission_respects_the_queue_cap(factory: StoreFactory) -
     await expect_gated_at_creation(
         s, claimed("x", t=T0 + 4), admission(T0 + 5, at=T0 + 4), "x behind the waiter w", cap
     )
+
+
+@check(requires=["try_admit_singleton", "admits_on_create", "records_admission"])
+async def check_admission_is_recorded_with_the_marker(factory: StoreFactory) -> None:
+    """A store with ``records_admission`` appends ``singleton_admitted`` in the transaction
+    that sets the marker, at the admission's instant: ``try_admit_singleton(...,
+    admitted_at=T)`` when it admits (not on a denial, nor when the run already held the
+    slot), ``create_run`` with ``Admission.admitted`` when it admits at creation (not when
+    it gates), and a release that hands the slot over (at the release's ``now``, in the
+    ``HandOff``'s events)."""
+    s: Any = await make_store(factory)
+
+    async def admitted_events(run_id: str) -> list[tuple[str, float]]:
+        return [
+            (e.key, e.at)
+            for e in await s.load_events(run_id)
+            if isinstance(e, SingletonAdmitted)
+        ]
+
+    await put(s, mk("h", key="k", t=T0))
+    await put(s, mk("w", key="k", t=T0 + 1))
+    expect(await s.try_admit_singleton("h", TAG, WF, 1, T0 + 1, admitted_at=T0 + 0.5), "h")
+    expect_eq(await admitted_events("h"), [("k", T0 + 0.5)], "h's admission record")
+    expect(await s.try_admit_singleton("h", TAG, WF, 1, T0 + 1, admitted_at=T0 + 0.7), "again")
+    expect_eq(await admitted_events("h"), [("k", T0 + 0.5)], "re-admitting a holder records")
+    denied = await s.try_admit_singleton("w", TAG, WF, 1, T0 + 2, admitted_at=T0 + 0.8)
+    expect(not denied, "'w' admitted behind the holder")
+    expect_eq(await admitted_events("w"), [], "a denial records an admission")
+
+    n = Notify(WF, TAG, 1, claim_owner="me", lease_expires=T0 + 100)
+    res = await s.commit(
+        "h", None, T0 + 3, Update(events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED, notify=n)
+    )
+    if res.handed:
+        expect_eq(await admitted_events("w"), [("k", T0 + 3)], "the hand-off's record")
+        expect_eq(
+            list(res.handed[0].events), await s.load_events("w"), "the hand-off's events"
+        )
+    else:  # woken: it admits itself
+        expect(await s.try_admit_singleton("w", TAG, WF, 1, T0 + 5, admitted_at=T0 + 4), "w")
+        expect_eq(await admitted_events("w"), [("k", T0 + 4)], "w's admission record")
+
+    rec = SingletonAdmitted(key="c", at=T0 + 6)
+    adm = dataclasses.replace(admission(T0 + 7, key="c", at=T0 + 6), admitted=(rec,))
+    await create(s, claimed("c1", key="c", t=T0 + 6), adm)
+    expect_eq(await admitted_events("c1"), [("c", T0 + 6)], "an admission at creation")
+    await create(s, claimed("c2", key="c", t=T0 + 6.5), adm)
+    expect_eq(await admitted_events("c2"), [], "a run gated at creation records an admission")
