@@ -7,28 +7,19 @@ import random
 import uuid
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
+from . import _gate as gate
 from . import _serde
-from . import _singleton as gate
 from ._bus import Bus
 from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
-from ._history import (
-    CancelRequested,
-    Event,
-    History,
-    RunCancelled,
-    RunRetried,
-    RunStarted,
-    SingletonAdmitted,
-    SingletonGated,
-    SingletonReleased,
-)
+from ._drive import Registry
+from ._history import CancelRequested, History, RunRetried, RunStarted
 from ._run import MAX_ID_LENGTH, RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
-from ._worker import Worker
+from ._worker import Worker, WorkerConfig
 from .errors import (
     InvalidInputError,
     ResultTimeoutError,
@@ -41,16 +32,35 @@ from .errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
-from .stores.base import (
-    Admission,
-    AdmitsOnCreate,
-    ConflictError,
-    Notify,
-    QueueCap,
-    Store,
-    Update,
-    records_admission,
-)
+from .stores.base import AdmitsOnCreate, ConflictError, Store, Update
+
+T = TypeVar("T")
+
+RESULT_POLL = 0.5
+"""Seconds between ``Engine.result``'s reads of a run that may settle where no bus tells it."""
+RESULT_POLL_HERE = 5.0
+"""The same for a run executing on this engine's worker, whose settlement the bus carries."""
+
+
+class _Setting(Generic[T]):
+    """An ``Engine`` attribute kept in its ``WorkerConfig``, so that a change reaches the
+    worker too."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Setting[T]: ...
+    @overload
+    def __get__(self, obj: Engine, owner: type) -> T: ...
+    def __get__(self, obj: Engine | None, owner: type) -> _Setting[T] | T:
+        if obj is None:
+            return self
+        value: T = getattr(obj.config, self.name)
+        return value
+
+    def __set__(self, obj: Engine, value: T) -> None:
+        setattr(obj.config, self.name, value)
 
 
 class Engine:
@@ -76,25 +86,37 @@ class Engine:
         bus: Bus | None = None,
         notify_on_release: bool = True,
     ) -> None:
-        self.store = store
-        self.clock: Clock = clock or SystemClock()
-        self.rng = rng or random.Random()
-        self.instance_id = (
-            instance_id or f"engine-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:12]}"
+        rng = rng or random.Random()
+        self.config = WorkerConfig(
+            store=store,
+            clock=clock or SystemClock(),
+            rng=rng,
+            instance_id=instance_id or f"engine-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}",
+            registry={},
+            lease_ttl=lease_ttl,
+            poll_interval=poll_interval,
+            max_concurrency=max_concurrency,
+            blocked_retry=blocked_retry,
+            notify_on_release=notify_on_release,
         )
         self.namespace = namespace
         self.is_worker = worker
-        self.lease_ttl = lease_ttl
-        self.poll_interval = poll_interval
-        self.max_concurrency = max_concurrency
-        self.blocked_retry = blocked_retry
         self.bus = bus or Bus()
-        # False leaves handover to the waiters' ~1 s re-check timer (benchmarks, diagnostics)
-        self.notify_on_release = notify_on_release
-        self.registry: dict[str, tuple[WorkflowDefinition, Any]] = {}
+        self._gate = gate.Gate(store, self.config.clock, rng)
         for wf in workflows:
             self.register(wf)
         self._worker: Worker | None = None
+
+    store = _Setting[Store]()
+    clock = _Setting[Clock]()
+    rng = _Setting[random.Random]()
+    instance_id = _Setting[str]()
+    registry = _Setting[Registry]()
+    lease_ttl = _Setting[float]()
+    poll_interval = _Setting[float | None]()
+    max_concurrency = _Setting[int]()
+    blocked_retry = _Setting[float]()
+    notify_on_release = _Setting[bool]()
 
     # -- registration ------------------------------------------------------------------
     def register(self, wf: Any) -> None:
@@ -135,7 +157,7 @@ class Engine:
     async def start_worker(self) -> None:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
         if self.is_worker and self._worker is None:
-            worker = Worker(self)
+            worker = Worker(self.config, self.bus.settled)
             await worker.take_back_leases()  # (a restart under the same instance id)
             if self._worker is None:
                 self._worker = worker
@@ -147,14 +169,29 @@ class Engine:
             w, self._worker = self._worker, None
             await w.stop(graceful=True)
 
+    # -- what tools see of the worker (``flowkit_testing.TestEnv``) ---------------------
+    async def crash(self) -> None:
+        """Stop the worker as a dying process would: its activations are abandoned where
+        they are and no lease is given back (they expire, and any instance recovers the
+        runs). The engine can start a worker again with ``start_worker``."""
+        if self._worker is not None:
+            w, self._worker = self._worker, None
+            await w.stop(graceful=False)
+
+    def executing(self, run_id: str) -> bool:
+        """Whether this engine's worker is claiming or executing ``run_id`` right now (it
+        renews the run's lease, and its settlement reaches ``result`` through the bus)."""
+        return self._worker is not None and self._worker.executing(run_id)
+
+    def poke(self) -> None:
+        """Have the worker poll the store now rather than at its next deadline (new work
+        may be due); a no-op without a running worker."""
+        if self._worker is not None:
+            self._worker.poke()
+
     def _wake(self, run_id: str) -> None:
         if self._worker is not None:
             self._worker.dispatch(run_id)
-
-    def _poke(self) -> None:
-        """A run got a future wake time: let the poller recompute its next deadline."""
-        if self._worker is not None:
-            self._worker.poke()
 
     # -- starting ----------------------------------------------------------------------
     async def start(
@@ -186,14 +223,10 @@ class Engine:
             if existing is not None:
                 return existing  # idempotent: the run exists, nothing is decided again
             raise
-        sg = defn.singleton
-        cap: QueueCap | None = None
-        if sg is not None and sg.max_queue_depth is not None:
-            assert key is not None
-            cap = QueueCap(defn.name, clean[0], key, sg.limit, sg.max_queue_depth)
+        cfg = self.config
         if run_id is None:
-            run_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
-        now = self.clock.now()
+            run_id = str(uuid.UUID(int=cfg.rng.getrandbits(128), version=4))
+        now = cfg.clock.now()
         # A worker with free capacity creates the run already claimed by itself and runs it at
         # once: one transaction less per run, and no window in which another instance could
         # take it first. Otherwise the run waits `pending` for any worker's poll.
@@ -209,42 +242,30 @@ class Engine:
             updated_at=now,
             namespace=self.namespace,
             singleton_key=key,
-            lease_owner=self.instance_id if claim else None,
-            lease_expires=round(now + self.lease_ttl, 6) if claim else None,
+            lease_owner=cfg.instance_id if claim else None,
+            lease_expires=round(now + cfg.lease_ttl, 6) if claim else None,
         )
         first = RunStarted(
             seq=1, at=now, workflow=defn.name, version=defn.version, input=input_json, tags=clean
         )
-        admission: Admission | None = None
-        if sg is not None and claim and getattr(self.store, "admits_on_create", False):
-            # Admission at creation: the store decides the gate in the insert's transaction,
-            # so a queued start costs one transaction instead of three (create, admit, park)
-            # and no activation. The worker's own gate check stays the fallback (no capacity,
-            # a store without the capability, and every re-check of a parked run).
-            assert key is not None
-            retry_at = gate.retry_wake_at(now, self.rng)
-            gated = SingletonGated(key=key, retry_at=retry_at, at=now)
-            admitted = SingletonAdmitted(key=key, at=now)
-            admission = Admission(defn.name, clean[0], sg.limit, retry_at, (gated,), (admitted,))
-            stored, created = await cast(AdmitsOnCreate, self.store).create_run(
+        cap = gate.queue_cap(defn, key)
+        admission = self._gate.admission(defn, key, now) if claim and key is not None else None
+        if admission is not None:
+            stored, created = await cast(AdmitsOnCreate, cfg.store).create_run(
                 run, [first], queue_cap=cap, admission=admission
             )
         else:
-            stored, created = await self.store.create_run(run, [first], queue_cap=cap)
-        if created:
-            worker = self._worker
-            if admission is not None and stored.lease_owner is None:
-                # gated: parked behind the key's holders, unleased. A release hands it over
-                # or wakes it; else its re-check, which the poller must not sleep past
-                if worker is not None and stored.wake_at is not None:
-                    worker.wake_by(stored.wake_at)
-            elif claim and worker is not None:
-                events: list[Event] = [first]
-                if admission is not None and records_admission(self.store):
-                    events.append(admitted)  # (its seq is not needed: it has no position)
-                worker.run_claimed(stored, events)
-            else:
-                self._wake(run_id)
+            stored, created = await cfg.store.create_run(run, [first], queue_cap=cap)
+        if not created:
+            return stored
+        worker = self._worker
+        if claim and worker is not None:
+            if not self._gate.parked(admission, stored):
+                worker.run_claimed(stored, self._gate.claimed_events(first, admission))
+            elif stored.wake_at is not None:  # its gate re-check: the poller must not sleep past
+                worker.wake_by(stored.wake_at)
+        else:
+            self._wake(run_id)
         return stored
 
     def _admissible(
@@ -265,29 +286,9 @@ class Engine:
             for t in dict.fromkeys(tags)
             if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
         ]
-        sg = defn.singleton
-        if sg is None:
-            return input_json, clean, None
-        if getattr(self.store, "try_admit_singleton", None) is None:
-            raise UnsupportedStoreError(
-                f"{type(self.store).__name__} has no try_admit_singleton: it cannot run "
-                f"singleton workflow {defn.name!r}"
-            )
-        try:
-            key = sg.key(value)
-        except Exception as exc:
-            raise InvalidInputError(defn.name, f"singleton key() raised {exc!r}") from exc
-        if not isinstance(key, str) or not key:
-            raise InvalidInputError(
-                defn.name, f"singleton key() must return a non-empty str, got {key!r}"
-            )
-        if len(key) > MAX_ID_LENGTH:
-            raise InvalidInputError(
-                defn.name,
-                f"singleton key() returned {len(key)} characters ({key[:40]!r}...); "
-                f"every store keeps at most {MAX_ID_LENGTH}",
-            )
-        clean.insert(0, SINGLETON_TAG_PREFIX + key)
+        key = gate.singleton_key(defn, value, self.store)
+        if key is not None:
+            clean.insert(0, SINGLETON_TAG_PREFIX + key)
         return input_json, clean, key
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
@@ -321,35 +322,13 @@ class Engine:
             now = self.clock.now()
             # Settle at once when no body can receive the cancellation: it never started (or
             # never got past its gate), or it is blocked on code that no longer replays.
-            direct = run.status in (RunStatus.PENDING, RunStatus.BLOCKED) or (
-                run.singleton_key is not None and not run.admitted
-            )
+            direct = run.status in (RunStatus.PENDING, RunStatus.BLOCKED) or gate.waiting(run)
             try:
                 if direct and not run.leased(now):
-                    notify = None
-                    if run.singleton_tag is not None:
-                        entry = self.registry.get(run.workflow)
-                        sg = entry[0].singleton if entry else None
-                        notify = Notify(run.workflow, run.singleton_tag, sg.limit if sg else None)
-                    res = await self.store.commit(
-                        run_id,
-                        None,
-                        now,
-                        Update(
-                            events=[
-                                CancelRequested(at=now),
-                                *(
-                                    [SingletonReleased(key=run.singleton_key, at=now)]
-                                    if run.admitted and run.singleton_key is not None
-                                    else []
-                                ),
-                                RunCancelled(at=now),
-                            ],
-                            status=RunStatus.CANCELLED,
-                            expect_status=frozenset({run.status}),
-                            notify=notify,
-                        ),
-                    )
+                    entry = self.registry.get(run.workflow)
+                    sg = entry[0].singleton if entry else None
+                    update = gate.cancel_at_once(run, sg.limit if sg else None, now)
+                    res = await self.store.commit(run_id, None, now, update)
                     self.bus.settled(run_id, res.run)
                     for wid in res.woken:
                         self._wake(wid)
@@ -457,22 +436,25 @@ class Engine:
         return "; ".join(parts) or "it is waiting"
 
     async def _wait_settled(self, run_id: str) -> Any:
-        first = True
+        """Until the run settles. The settling commit of any engine on this bus wakes it with
+        the settled snapshot, and a run that leaves this engine's worker unsettled wakes it
+        for a fresh read. No store says when a run settled elsewhere (another process, an
+        engine with a bus of its own; ``watch`` tells of claimable work only), so such a run
+        is read again every ``RESULT_POLL`` seconds, a run executing here rarely."""
+        read = not self.executing(run_id)  # executing here: its settlement comes by the bus
         while True:
             fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
             try:
-                local = first and self._worker is not None and self._worker.executing(run_id)
-                first = False
-                if not local:
-                    # Executing here: its settling commit resolves ``fut`` with the
-                    # snapshot, so only a run elsewhere (or parked) needs a read.
+                if read:
                     run = await self._get(run_id)
                     if run.status.terminal:
                         return self._outcome(run)
-                await asyncio.wait({fut}, timeout=0.5)
+                here = self.executing(run_id)
+                await asyncio.wait({fut}, timeout=RESULT_POLL_HERE if here else RESULT_POLL)
                 settled = fut.result() if fut.done() else None
                 if isinstance(settled, Run) and settled.status.terminal:
                     return self._outcome(settled)  # the settling commit's own snapshot
+                read = True
             finally:
                 self.bus.discard(run_id, fut)
 

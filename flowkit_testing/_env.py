@@ -115,10 +115,7 @@ class TestEnv:
         await self.settle()
 
     async def _finish_crash(self, i: int) -> None:
-        worker = self.engines[i]._worker
-        self.engines[i]._worker = None
-        if worker is not None:
-            await worker.stop(graceful=False)
+        await self.engines[i].crash()
 
     def _crash_soon(self, i: int) -> None:
         """A crash rule fired inside instance ``i``'s own task: tear it down from outside."""
@@ -175,11 +172,6 @@ class TestEnv:
         await self._make(i).start_worker()
         await self.settle()
 
-    def _live_owners(self) -> list[str]:
-        return [
-            e.instance_id for e, p in zip(self.engines, self._proxies, strict=True) if not p.crashed
-        ]
-
     # -- driving -----------------------------------------------------------------------
     async def settle(self, max_rounds: int = 100_000) -> None:
         """Return once every task is blocked (like trio's ``wait_all_tasks_blocked``);
@@ -188,8 +180,7 @@ class TestEnv:
         quiet = 0
         for _ in range(max_rounds):
             await asyncio.sleep(0)
-            ready = getattr(loop, "_ready", None)
-            if ready is not None and len(ready) == 0:
+            if _nothing_ready(loop):
                 quiet += 1
                 if quiet >= 3:
                     return
@@ -199,27 +190,26 @@ class TestEnv:
 
     def _poke(self) -> None:
         for eng, proxy in zip(self.engines, self._proxies, strict=True):
-            if not proxy.crashed and eng._worker is not None:
-                eng._worker.poke()
+            if not proxy.crashed:
+                eng.poke()
 
     async def _next_time(self) -> float | None:
         """The next instant at which some run becomes claimable (wake time, or the lease
         expiry of a crashed instance). Gate re-checks of singleton waiters are skipped unless
         ``gate_polls``: notify-on-release wakes them, so a month-long hold costs no jumps."""
         now = self.clock.now()
-        live = set(self._live_owners())
-        executing = {
-            run_id
-            for eng, proxy in zip(self.engines, self._proxies, strict=True)
-            if not proxy.crashed and eng._worker is not None
-            for run_id in eng._worker._active
+        live = {
+            e.instance_id: e
+            for e, p in zip(self.engines, self._proxies, strict=True)
+            if not p.crashed
         }
         best: float | None = None
         for r in await self.store.list_runs():
             if r.status.terminal:
                 continue
             if r.lease_owner is not None and r.lease_expires is not None:
-                if r.lease_owner in live and r.id in executing:
+                owner = live.get(r.lease_owner)
+                if owner is not None and owner.executing(r.id):
                     continue  # renewed by a live activation: its expiry is not a due time
                 t: float | None = r.lease_expires
             elif r.status is RunStatus.BLOCKED or (
@@ -316,6 +306,13 @@ class TestEnv:
 
     async def history(self, run_id: str) -> History:
         return await self._client().history(run_id)
+
+
+def _nothing_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether no callback is ready to run on ``loop`` (asyncio's private ready queue; a loop
+    without one never counts as quiet)."""
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and len(ready) == 0
 
 
 def _inline_writes(store: Any) -> list[Any]:

@@ -31,8 +31,8 @@ from syrupy.extensions.json import JSONSnapshotExtension
 from syrupy.types import PropertyFilter, PropertyMatcher, SerializableData, SerializedData
 
 from flowkit import History
+from flowkit._gate import GATE_JITTER, GATE_RETRY
 from flowkit._history import Event, event_to_json
-from flowkit._singleton import GATE_JITTER, GATE_RETRY
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")

@@ -449,7 +449,7 @@ async def test_result_sees_a_run_queued_here_but_completed_by_another_instance()
         raise AssertionError("condition never became true")
 
     async def x_queued() -> bool:
-        return full._worker is not None and full._worker.executing("x")
+        return full.executing("x")
 
     store = MemoryStore()
     full = flowkit.Engine(store, [Blocker(), Quick()], max_concurrency=1, poll_interval=0.01)

@@ -61,10 +61,9 @@ async def test_restart_under_the_same_instance_id_resumes_at_once(
     await first.start("held", None, "r1")
     await _quiet()
     assert wf.entered == ["r1"]
-    crashed = first._worker
-    assert crashed is not None
-    first._worker = None
-    await crashed.stop(graceful=False)  # a dead process: no lease given back
+    assert first.executing("r1")
+    await first.crash()  # a dead process: no lease given back
+    assert not first.executing("r1")
     run = await store.get_run("r1")
     assert run is not None and run.lease_owner == "w-1" and run.status is RunStatus.RUNNING
 

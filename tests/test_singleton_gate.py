@@ -505,7 +505,7 @@ async def test_a_start_behind_a_holder_is_one_create_run_and_the_release_hands_i
         assert store.calls[mark:] == [("create_run+admission", "w")]
         if isinstance(store, SqlStore):
             assert _write_tx(store) - tx == 1
-        assert not env.engines[0]._worker.executing("w")  # no activation either
+        assert not env.engines[0].executing("w")  # no activation either
         w = await get(env, "w")
         assert (w.status, w.lease_owner, w.lease_expires, w.admitted) == (
             RunStatus.SUSPENDED,
