@@ -39,7 +39,7 @@ T = TypeVar("T")
 RESULT_POLL = 0.5
 """Seconds between ``Engine.result``'s reads of a run that may settle where no bus tells it."""
 RESULT_POLL_HERE = 5.0
-"""The same for a run executing on this engine's worker, whose settlement the bus carries."""
+"""The same for a run with an activation on this engine's worker: its end tells the bus."""
 
 
 class _Setting(Generic[T]):
@@ -439,8 +439,9 @@ class Engine:
         """Until the run settles. The settling commit of any engine on this bus wakes it with
         the settled snapshot, and a run that leaves this engine's worker unsettled wakes it
         for a fresh read. No store says when a run settled elsewhere (another process, an
-        engine with a bus of its own; ``watch`` tells of claimable work only), so such a run
-        is read again every ``RESULT_POLL`` seconds, a run executing here rarely."""
+        engine with a bus of its own; ``watch`` tells of claimable work only), so a run
+        without an activation here is read again every ``RESULT_POLL`` seconds; one with an
+        activation here only every ``RESULT_POLL_HERE``."""
         read = not self.executing(run_id)  # executing here: its settlement comes by the bus
         while True:
             fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
@@ -449,7 +450,7 @@ class Engine:
                     run = await self._get(run_id)
                     if run.status.terminal:
                         return self._outcome(run)
-                here = self.executing(run_id)
+                here = self._worker is not None and self._worker.holds(run_id)
                 await asyncio.wait({fut}, timeout=RESULT_POLL_HERE if here else RESULT_POLL)
                 settled = fut.result() if fut.done() else None
                 if isinstance(settled, Run) and settled.status.terminal:

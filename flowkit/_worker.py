@@ -147,6 +147,11 @@ class Worker:
         """Whether ``run_id`` is being claimed or executed by this instance right now."""
         return run_id in self._active
 
+    def holds(self, run_id: str) -> bool:
+        """Whether an activation of ``run_id`` (claimed, past its gate) runs here: it ends by
+        telling ``settled``, with the snapshot or ``None``."""
+        return self._active.get(run_id) is not None
+
     def run_claimed(self, run: Run, events: Sequence[Event]) -> None:
         """Execute a run this instance already holds the lease of: one it created claimed, or
         one a release handed over (no claim, no history read)."""

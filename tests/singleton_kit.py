@@ -1,4 +1,5 @@
-"""Shared workflows and helpers of the singleton tests (``tests/test_singleton_*.py``).
+"""Shared workflows and helpers of the singleton tests (``tests/test_singleton_*.py``,
+``tests/test_gate_*.py`` and more).
 
 ``make_lane`` builds a fresh singleton workflow per test (its own ``Singleton`` config and its
 own probes), so no test leaks state into another."""

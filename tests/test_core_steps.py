@@ -8,7 +8,6 @@ import gc
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -417,62 +416,6 @@ async def test_retry_of_non_failed_run_raises_run_state_error() -> None:
         assert len(await env.history("r1")) == n
         with pytest.raises(flowkit.RunNotFoundError):
             await env.engines[0].retry("nope")
-
-
-async def test_result_sees_a_run_queued_here_but_completed_by_another_instance() -> None:
-    """``Engine.result`` skips the store read for a run this engine is executing; a run that is
-    only queued here (the engine is full) and settled by another process must still be seen."""
-    from flowkit import Engine
-    from flowkit.stores import MemoryStore
-
-    release = asyncio.Event()
-
-    @workflow(name="blocker")
-    class Blocker:
-        async def hold(self) -> str:
-            await release.wait()
-            return "held"
-
-        async def run(self, ctx: WorkflowCtx, _: int) -> str:
-            return str(await ctx.step(self.hold))
-
-    @workflow(name="quick")
-    class Quick:
-        async def run(self, ctx: WorkflowCtx, _: int) -> str:
-            return "done"
-
-    async def until(cond: Callable[[], Awaitable[bool]]) -> None:
-        for _ in range(1000):  # bounded polling of a condition, not a timed guess
-            if await cond():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("condition never became true")
-
-    async def x_queued() -> bool:
-        return full.executing("x")
-
-    store = MemoryStore()
-    full = flowkit.Engine(store, [Blocker(), Quick()], max_concurrency=1, poll_interval=0.01)
-    client = Engine(store, [Blocker(), Quick()], worker=False)
-    other: Engine | None = None
-    async with full:
-        try:
-            await full.start("blocker", 0, "b")
-            await client.start("quick", 0, "x")
-            await until(x_queued)
-            other = Engine(store, [Blocker(), Quick()], poll_interval=0.01)  # its own bus
-            await other.start_worker()
-
-            async def x_completed() -> bool:
-                run = await store.get_run("x")
-                return run is not None and run.status is RunStatus.COMPLETED
-
-            await until(x_completed)
-            assert await full.result("x", timeout=10) == "done"
-        finally:
-            release.set()
-            if other is not None:
-                await other.stop()
 
 
 async def test_a_step_and_a_handed_run_start_before_other_ready_work() -> None:

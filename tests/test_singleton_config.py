@@ -1,6 +1,6 @@
 """Singleton declaration and start-time checks: config validation, key() failures, the
 ``singleton:<key>`` tag and persisted key, unsupported stores, failing admission, namespaces
-(DESIGN §1, §4.1, §4.8, §4.9)."""
+(docs/singleton.md, "Declaring a singleton", "Stores and singleton admission", "Namespaces")."""
 
 from __future__ import annotations
 

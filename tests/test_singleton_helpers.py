@@ -1,5 +1,6 @@
 """Unit tests of the public helpers for custom stores: ``flowkit.singleton.admission_tags``
-and ``flowkit.singleton.denial_patch`` over hand-built runs (DESIGN §4.10)."""
+and ``flowkit.singleton.denial_patch`` over hand-built runs (docs/singleton.md,
+"Implementing admission in your own store")."""
 
 from __future__ import annotations
 

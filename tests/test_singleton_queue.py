@@ -1,5 +1,5 @@
-"""``max_queue_depth`` back-pressure and ``signal_with_start`` on a busy key (DESIGN §4.7,
-§2 signal_with_start)."""
+"""``max_queue_depth`` back-pressure and ``signal_with_start`` on a busy key (docs/singleton.md,
+"Bounding the queue" and "signal_with_start")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``Engine.start``'s checks before anything is written: idempotent restarts of an existing run
-id never fail on them (DESIGN §2), and one length limit for run ids and singleton keys holds on
-every store (MemoryStore, a SQLite file, PostgreSQL)."""
+"""``Engine.start``'s checks before anything is written: idempotent restarts of an existing
+run id never fail on them, and one length limit for run ids and singleton keys holds on every
+store (MemoryStore, a SQLite file, PostgreSQL)."""
 
 from __future__ import annotations
 

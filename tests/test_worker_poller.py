@@ -1,21 +1,9 @@
-"""The timer poller's deadline: durable timers and retry backoffs fire when due, also while a
-singleton waiter is parked and re-checking its gate (issue #17, item 8).
-
-The poller used to take the earliest due instant of all runs (``next_due_at``) as its next
-deadline. Right after it dispatched a due run (a fired timer, a waiter's ~1 s gate re-check)
-that run is not claimed yet, so the earliest instant was in the past: the poller then waited
-its whole poll interval, and every timer due meanwhile fired up to that late (0.4 s at the
-median, 1 s at worst, with the default interval). An overdue run of a workflow this worker
-does not have did the same for as long as it stayed there. Now the poller asks the store for
-the first instant after ``now`` (``next_due_after``).
-
-* Deterministic, on a ``VirtualClock``: virtual time runs from one sleeper's deadline to the
-  next, as a real clock would, and nothing pokes the pollers (``TestEnv.advance`` would), so
-  only the poller's own deadline decides when a timer fires: each must fire at its due instant
-  exactly. Memory, a SQLite file and PostgreSQL.
-* On the real clock with the Engine's defaults (``poll_interval=1.0``), memory, a SQLite file
-  and PostgreSQL: lateness far below the poll interval.
-* A store without ``next_due_after`` still works (the poller falls back to ``next_due_at``)."""
+"""The worker's timer poller: its deadline is the store's first due instant *after* now
+(``next_due_after``), so timers and retry backoffs fire when due, also while a dispatched run
+is not claimed yet (a fired timer, a parked waiter's gate re-check) or a run of a workflow
+this worker lacks stays overdue. On a ``VirtualClock`` nothing but the poller's own deadline
+moves a timer, which must fire at its due instant exactly; on the real clock, far sooner than
+the poll interval; a store without ``next_due_after`` falls back to ``next_due_at``."""
 
 from __future__ import annotations
 
