@@ -67,7 +67,9 @@ class Engine:
     """Runs workflows on a store. ``async with engine:`` starts this instance's worker loops.
 
     Several engines (tasks, processes, hosts) may share one store; ``worker=False`` makes a
-    client that only starts/signals/cancels."""
+    client that only starts/signals/cancels. The settings live in ``config``, which the
+    worker (``_worker.Worker``) runs with; ``crash``, ``executing`` and ``poke`` are what
+    ``flowkit_testing.TestEnv`` needs of it."""
 
     def __init__(
         self,
@@ -179,8 +181,8 @@ class Engine:
             await w.stop(graceful=False)
 
     def executing(self, run_id: str) -> bool:
-        """Whether this engine's worker is claiming or executing ``run_id`` right now (it
-        renews the run's lease, and its settlement reaches ``result`` through the bus)."""
+        """Whether this engine's worker has ``run_id`` in hand right now: queued for its
+        claim, claiming it, or executing it (and renewing its lease)."""
         return self._worker is not None and self._worker.executing(run_id)
 
     def poke(self) -> None:
