@@ -45,7 +45,8 @@ Settled = Callable[[str, Run | None], None]
 @dataclass(eq=False)
 class WorkerConfig:
     """What a worker and its activations run with (``Engine`` builds it from its arguments;
-    its attributes of the same names read and write these)."""
+    its attributes of the same names read and write these). It lives here, below the worker,
+    because every activation reads it."""
 
     store: Store
     clock: Clock

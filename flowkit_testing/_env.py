@@ -196,7 +196,11 @@ class TestEnv:
     async def _next_time(self) -> float | None:
         """The next instant at which some run becomes claimable (wake time, or the lease
         expiry of a crashed instance). Gate re-checks of singleton waiters are skipped unless
-        ``gate_polls``: notify-on-release wakes them, so a month-long hold costs no jumps."""
+        ``gate_polls``: notify-on-release wakes them, so a month-long hold costs no jumps.
+
+        This is the environment's own time-skipping rule, over every instance at once: a
+        store's ``next_due_after`` cannot leave out a lease that another live instance renews
+        (``Engine.executing``), blocked runs or parked waiters."""
         now = self.clock.now()
         live = {
             e.instance_id: e
