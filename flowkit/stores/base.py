@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._history import Event
 from .._run import Run, RunStatus
-from ..errors import FlowkitError
+from ..errors import ConflictError
 from ..singleton import check_limit
 
 
@@ -39,11 +39,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-
-
-class ConflictError(FlowkitError):
-    """Raised by ``Store.commit`` when a precondition (expected status, signal still in the
-    inbox, lease) no longer holds; the caller re-reads and decides again."""
 
 
 @dataclass(frozen=True)

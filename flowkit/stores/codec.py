@@ -43,7 +43,7 @@ from .._history import (
     StepFailed,
 )
 from .._run import Run, RunStatus
-from ..errors import FlowkitError
+from ..errors import CodecError
 from .base import (
     UNSET,
     Admission,
@@ -62,15 +62,6 @@ _ERROR_TEXT_FIELDS = ("message", "cause_message")
 
 
 log = logging.getLogger("flowkit")
-
-
-class CodecError(FlowkitError):
-    """A stored payload cannot be decoded: encrypted with a key id the codec does not have,
-    tampered with, or not encoded at all. ``key_id`` names the key when it is known."""
-
-    def __init__(self, message: str, *, key_id: str | None = None) -> None:
-        self.key_id = key_id
-        super().__init__(message)
 
 
 @runtime_checkable

@@ -28,7 +28,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 
-from ...errors import FlowkitError
+from ...errors import SchemaVersionError, StoreUnavailableError, UnsupportedDatabaseError
 
 SCHEMA_VERSION = 1
 """The layout this code reads and writes; bump it (and add a migration) on any change."""
@@ -41,26 +41,6 @@ WAITING_SQL = "status IN ('blocked', 'pending', 'running', 'suspended')"
 """A singleton waiter's status (``flowkit.singleton.waiters``: active, not cancelling), as
 the predicate of ``ix_flowkit_runs_waiting``: a query that uses the index must carry exactly
 this term (and ``admitted`` false), or the database cannot prove the index covers it."""
-
-
-class SchemaVersionError(FlowkitError):
-    """The database carries a flowkit schema version this code does not understand."""
-
-    def __init__(self, found: int, supported: int) -> None:
-        self.found = found
-        self.supported = supported
-        super().__init__(
-            f"the flowkit database has schema version {found}, but this flowkit supports "
-            f"schema version {supported}; upgrade flowkit to open it"
-        )
-
-
-class UnsupportedDatabaseError(FlowkitError, ValueError):
-    """``SqlStore`` was given a URL of a database it does not support (or cannot load)."""
-
-
-class StoreUnavailableError(FlowkitError):
-    """``SqlStore`` cannot connect to its database (server down, wrong path or credentials)."""
 
 
 class _SQLiteJSON(sqlite.JSON):

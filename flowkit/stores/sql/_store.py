@@ -48,7 +48,7 @@ from ...errors import (
     SingletonQueueFullError,
 )
 from ..base import Admission, CommitResult, ConflictError, HandOff, InboxSignal, QueueCap, Update
-from ..memory import (
+from ..rules import (
     admit_new,
     admitted_event,
     apply_update,
