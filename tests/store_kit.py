@@ -16,6 +16,7 @@ from flowkit import Run, RunStatus
 from flowkit._history import Event, RunCompleted, RunStarted, TimerFired
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.base import Notify, Update
+from flowkit.stores.codec import AESGCMCodec
 from flowkit.stores.sql._postgres import PgStatements
 from flowkit.stores.sql._sqlite import SqliteStatements
 
@@ -32,13 +33,18 @@ PG = pytest.param("postgres", marks=pytest.mark.postgres)
 KINDS = ["sqlite", PG]
 
 __all__ = [
+    "K1",
+    "K2",
+    "K3",
     "KINDS",
     "PG",
+    "SECRET",
     "T0",
     "TAG",
     "Backend",
     "PostgresUnavailable",
     "S",
+    "codec",
     "collated_database",
     "database_url",
     "delta",
@@ -52,6 +58,7 @@ __all__ = [
     "mk",
     "put",
     "release",
+    "secret_run",
     "start_postgres",
     "stats",
 ]
@@ -190,4 +197,32 @@ def release(owner: str | None = "x", limit: int = 1) -> Update:
         events=[RunCompleted(at=T0 + 3)],
         status=S.COMPLETED,
         notify=Notify("wf", TAG, limit, claim_owner=owner, lease_expires=T0 + 40),
+    )
+
+
+# -- CodecStore ----------------------------------------------------------------------------
+
+SECRET = "TOP-SECRET-PAYLOAD-42"
+K1 = bytes(range(32))
+K2 = bytes(range(100, 116))  # AES-128
+K3 = bytes(range(50, 74))  # AES-192
+
+
+def codec(*keys: tuple[str, bytes]) -> AESGCMCodec:
+    """An ``AESGCMCodec`` with ``keys`` (``k1``: ``K1`` by default)."""
+    return AESGCMCodec(list(keys) or [("k1", K1)])
+
+
+def secret_run(run_id: str, **kw: Any) -> Run:
+    """A pending run whose input is ``SECRET``."""
+    return Run(
+        id=run_id,
+        workflow="wf",
+        workflow_version="1",
+        status=RunStatus.PENDING,
+        input={"s": SECRET},
+        tags=("t1",),
+        created_at=T0,
+        updated_at=T0,
+        **kw,
     )

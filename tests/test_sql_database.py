@@ -5,6 +5,7 @@ a dropped connection, and the plans of the queries that must use their index."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from store_kit import (
 from flowkit import RunStatus
 from flowkit.errors import (
     FlowkitError,
+    NotAFlowkitDatabaseError,
 )
 from flowkit.stores.base import Update
 from flowkit.stores.sql import (
@@ -283,3 +285,46 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
         assert [e.seq for e in await fresh.load_events("r")] == [1, 2, 3, 4]
     finally:
         fresh.close()
+
+
+# -- SqlStore.check: a URL looked at without writing -----------------------------------------
+
+
+def test_check_names_what_is_not_a_flowkit_database_and_writes_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "none.db"
+    with pytest.raises(NotAFlowkitDatabaseError, match="no flowkit database at") as ei:
+        SqlStore.check(f"sqlite:///{missing}")
+    assert ei.value.missing and not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    other = tmp_path / "other.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    con.commit()
+    con.close()
+    cases = {
+        f"sqlite:///{empty}": (NotAFlowkitDatabaseError, "it is empty"),
+        f"sqlite:///{other}": (NotAFlowkitDatabaseError, r"other tables \(invoices\)"),
+        f"sqlite:///{tmp_path}": (NotAFlowkitDatabaseError, "not a file"),
+        "sqlite:///:memory:": (NotAFlowkitDatabaseError, "in-memory"),
+        "no url": (UnsupportedDatabaseError, "not a database URL"),
+        "mysql://u@localhost/db": (UnsupportedDatabaseError, "SqlStore supports"),
+        "postgresql+psycopg://u@127.0.0.1:1/flowkit": (StoreUnavailableError, "cannot connect"),
+    }
+    for url, (error, message) in cases.items():
+        with pytest.raises(error, match=message) as got:
+            SqlStore.check(url)
+        assert not getattr(got.value, "missing", False), url
+    assert empty.stat().st_size == 0
+    con = sqlite3.connect(other)
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["invoices"]
+    con.close()
+
+
+async def test_check_accepts_a_flowkit_database(sql_backend: Backend) -> None:
+    assert sql_backend.url is not None
+    if sql_backend.name == "postgres":  # (a fresh server database has no tables yet)
+        with pytest.raises(NotAFlowkitDatabaseError, match="no flowkit tables"):
+            SqlStore.check(sql_backend.url)
+    await sql_backend.store.get_run("nothing")  # (the first use creates the tables)
+    SqlStore.check(sql_backend.url)

@@ -5,7 +5,7 @@ releases (PostgreSQL's one statement, SQLite's few). How and why: docs/stores.md
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._history import Event
@@ -14,8 +14,8 @@ from ...errors import ConflictError, RunNotFoundError
 from ..base import CommitResult, HandOff, Update
 from ..rules import admitted_event, apply_update, check_commit, claimable, plan_release
 from . import _runs as runs
-from ._connection import ROWCOUNT, SELECT, Conn
-from ._group_commit import After, GroupCommit, Op
+from ._connection import RETURNING, ROWCOUNT, ROWS, SELECT, Conn
+from ._group_commit import After, Deferred, GroupCommit, Op
 from ._rows import (
     LAST_SEQ,
     NAMESPACE,
@@ -41,12 +41,101 @@ def wake_if_free(c: Conn, run: Run, now: float) -> None:
         c.wakeup(run.namespace)
 
 
+def _hit(row: Any) -> bool:
+    """``Op.single``: the whole call when its conditional write matched its row."""
+    return row is not None
+
+
+def _released(found: Any) -> bool:
+    """``Op.single`` of ``release_fast``: the release was applied (its run's row came back)."""
+    return bool(found) and found[0][0] == 0
+
+
 class Commits:
     """The commit paths of one store (its statements, on its database's write calls)."""
 
     def __init__(self, sql: Statements, gc: GroupCommit) -> None:
         self.sql = sql
         self.gc = gc
+
+    def op(self, run_id: str, owner: str | None, now: float, update: Update) -> Op[CommitResult]:
+        """The write call of ``Store.commit``, by the shortest path that can apply it: one
+        conditional ``UPDATE`` (the common commit), a lean release (PostgreSQL's one statement,
+        SQLite's few), or the general commit (``locked``), which a missed fast path falls
+        back to, as it decides and raises in Python."""
+        sql = self.sql
+        fast = sql.commit_fast(run_id, owner, now, update)
+        whole = None
+        n = len(update.events)
+        first: tuple[str, Any, int] | None
+        if fast is not None:  # the whole change in one conditional UPDATE
+            first = (fast[0], fast[1], RETURNING)
+            inline = fast[2]
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                if row is not None:
+                    last = int(row[LAST_SEQ])
+                    if not inline:
+                        runs.append(sql, c, run_id, last - n + 1, update.events)
+                    new = to_run(row)
+                    wake_if_free(c, new, now)
+                    return CommitResult(new, tuple(range(last - n + 1, last + 1)))
+                # it missed: lock the row and decide (and raise) in Python; in a PostgreSQL
+                # batch not here, as that lock would come out of the batch's run-id order
+                if c.pipelined:
+                    raise Deferred
+                return self.locked(c, run_id, owner, now, update)
+
+        elif (whole := sql.release_fast(run_id, owner, now, update)) is not None:
+            # (PostgreSQL) a common release in one statement: the slot, handed over
+            first = (whole[0], whole[1], ROWS)
+
+            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
+                if not _released(row):  # a precondition failed: nothing was written
+                    if c.pipelined:
+                        raise Deferred
+                    return self.locked(c, run_id, owner, now, update)
+                c.dirty = True  # (it wrote: a failure from here on fails its transaction)
+                return self.fast_released(c, row, len(update.events), now)
+
+        elif (lean := sql.release_lite(run_id, owner, now, update)) is not None:
+            # (SQLite) a common release: the run's row, then its key's oldest waiter
+            first = (lean[0], lean[1], RETURNING)
+            waiter = lean[2]
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                if row is None:  # a precondition failed: nothing was written
+                    return self.locked(c, run_id, owner, now, update)
+                return self.lean_released(c, row, update, waiter, now)
+
+        elif update.notify is None:  # the general path, the row lock first (in order)
+            first = (sql.get_run_locked, sql.params(id=run_id), SELECT)
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                return self.locked(c, run_id, owner, now, update, row=(row,))
+
+        else:  # a release with notify: the key's lock, then its row with the key's runs
+            rn = update.notify
+            # (the waiters a release can wake: as many as slots can be free, one if unknown)
+            wake = rn.limit if rn.limit is not None else 1
+            first = (*sql.locked_with_sharing(run_id, rn.workflow, rn.tag, wake), ROWS)
+
+            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
+                row, sharing = runs.split(row, rn.tag)
+                return self.locked(c, run_id, owner, now, update, row=(row,), sharing=sharing)
+
+        # a release with notify holds the key's advisory lock (taken before any row lock of
+        # its transaction, which it may share with other calls). The fast path is complete
+        # when its UPDATE matched (PostgreSQL: events inserted by the same statement), so it
+        # can run as one statement in autocommit; the one-statement release with its lock
+        single: Callable[[Any], bool] | None = None
+        if whole is not None:
+            single = _released
+        elif fast is not None and (fast[2] or not n):
+            single = _hit
+        rel = update.notify
+        locks = () if rel is None else (lock_name(rel.workflow, rel.tag),)
+        return Op(rest, first, run_id, single=single, locks=locks)
 
     def locked(
         self,

@@ -444,13 +444,12 @@ class PgStatements(Statements):
     def release_fast(
         self, run_id: str, owner: str | None, now: float, u: Update
     ) -> tuple[str, dict[str, Any]] | None:
-        """A common release (``common_release``) as one statement, or ``None`` when it needs
-        the general path. Its rows (``k``, then the run's columns, then an event's ``seq`` and
-        ``body``): ``k = 0`` the released run (no such row: a precondition failed, nothing
-        was written); ``k = 1`` the waiter handed the slot, one row per event of its history;
-        ``k = 2`` the waiter planned for, as it was before (``seq`` 1 when it was only woken).
-        It decides as ``rules.plan_release`` does; a waiter whose row another transaction
-        holds (``SKIP LOCKED``) is neither handed nor woken here: the caller wakes it later."""
+        """A common release (``common_release``) as one statement deciding as
+        ``rules.plan_release`` does, or ``None``. Its rows (``k``, the run's columns, an
+        event's ``seq`` and ``body``): ``k = 0`` the released run (none: nothing was written);
+        ``k = 1`` the handed waiter, a row per event of its history; ``k = 2`` the waiter
+        planned for, as it was (``seq`` 1: only woken). A waiter another transaction holds
+        (``SKIP LOCKED``) is neither handed nor woken here: the caller wakes it later."""
         n = u.notify
         if n is None or owner is None or not common_release(u, n):
             return None

@@ -20,9 +20,9 @@ from ..base import Admission, CommitResult, InboxSignal, QueueCap, Update
 from ..rules import admit_new, admitted_event, claimable, due_time
 from . import _runs as runs
 from ._commit import Commits, wake_if_free
-from ._connection import RETURNING, ROWCOUNT, ROWS, SELECT, Conn
+from ._connection import RETURNING, ROWCOUNT, ROWS, Conn
 from ._database import Database, check
-from ._group_commit import Deferred, GroupCommit, Op
+from ._group_commit import GroupCommit, Op
 from ._rows import (
     LAST_SEQ,
     dumps,
@@ -46,11 +46,6 @@ def _always(_result: Any) -> bool:
 def _hit(row: Any) -> bool:
     """``Op.single``: the whole call when its conditional write matched its row."""
     return row is not None
-
-
-def _released(found: Any) -> bool:
-    """``Op.single`` of ``release_fast``: the release was applied (its run's row came back)."""
-    return bool(found) and found[0][0] == 0
 
 
 class SqlStore:
@@ -314,82 +309,7 @@ class SqlStore:
     async def commit(
         self, run_id: str, owner: str | None, now: float, update: Update
     ) -> CommitResult:
-        fast = self._sql.commit_fast(run_id, owner, now, update)
-        sql = self._sql
-        whole = None
-        n = len(update.events)
-        first: tuple[str, Any, int] | None
-        if fast is not None:  # the whole change in one conditional UPDATE
-            first = (fast[0], fast[1], RETURNING)
-            inline = fast[2]
-
-            def rest(c: Conn, row: Any) -> CommitResult:
-                if row is not None:
-                    last = int(row[LAST_SEQ])
-                    if not inline:
-                        runs.append(sql, c, run_id, last - n + 1, update.events)
-                    new = to_run(row)
-                    wake_if_free(c, new, now)
-                    return CommitResult(new, tuple(range(last - n + 1, last + 1)))
-                # it missed: lock the row and decide (and raise) in Python; in a PostgreSQL
-                # batch not here, as that lock would come out of the batch's run-id order
-                if c.pipelined:
-                    raise Deferred
-                return self._commits.locked(c, run_id, owner, now, update)
-
-        elif (whole := sql.release_fast(run_id, owner, now, update)) is not None:
-            # (PostgreSQL) a common release in one statement: the slot, handed over
-            first = (whole[0], whole[1], ROWS)
-
-            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
-                if not _released(row):  # a precondition failed: nothing was written
-                    if c.pipelined:
-                        raise Deferred
-                    return self._commits.locked(c, run_id, owner, now, update)
-                c.dirty = True  # (it wrote: a failure from here on fails its transaction)
-                return self._commits.fast_released(c, row, len(update.events), now)
-
-        elif (lean := sql.release_lite(run_id, owner, now, update)) is not None:
-            # (SQLite) a common release: the run's row, then its key's oldest waiter
-            first = (lean[0], lean[1], RETURNING)
-            waiter = lean[2]
-
-            def rest(c: Conn, row: Any) -> CommitResult:
-                if row is None:  # a precondition failed: nothing was written
-                    return self._commits.locked(c, run_id, owner, now, update)
-                return self._commits.lean_released(c, row, update, waiter, now)
-
-        elif update.notify is None:  # the general path, the row lock first (in order)
-            first = (sql.get_run_locked, self._sql.params(id=run_id), SELECT)
-
-            def rest(c: Conn, row: Any) -> CommitResult:
-                return self._commits.locked(c, run_id, owner, now, update, row=(row,))
-
-        else:  # a release with notify: the key's lock, then its row with the key's runs
-            rn = update.notify
-            # (the waiters a release can wake: as many as slots can be free, one if unknown)
-            wake = rn.limit if rn.limit is not None else 1
-            first = (*sql.locked_with_sharing(run_id, rn.workflow, rn.tag, wake), ROWS)
-
-            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
-                row, sharing = runs.split(row, rn.tag)
-                return self._commits.locked(
-                    c, run_id, owner, now, update, row=(row,), sharing=sharing
-                )
-
-        # a release with notify holds the key's advisory lock (taken before any row lock of
-        # its transaction, which it may share with other calls). The fast path is complete
-        # when its UPDATE matched (PostgreSQL: events inserted by the same statement), so it
-        # can run as one statement in autocommit; the one-statement release with its lock
-        single: Callable[[Any], bool] | None = None
-        if whole is not None:
-            single = _released
-        elif fast is not None and (fast[2] or not n):
-            single = _hit
-        rel = update.notify
-        locks = () if rel is None else self._key_locks(rel.workflow, rel.tag)
-        op = Op(rest, first, run_id, single=single, locks=locks)
-        return await self._gc.write(op)
+        return await self._gc.write(self._commits.op(run_id, owner, now, update))
 
     async def append_events(
         self, run_id: str, owner: str, now: float, events: Sequence[Event]
