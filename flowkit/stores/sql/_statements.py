@@ -19,8 +19,8 @@ ACTIVE = ", ".join(f"'{s}'" for s in sorted(s.value for s in ACTIVE_STATUSES))
 HANDABLE = "'pending', 'running', 'suspended'"  # rules.hand_off_ok
 
 
-# -- the claim rule in SQL: mirrors of ``flowkit.stores.rules`` (``tests/test_sql_claims.py``
-# compares them with the Python rules on random run states) ---------------------------------
+# -- the claim rule in SQL: mirrors of ``flowkit.stores.rules`` -----------------------------
+# (``tests/test_sql_end_to_end.py`` compares them with the Python rules on random run states)
 def leased(now: str) -> str:
     """``Run.leased(now)``."""
     return f"(lease_owner IS NOT NULL AND lease_expires IS NOT NULL AND lease_expires > {now})"
@@ -72,7 +72,9 @@ class Statements:
     TRUE, FALSE = "1", "0"
     EMPTY_LIST = "'[]'"
     WAITING_INDEX = ""  # the index a key's first waiters are read through
-    CTE_WRITES = False  # a commit's statement inserts its events too
+    # one statement writes what depends on its write too (a data-modifying WITH): a commit or
+    # a creation with its events, a signal with its delivery
+    CTE_WRITES = False
     hand_off_history: str  # (PostgreSQL) ``hand_off`` returning the waiter's history
     deliver_and_insert: str  # (PostgreSQL) ``deliver`` and ``insert_signal`` in one
     release_waiter: str  # (SQLite) a key's oldest waiter with its history
