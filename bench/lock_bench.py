@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowkit.stores.sql._engine import SQLITE_BUSY_TIMEOUT_MS, WaitingCursor
+from flowkit.stores.sql._sqlite import SQLITE_BUSY_TIMEOUT_MS, WaitingCursor
 
 COMPETITOR = """
 import os, random, sqlite3, sys, time

@@ -54,7 +54,8 @@ from flowkit import Engine, Run, Singleton, SystemClock, WorkflowCtx, workflow  
 from flowkit.stores import MemoryStore  # noqa: E402
 from flowkit.stores.sql import SqlStore  # noqa: E402
 from flowkit.stores.sql import _rows as sql_rows  # noqa: E402
-from flowkit.stores.sql._engine import ROWCOUNT, Op  # noqa: E402
+from flowkit.stores.sql._connection import ROWCOUNT  # noqa: E402
+from flowkit.stores.sql._group_commit import Op  # noqa: E402
 from flowkit.stores.sql._schema import runs as runs_table  # noqa: E402
 
 POLL = 0.05  # the engines' poll_interval: small, but dispatch (not polling) drives the work
@@ -184,7 +185,7 @@ def raw_commit_rate(store: SqlStore, n: int) -> float:
     )
     t0 = time.perf_counter()
     for _ in range(n):
-        db.run_write(op)
+        store._gc.run_write(op)
     return n / (time.perf_counter() - t0)
 
 

@@ -1,4 +1,7 @@
-"""Start a new task next instead of behind everything already ready on the event loop."""
+"""The one module that peeks at asyncio's ready queue (the loop's private ``_ready`` deque).
+
+``start_next`` starts a task ahead of other ready work; ``others_ready`` tells whether anything
+else is ready to run. On a loop without that deque both fall back to safe answers."""
 
 from __future__ import annotations
 
@@ -23,3 +26,13 @@ def start_next(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     if isinstance(ready, collections.deque) and len(ready) == before + 1 and before > 0:
         ready.appendleft(ready.pop())  # the handle create_task just scheduled
     return task
+
+
+def others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether callbacks are ready to run on ``loop`` after the current one (``True`` when
+    the loop does not say: the caller must then assume other work may run before it)."""
+    ready = getattr(loop, "_ready", None)
+    return ready is None or len(ready) > 0
+
+
+__all__ = ["others_ready", "start_next"]

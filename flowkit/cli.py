@@ -14,7 +14,6 @@ import asyncio
 import importlib
 import json
 import os
-import sqlite3
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -205,68 +204,17 @@ def _lease(run: Run, now: float) -> str:
 # -- the store -------------------------------------------------------------------------------
 
 
-def _check_sqlite_file(path: Path) -> None:
-    """Refuse a path that is not a flowkit SQLite database *without writing to it*: opening a
-    ``SqlStore`` would create flowkit's tables in any SQLite file (or an empty one)."""
-    if not path.exists():
-        raise CliError(f"no flowkit database at {path} (set --db or FLOWKIT_DB)")
-    if not path.is_file():
-        raise CliError(f"{path} is not a flowkit database: not a file")
-    try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            tables = {
-                row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        raise CliError(f"{path} is not a flowkit database: {exc}") from None
-    if {"flowkit_meta", "flowkit_runs", "flowkit_events"} <= tables:
-        return
-    if not tables:
-        why = "it is empty" if path.stat().st_size == 0 else "it has no tables"
-    else:
-        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        why = f"it has other tables ({shown})"
-    raise CliError(f"{path} is not a flowkit database: {why}")
-
-
-def _check_server(url: str) -> None:
-    """The same check on a database server: reachable, and holding flowkit's tables."""
-    import sqlalchemy as sa
-
-    from .stores.sql._engine import create_engine
-
-    engine = create_engine(url)
-    shown = engine.url.render_as_string(hide_password=True)
-    try:
-        with engine.connect() as conn:
-            found = sa.inspect(conn).has_table("flowkit_meta")
-    except sa.exc.DBAPIError as exc:
-        raise CliError(f"cannot connect to the flowkit database {shown}: {exc.orig}") from None
-    finally:
-        engine.dispose()
-    if not found:
-        raise CliError(f"{shown} is not a flowkit database: it has no flowkit tables")
-
-
 def _open_store(url: str) -> Any:
-    """A ``SqlStore`` on an existing flowkit database, or ``CliError``."""
-    import sqlalchemy as sa
-
+    """A ``SqlStore`` on an existing flowkit database, or ``CliError``. Nothing is written to
+    a database that is not flowkit's (``SqlStore.check``)."""
+    from .errors import FlowkitError, NotAFlowkitDatabaseError
     from .stores.sql import SqlStore
 
     try:
-        u = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        raise CliError(f"not a database URL: {url!r}") from None
-    if u.get_backend_name() == "sqlite":
-        if u.database in (None, "", ":memory:"):
-            raise CliError(f"{url!r} is an in-memory database: it holds no runs")
-        _check_sqlite_file(Path(u.database))
-    else:
-        _check_server(url)
+        SqlStore.check(url)
+    except FlowkitError as exc:
+        missing = isinstance(exc, NotAFlowkitDatabaseError) and exc.missing
+        raise CliError(f"{exc}{' (set --db or FLOWKIT_DB)' if missing else ''}") from None
     return SqlStore(url)
 
 

@@ -19,6 +19,12 @@
     ├── SerializationError         ctx.step()/start(): a value cannot be stored as JSON
     ├── HistoryError               History.from_json(): corrupt or foreign history
     ├── LeaseLostError             stores: the caller no longer owns the run's lease
+    ├── ConflictError              Store.commit(): a precondition (status, signal) no longer holds
+    ├── CodecError                 CodecStore: a stored payload cannot be decoded
+    ├── SchemaVersionError         SqlStore: the database has a newer schema version
+    ├── UnsupportedDatabaseError   SqlStore(url): not a supported database URL (a ValueError too)
+    ├── StoreUnavailableError      SqlStore: the database cannot be reached
+    ├── NotAFlowkitDatabaseError   SqlStore.check(url): the URL names no flowkit database
     └── ReplayFailedError          replay_dir report: some recorded histories no longer replay
                                    (defined in flowkit._replayer, exported from flowkit)
 """
@@ -207,21 +213,70 @@ class LeaseLostError(FlowkitError):
         super().__init__(f"lease on run {run_id!r} lost")
 
 
+class ConflictError(FlowkitError):
+    """Raised by ``Store.commit`` when a precondition (expected status, signal still in the
+    inbox, lease) no longer holds; the caller re-reads and decides again."""
+
+
+class CodecError(FlowkitError):
+    """A stored payload cannot be decoded: encrypted with a key id the codec does not have,
+    tampered with, or not encoded at all. ``key_id`` names the key when it is known."""
+
+    def __init__(self, message: str, *, key_id: str | None = None) -> None:
+        self.key_id = key_id
+        super().__init__(message)
+
+
+class SchemaVersionError(FlowkitError):
+    """The database carries a flowkit schema version this code does not understand."""
+
+    def __init__(self, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"the flowkit database has schema version {found}, but this flowkit supports "
+            f"schema version {supported}; upgrade flowkit to open it"
+        )
+
+
+class UnsupportedDatabaseError(FlowkitError, ValueError):
+    """``SqlStore`` was given a URL of a database it does not support (or cannot load)."""
+
+
+class StoreUnavailableError(FlowkitError):
+    """``SqlStore`` cannot connect to its database (server down, wrong path or credentials)."""
+
+
+class NotAFlowkitDatabaseError(FlowkitError):
+    """Raised by ``SqlStore.check`` for a URL that names no flowkit database: an in-memory
+    one, another application's, or none at all (``missing``: no file at that path)."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        self.missing = missing
+        super().__init__(message)
+
+
 __all__ = [
+    "CodecError",
+    "ConflictError",
     "FlowkitError",
     "HistoryError",
     "InvalidInputError",
     "LeaseLostError",
     "NonDeterminismError",
+    "NotAFlowkitDatabaseError",
     "ResultTimeoutError",
     "RunCancelledError",
     "RunIdTakenError",
     "RunNotFoundError",
     "RunStateError",
+    "SchemaVersionError",
     "SerializationError",
     "SignalTimeout",
     "SingletonQueueFullError",
     "StepFailedError",
+    "StoreUnavailableError",
+    "UnsupportedDatabaseError",
     "UnsupportedStoreError",
     "WorkflowFailedError",
     "WorkflowNotFoundError",

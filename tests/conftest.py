@@ -1,10 +1,12 @@
-"""Shared fixtures: one throwaway PostgreSQL server for the whole session."""
+"""Shared fixtures: one throwaway PostgreSQL server for the whole session, and the store
+backends of the store tests (``store_kit``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,9 +21,9 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 try:
-    from pg import PostgresUnavailable, start_postgres
+    from store_kit import PG, Backend, PostgresUnavailable, make_backend, start_postgres
 except ImportError:  # tests/ imported as a package
-    from tests.pg import PostgresUnavailable, start_postgres
+    from tests.store_kit import PG, Backend, PostgresUnavailable, make_backend, start_postgres
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +39,27 @@ def pg_server() -> Iterator[str]:
                 pytest.fail(f"PostgreSQL required but unavailable: {exc}")
             pytest.skip(f"PostgreSQL unavailable: {exc}")
         yield url
+
+
+@pytest.fixture(params=["memory", "sqlite", PG])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """Each store in turn: MemoryStore, SqlStore on a SQLite file, on PostgreSQL."""
+    b = make_backend(request.param, request, tmp_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture(params=["sqlite", PG])
+def sql_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """SqlStore on a SQLite file, then on PostgreSQL."""
+    b = make_backend(request.param, request, tmp_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture(params=["sqlite", PG])
+def gc_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """SqlStore with group commit on (SQLite, then PostgreSQL)."""
+    b = make_backend(request.param, request, tmp_path, group_commit=True)
+    yield b
+    b.close()

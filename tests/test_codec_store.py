@@ -1,12 +1,11 @@
-"""``CodecStore`` + ``AESGCMCodec``: every payload kind round-trips through an engine exactly as
-on the plain store, no plaintext reaches the database (SQLite file bytes, PostgreSQL rows),
-key rotation, unknown keys and tampering, and forwarding of ``try_admit_singleton``/``scoped``
-and of ``append_events`` (a step's record: encoded, and only over a store that has it)."""
+"""``CodecStore``: every payload kind round-trips through an engine exactly as on the plain
+store, no plaintext reaches the database (SQLite file bytes, PostgreSQL rows), forwarding of
+``try_admit_singleton``/``scoped`` and of ``append_events`` (a step's record: encoded, and only
+over a store that has it), a worker without the key, and the conformance kit through it."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
+from store_kit import K1, K2, PG, SECRET, T0, codec, fresh_database, secret_run
 
 import flowkit
 from flowkit import RetryPolicy, Run, RunStatus, Singleton, WorkflowCtx, workflow
@@ -28,37 +28,18 @@ from flowkit._history import (
     StepCompleted,
     StepFailed,
 )
-from flowkit.errors import FlowkitError, WorkflowFailedError
+from flowkit.errors import WorkflowFailedError
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Admission, Store, Update
-from flowkit.stores.codec import STRING_PREFIX, AESGCMCodec, Codec, CodecError, CodecStore
+from flowkit.stores.codec import STRING_PREFIX, AESGCMCodec, CodecError, CodecStore
 from flowkit.stores.sql import SqlStore
 from flowkit_testing import DEFAULT_START, TestEnv, VirtualClock
-
-try:
-    from pg import fresh_database
-except ImportError:  # tests/ imported as a package
-    from tests.pg import fresh_database
-
-SECRET = "TOP-SECRET-PAYLOAD-42"
-T0 = 1_767_225_600.0
-K1 = bytes(range(32))
-K2 = bytes(range(100, 116))  # AES-128
-K3 = bytes(range(50, 74))  # AES-192
-PG = pytest.param("postgres", marks=pytest.mark.postgres)
 
 
 def _url(kind: str, request: pytest.FixtureRequest, tmp_path: Path, name: str) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / name}"
     return fresh_database(request.getfixturevalue("pg_server"))
-
-
-def codec(*keys: tuple[str, bytes]) -> AESGCMCodec:
-    return AESGCMCodec(list(keys) or [("k1", K1)])
-
-
-# -- the workflow: input, step result, step failure with retry, signal, output, run failure --
 
 
 class VaultIn(BaseModel):
@@ -261,24 +242,10 @@ async def test_raw_columns_are_envelopes(
 # -- the wrapper on every payload kind, call by call ------------------------------------
 
 
-def _run(run_id: str, **kw: Any) -> Run:
-    return Run(
-        id=run_id,
-        workflow="wf",
-        workflow_version="1",
-        status=RunStatus.PENDING,
-        input={"s": SECRET},
-        tags=("t1",),
-        created_at=T0,
-        updated_at=T0,
-        **kw,
-    )
-
-
 async def _store_calls(store: Any) -> list[Any]:
     """Every payload-carrying store call, with what it returns."""
     out: list[Any] = []
-    run = _run("r")
+    run = secret_run("r")
     first = RunStarted(seq=1, at=T0, workflow="wf", version="1", input=run.input, tags=["t1"])
     out.append(await store.create_run(run, [first]))
     out.append(await store.create_run(replace(run, input={"other": 1}), []))  # existing
@@ -378,7 +345,7 @@ async def test_isinstance_store_and_scoped_views(tmp_path: Path) -> None:
         assert isinstance(store, Store)
         a, b = store.scoped("a"), store.scoped("b")
         assert isinstance(a, CodecStore) and a.namespace == "a" and store.namespace is None
-        created, _ = await a.create_run(_run("r1"), [])
+        created, _ = await a.create_run(secret_run("r1"), [])
         assert created.namespace == "a" and created.input == {"s": SECRET}
         assert await b.get_run("r1") is None
         assert (await a.get_run("r1")) == created
@@ -456,7 +423,7 @@ async def test_append_events_goes_through_only_when_inner_appends_events() -> No
     inner = MemoryStore()
     store = CodecStore(inner, codec())
     assert store.appends_events is True
-    run = replace(_run("r"), status=RunStatus.RUNNING, lease_owner="w", lease_expires=T0 + 30)
+    run = replace(secret_run("r"), status=RunStatus.RUNNING, lease_owner="w", lease_expires=T0 + 30)
     await store.create_run(run, [])
     step = StepCompleted(pos="0", name="f", result={"s": SECRET}, at=T0 + 1)
     failure = StepFailed(
@@ -484,182 +451,6 @@ async def test_append_events_goes_through_only_when_inner_appends_events() -> No
         assert await plain.load_events("r") == []
         assert (await plain.commit("r", "w", T0 + 1, Update(events=[step]))).seqs == (1,)
     assert store.scoped("a").appends_events is True
-
-
-# -- AESGCMCodec -------------------------------------------------------------------------
-
-
-def test_codec_round_trip_and_random_nonces() -> None:
-    c = codec()
-    assert isinstance(c, Codec)
-    values = [SECRET, 0, 1.0, -2.5, True, None, [], {}, {"a": [1, {"b": "é"}]}, "x" * 10_000]
-    for v in values:
-        enc = c.encode(v)
-        assert set(enc) == {"$codec", "kid", "data"} and enc["kid"] == "k1"
-        got = c.decode(enc)
-        assert got == v and type(got) is type(v)
-    a, b = c.encode(SECRET), c.encode(SECRET)
-    assert a["data"] != b["data"]  # a fresh nonce per value
-    assert SECRET not in repr(a) and "K1" not in repr(c) and repr(K1) not in repr(c)
-
-
-def test_key_rotation_old_key_decrypts_new_key_encrypts() -> None:
-    old = AESGCMCodec({"2024": K2})
-    rotated = AESGCMCodec({"2024": K2, "2025": K1})
-    assert rotated.current_key_id == "2025" and rotated.key_ids == ("2024", "2025")
-    from_old = old.encode({"v": SECRET})
-    assert from_old["kid"] == "2024"
-    assert rotated.decode(from_old) == {"v": SECRET}
-    from_new = rotated.encode({"v": SECRET})
-    assert from_new["kid"] == "2025"
-    assert rotated.decode(from_new) == {"v": SECRET}
-    # the old deployment cannot read what the new key wrote: one clear error naming the key
-    with pytest.raises(CodecError, match="'2025'") as ei:
-        old.decode(from_new)
-    assert ei.value.key_id == "2025" and isinstance(ei.value, FlowkitError)
-    # a sequence of pairs: the last one is the newest
-    seq = AESGCMCodec([("b", K3), ("2024", K2)])
-    assert seq.current_key_id == "2024" and seq.decode(old.encode(1)) == 1
-
-
-async def test_key_rotation_through_the_store(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'rot.db'}"
-    inner = SqlStore(url)
-    try:
-        v1 = CodecStore(inner, AESGCMCodec({"k1": K1}))
-        await v1.create_run(_run("before"), [])
-        v2 = CodecStore(inner, AESGCMCodec({"k1": K1, "k2": K2}))
-        got = await v2.get_run("before")  # old key still decrypts
-        assert got is not None and got.input == {"s": SECRET}
-        await v2.create_run(_run("after"), [])
-        raw_before, raw_after = await inner.get_run("before"), await inner.get_run("after")
-        assert raw_before is not None and raw_before.input["kid"] == "k1"
-        assert raw_after is not None and raw_after.input["kid"] == "k2"  # new key encrypts
-        assert (await v2.get_run("after")) == replace(got, id="after")
-        # dropping k1 too early: unknown key id -> CodecError naming it
-        v3 = CodecStore(inner, AESGCMCodec({"k2": K2}))
-        assert (await v3.get_run("after")) is not None
-        with pytest.raises(CodecError, match="key id 'k1'") as ei:
-            await v3.get_run("before")
-        assert ei.value.key_id == "k1"
-        with pytest.raises(CodecError, match="'k1'"):
-            await v3.list_runs()
-    finally:
-        inner.close()
-
-
-def test_unknown_key_id_is_one_clear_error() -> None:
-    enc = AESGCMCodec({"gone": K3}).encode("x")
-    with pytest.raises(CodecError) as ei:
-        codec().decode(enc)
-    assert ei.value.key_id == "gone"
-    assert "'gone'" in str(ei.value) and "'k1'" in str(ei.value)
-
-
-def _flip(data: str, i: int) -> str:
-    import base64
-
-    raw = bytearray(base64.b64decode(data))
-    raw[i] ^= 0x01
-    return base64.b64encode(bytes(raw)).decode()
-
-
-@pytest.mark.parametrize("where", ["nonce", "ciphertext", "tag", "kid", "truncated", "b64"])
-def test_tampering_is_detected(where: str) -> None:
-    c = AESGCMCodec({"a": K1, "b": K2})
-    enc = c.encode({"v": SECRET})
-    bad = dict(enc)
-    if where == "nonce":
-        bad["data"] = _flip(enc["data"], 0)
-    elif where == "ciphertext":
-        bad["data"] = _flip(enc["data"], 14)
-    elif where == "tag":
-        bad["data"] = _flip(enc["data"], -1)
-    elif where == "kid":  # re-labelled to another known key: the key id is bound as AAD
-        bad["kid"] = "a"
-    elif where == "truncated":
-        bad["data"] = enc["data"][:16]
-    else:
-        bad["data"] = "not base64!"
-    with pytest.raises(CodecError):
-        c.decode(bad)
-
-
-async def test_tampered_row_raises_codec_error(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 't.db'}"
-    inner = SqlStore(url)
-    store = CodecStore(inner, codec())
-    try:
-        await store.create_run(_run("r"), [])
-        raw = await inner.get_run("r")
-        assert raw is not None
-        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-        try:
-            from flowkit.stores.sql._schema import runs
-
-            with engine.begin() as conn:
-                conn.execute(
-                    sa.update(runs).values(
-                        input={**raw.input, "data": _flip(raw.input["data"], 20)}
-                    )
-                )
-        finally:
-            engine.dispose()
-        with pytest.raises(CodecError, match="tampered"):
-            await store.get_run("r")
-    finally:
-        store.close()
-
-
-def test_plaintext_is_refused_unless_accepted() -> None:
-    with pytest.raises(CodecError, match="not AES-GCM encoded"):
-        codec().decode({"s": SECRET})
-    lenient = AESGCMCodec({"k1": K1}, accept_plaintext=True)
-    assert lenient.decode({"s": SECRET}) == {"s": SECRET}
-    assert lenient.decode(lenient.encode([1])) == [1]
-
-
-async def test_wrapping_a_plaintext_store_with_accept_plaintext() -> None:
-    inner = MemoryStore()
-    await inner.create_run(_run("old"), [])
-    with pytest.raises(CodecError):
-        await CodecStore(inner, codec()).get_run("old")
-    lenient = CodecStore(inner, AESGCMCodec({"k1": K1}, accept_plaintext=True))
-    got = await lenient.get_run("old")
-    assert got is not None and got.input == {"s": SECRET}
-    await lenient.create_run(_run("new"), [])
-    raw = await inner.get_run("new")
-    assert raw is not None and raw.input["$codec"] == "aesgcm"
-
-
-@pytest.mark.parametrize(
-    "keys",
-    [
-        {"k": b"short"},
-        {"k": bytes(15)},
-        {"k": bytes(33)},
-        {"k": bytes(64)},
-        {"k": "0" * 32},
-        {"": bytes(32)},
-        {},
-        [],
-        [("a", bytes(32)), ("a", bytes(16))],
-    ],
-)
-def test_bad_keys_are_refused_at_construction(keys: Any) -> None:
-    with pytest.raises(ValueError):
-        AESGCMCodec(keys)
-
-
-def test_valid_key_sizes() -> None:
-    for size in (16, 24, 32):
-        c = AESGCMCodec({"k": os.urandom(size)})
-        assert c.decode(c.encode("x")) == "x"
-
-
-def test_codec_store_needs_a_codec() -> None:
-    with pytest.raises(TypeError):
-        CodecStore(MemoryStore(), object())  # type: ignore[arg-type]
 
 
 # -- singleton admission forwarding ------------------------------------------------------
@@ -718,7 +509,7 @@ async def test_admission_at_creation_goes_through_only_when_inner_admits_on_crea
 
     def lane_run(run_id: str, t: float) -> Run:
         return replace(
-            _run(run_id, singleton_key="A", lease_owner="w", lease_expires=t + 30),
+            secret_run(run_id, singleton_key="A", lease_owner="w", lease_expires=t + 30),
             tags=(tag,),
             created_at=t,
             updated_at=t,

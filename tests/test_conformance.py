@@ -22,7 +22,7 @@ from flowkit import ADMITTED_TAG
 from flowkit import singleton as sg
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
 from flowkit.stores.base import Store, Update
-from flowkit.stores.memory import admit_new, admitted_event
+from flowkit.stores.rules import admit_new, admitted_event
 from flowkit_testing.conformance import CHECKS, ConformanceError, run_all
 
 try:

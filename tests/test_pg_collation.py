@@ -18,20 +18,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from singleton_kit import holders, inp, make_lane
+from store_kit import collated_database
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
 from flowkit._history import RunCompleted, RunStarted, SingletonReleased
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.base import Notify, Update
-from flowkit.stores.sql._engine import LOCK_ROWS_SQL
-from flowkit.stores.sql._sql import Sql
+from flowkit.stores.sql._postgres import LOCK_ROWS_SQL, PgStatements
 from flowkit_testing import TestEnv
 from flowkit_testing.conformance import CHECKS
-
-try:
-    from pg import collated_database
-except ImportError:  # tests/ imported as a package
-    from tests.pg import collated_database
 
 pytestmark = pytest.mark.postgres
 
@@ -166,12 +161,12 @@ async def test_the_ordering_conformance_checks_pass_on_an_icu_database(
 async def test_every_admission_and_release_path_picks_the_code_point_first_waiter(
     icu_url: str, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The release in one statement (``Sql.release_fast``), the general release (its key's
+    """The release in one statement (``PgStatements.release_fast``), the general release (its key's
     first waiters read by ``(created_at, id)``, then ``plan_release``), a release of one of
     two slots, and the worker's admission check all pick ``B1`` of the tied waiters, as
     MemoryStore does."""
     if path != "one statement":
-        monkeypatch.setattr(Sql, "release_fast", lambda *a: None)
+        monkeypatch.setattr(PgStatements, "release_fast", lambda *a: None)
     limit = 2 if path == "general, limit 2" else 1
     found: dict[str, Any] = {}
     for name, s in (("pg", SqlStore(icu_url)), ("memory", MemoryStore())):
@@ -363,7 +358,7 @@ async def test_the_queue_and_list_reads_keep_their_indexes(
         assert await store.get_run("h") is not None  # (the migration)
     try:
         sql = store._sql
-        waiter_q = (f"{sql._waiters()} LIMIT 1", {"wf": "wf", "key": "k"})
+        waiter_q = (f"{sql.waiters()} LIMIT 1", {"wf": "wf", "key": "k"})
         n = Notify("wf", TAG, 1, claim_owner="x", lease_expires=T0 + 90)
         fast = sql.release_fast("h", "x", T0 + 1, _release(T0 + 1, n))
         assert fast is not None

@@ -1,7 +1,7 @@
-"""The two lean releases, PostgreSQL's one statement (``Sql.release_fast``) and SQLite's
-few statements (``Sql.release_lite``), against the general path.
+"""The two lean releases, PostgreSQL's one statement (``PgStatements.release_fast``) and
+SQLite's few statements (``SqliteStatements.release_lite``), against the general path.
 
-The lean releases decide in SQL what ``memory.plan_release`` decides in Python for the
+The lean releases decide in SQL what ``rules.plan_release`` decides in Python for the
 general path: who holds the key, which waiter is the oldest, whether it can be handed the
 slot or only woken. Every path runs here on the same randomized key states (in namespaces of
 one database per dialect): both lean releases, the general path on both dialects, and
@@ -17,18 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_kit import fresh_database
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
 from flowkit._history import Event, RunCompleted, RunStarted, SingletonReleased
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import CommitResult, Notify, Update
 from flowkit.stores.sql import SqlStore
-from flowkit.stores.sql._sql import Sql
-
-try:
-    from pg import fresh_database
-except ImportError:  # pragma: no cover - run from the repository root
-    from tests.pg import fresh_database
+from flowkit.stores.sql._postgres import PgStatements
+from flowkit.stores.sql._sqlite import SqliteStatements
 
 T0 = 1_767_225_600.0
 NOW = T0 + 100
@@ -44,7 +41,7 @@ def sqlite_stores(tmp_path: Path) -> Iterator[dict[str, SqlStore | MemoryStore]]
     lite = SqlStore(f"sqlite:///{tmp_path}/release.db")
     yield {
         "sqlite": lite,
-        "sqlite general": SqlStore(lite.url, _db=lite._db),
+        "sqlite general": SqlStore(lite.url, _view_of=lite),
         "memory": MemoryStore(),
     }
     lite.close()
@@ -57,7 +54,7 @@ def stores(
     """PostgreSQL twice as well (its one-statement release, and the general path)."""
     url = fresh_database(request.getfixturevalue("pg_server"))
     pg = SqlStore(url)
-    yield {"pg": pg, "pg general": SqlStore(url, _db=pg._db), **sqlite_stores}
+    yield {"pg": pg, "pg general": SqlStore(url, _view_of=pg), **sqlite_stores}
     pg.close()
 
 
@@ -161,10 +158,12 @@ async def _compare(
     rng = random.Random(SEED)
     used: collections.Counter[str] = collections.Counter()
 
-    def counted(name: str) -> Any:
-        real = getattr(Sql, name)
+    owners: dict[str, Any] = {"release_fast": PgStatements, "release_lite": SqliteStatements}
 
-        def count(self: Sql, *a: Any) -> Any:
+    def counted(name: str) -> Any:
+        real = getattr(owners[name], name)
+
+        def count(self: Any, *a: Any) -> Any:
             got = real(self, *a)
             used[name] += got is not None
             return got
@@ -179,7 +178,9 @@ async def _compare(
         got = {}
         for k, (name, store) in enumerate(stores.items()):
             for method, fn in lean.items():
-                monkeypatch.setattr(Sql, method, (lambda *a: None) if "general" in name else fn)
+                monkeypatch.setattr(
+                    owners[method], method, (lambda *a: None) if "general" in name else fn
+                )
             got[name] = await _apply(store, f"n{k}x{i}", runs, owner, notify)
         a = got[first]
         for name, b in got.items():

@@ -23,7 +23,7 @@ import pytest
 
 from flowkit import Engine, RunStatus, WorkflowCtx, workflow
 from flowkit.stores.sql import SqlStore
-from flowkit.stores.sql import _engine as sql_engine
+from flowkit.stores.sql import _sqlite as sql_sqlite
 
 HOLDER = """
 import sqlite3, sys
@@ -107,7 +107,7 @@ def _fake_sleep(asked: list[float], then: Callable[[], None] = lambda: None) -> 
 def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every pause the store's module asks for (not slept)."""
     asked: list[float] = []
-    monkeypatch.setattr(sql_engine, "_sleep", _fake_sleep(asked))
+    monkeypatch.setattr(sql_sqlite, "_sleep", _fake_sleep(asked))
     return asked
 
 
@@ -129,7 +129,7 @@ def test_a_write_waits_for_another_processs_lock_in_short_pauses(
         if len(asked) == 8:
             holder[0].release()
 
-    monkeypatch.setattr(sql_engine, "_sleep", _fake_sleep(asked, free))
+    monkeypatch.setattr(sql_sqlite, "_sleep", _fake_sleep(asked, free))
 
     async def main() -> None:
         client = Engine(store, [Echo()], worker=False)
@@ -158,7 +158,7 @@ def test_a_write_that_waits_too_long_fails_and_writes_nothing(
     pauses: list[float],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sql_engine, "SQLITE_BUSY_TIMEOUT_MS", 20)
+    monkeypatch.setattr(sql_sqlite, "SQLITE_BUSY_TIMEOUT_MS", 20)
     path = tmp_path / "flowkit.db"
     store = SqlStore(f"sqlite:///{path}")
 
@@ -191,7 +191,7 @@ def test_a_statement_inside_a_transaction_is_not_retried(
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA busy_timeout = 0")
-        cur = conn.cursor(sql_engine.WaitingCursor)
+        cur = conn.cursor(sql_sqlite.WaitingCursor)
         cur.execute("BEGIN")
         assert cur.execute("SELECT count(*) FROM held").fetchall() == [(0,)]
         with pytest.raises(sqlite3.OperationalError, match="database is locked"):
@@ -210,13 +210,13 @@ def test_the_pool_gets_sqlites_busy_timeout_back(tmp_path: Path) -> None:
     try:
         asyncio.run(store.get_run("nothing"))
         db = store._db
-        c = db._connection()
-        assert isinstance(c.cur, sql_engine.WaitingCursor)
+        c = db.connection()
+        assert isinstance(c.cur, sql_sqlite.WaitingCursor)
         assert c.dbapi.execute("PRAGMA busy_timeout").fetchone() == (0,)
         dbapi = c.dbapi
-        db._drop(c)  # (what a failed connection goes through) back to SQLAlchemy's pool
+        db.drop(c)  # (what a failed connection goes through) back to SQLAlchemy's pool
         assert dbapi.execute("PRAGMA busy_timeout").fetchone() == (
-            sql_engine.SQLITE_BUSY_TIMEOUT_MS,
+            sql_sqlite.SQLITE_BUSY_TIMEOUT_MS,
         )
     finally:
         store.close()
@@ -228,10 +228,10 @@ def test_a_database_not_in_wal_mode_keeps_sqlites_own_wait() -> None:
     store = SqlStore("sqlite://")
     try:
         asyncio.run(store.get_run("nothing"))
-        c = store._db._connection()
-        assert not isinstance(c.cur, sql_engine.WaitingCursor)
+        c = store._db.connection()
+        assert not isinstance(c.cur, sql_sqlite.WaitingCursor)
         assert c.dbapi.execute("PRAGMA busy_timeout").fetchone() == (
-            sql_engine.SQLITE_BUSY_TIMEOUT_MS,
+            sql_sqlite.SQLITE_BUSY_TIMEOUT_MS,
         )
     finally:
         store.close()

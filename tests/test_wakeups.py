@@ -27,38 +27,23 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from store_kit import KINDS, T0, TAG, S, database_url, first_events, fresh_database, mk, put
 
-from flowkit import Engine, History, Run, RunStatus
-from flowkit._history import Event, RunCompleted, RunStarted, SingletonGated, TimerFired
+from flowkit import Engine, History, Run
+from flowkit._history import RunCompleted, SingletonGated, TimerFired
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Admission, Notify, Update
 from flowkit.stores.codec import CodecStore
 from flowkit.stores.sql import SqlStore, _wakeup
 from flowkit_testing import TestEnv
 
-try:
-    from pg import fresh_database
-except ImportError:  # tests/ imported as a package
-    from tests.pg import fresh_database
-
 ROOT = Path(__file__).resolve().parent.parent
-T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-S = RunStatus
-TAG = "singleton:k"
-PG = pytest.param("postgres", marks=pytest.mark.postgres)
-KINDS = ["sqlite", PG]
 FAST = 5.0  # seconds: "at once" next to a 60 s poll interval, with room for a slow machine
-
-
-def _database_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / 'flowkit.db'}"
-    return fresh_database(request.getfixturevalue("pg_server"))
 
 
 @pytest.fixture(params=KINDS)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return _database_url(request.param, request, tmp_path)
+    return database_url(request.param, request, tmp_path)
 
 
 @pytest.fixture
@@ -74,30 +59,6 @@ def stores(url: str) -> Iterator[Callable[..., SqlStore]]:
     yield new
     for s in opened:
         s.close()
-
-
-def mk(run_id: str, *, t: float = T0, key: str | None = None, **kw: Any) -> Run:
-    return Run(
-        id=run_id,
-        workflow="wf",
-        workflow_version="1",
-        status=kw.pop("status", S.PENDING),
-        input={"n": 1},
-        tags=(f"singleton:{key}",) if key else (),
-        created_at=t,
-        updated_at=t,
-        singleton_key=key,
-        **kw,
-    )
-
-
-def first_events(run: Run) -> list[Event]:
-    return [RunStarted(seq=1, at=run.created_at, workflow="wf", version="1", input=run.input)]
-
-
-async def put(store: Any, run: Run) -> None:
-    _, created = await store.create_run(run, first_events(run))
-    assert created
 
 
 async def listening(store: SqlStore) -> _wakeup.Hub:

@@ -1,11 +1,19 @@
-"""Bundled stores and the store protocol."""
+"""Bundled stores and the store protocol.
 
+``SqlStore`` and the ``CodecStore`` names load on first use, so ``import flowkit`` does not
+import SQLAlchemy."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CodecError, ConflictError
 from .base import (
     Admission,
     AdmitsOnCreate,
     AppendsEvents,
     CommitResult,
-    ConflictError,
     HandOff,
     InboxSignal,
     NextDueAfter,
@@ -14,9 +22,32 @@ from .base import (
     Store,
     Update,
 )
-from .codec import AESGCMCodec, Codec, CodecError, CodecStore
 from .memory import MemoryStore
-from .sql import SqlStore
+
+if TYPE_CHECKING:
+    from .codec import AESGCMCodec, Codec, CodecStore
+    from .sql import SqlStore
+
+_LAZY = {
+    "AESGCMCodec": ".codec",
+    "Codec": ".codec",
+    "CodecStore": ".codec",
+    "SqlStore": ".sql",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AESGCMCodec",

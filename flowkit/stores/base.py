@@ -2,16 +2,9 @@
 
 Each method is one atomic operation; its docstring says what it guarantees. ``MemoryStore`` is
 the reference implementation; the conformance kit (``flowkit_testing.conformance``) checks any
-store against this contract.
-
-Three methods are optional: ``try_admit_singleton`` (in ``Store``; without it singleton
-workflows are refused), ``watch`` (``Watchable``; without it workers find work started
-elsewhere at their next timer poll) and ``release_leases`` (``ReleasesLeases``; without it a
-worker restarted under the same instance id waits for its old leases to expire). Leave an
-optional method out, or set it to ``None``; wrappers expose one only when the store they wrap
-has it. One capability is optional too: ``admits_on_create``
-(``AdmitsOnCreate``: ``create_run`` takes an ``Admission`` and decides a singleton run's
-admission in its own transaction; without it the worker admits the run after creating it)."""
+store against this contract. Some methods and capabilities are optional (``Watchable``,
+``ReleasesLeases``, ``AdmitsOnCreate``, ...): leave one out or set it to ``None``, and wrappers
+expose one only when the store they wrap has it. See docs/stores.md, "Writing a custom store"."""
 
 from __future__ import annotations
 
@@ -22,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._history import Event
 from .._run import Run, RunStatus
-from ..errors import FlowkitError
+from ..errors import ConflictError
 from ..singleton import check_limit
 
 
@@ -39,11 +32,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-
-
-class ConflictError(FlowkitError):
-    """Raised by ``Store.commit`` when a precondition (expected status, signal still in the
-    inbox, lease) no longer holds; the caller re-reads and decides again."""
 
 
 @dataclass(frozen=True)
@@ -241,9 +229,10 @@ class Store(Protocol):
         limit: int,
         retry_wake_at: float | None = None,
     ) -> bool:
-        """Atomically claim a singleton slot (DESIGN §4): serialize competing claims of the key,
-        read only the active runs sharing ``tag``, select with ``admission_tags`` and persist
-        the marker before returning ``True``; on denial park the run with ``denial_patch``.
+        """Atomically claim a singleton slot (docs/singleton.md): serialize competing claims of
+        the key, read only the active runs sharing ``tag``, select with ``admission_tags`` and
+        persist the marker before returning ``True``; on denial park the run with
+        ``denial_patch``.
         FIFO ties (same ``created_at``) go by the run ids' code points. A ``limit`` that is not
         an ``int`` >= 1 raises ``ValueError`` and writes nothing."""
         ...

@@ -1,24 +1,10 @@
 """``CodecStore``: payload encoding (encryption) in front of any store.
 
-``CodecStore(inner, codec)`` encodes every payload before it reaches ``inner`` and decodes it on
-the way out, so the database behind ``inner`` only ever holds encoded values:
-
-* runs: ``input``, ``output`` and the ``message``/``cause_message`` fields of ``error``;
-* events: ``RunStarted.input``, ``StepCompleted.result``, ``SignalReceived.payload``,
-  ``RunCompleted.output`` and the ``message``/``cause_message`` of ``StepFailed.error`` and
-  ``RunFailed.error``;
-* signals: the payload given to ``deliver_signal`` and the ``InboxSignal.payload`` read back.
-
-Everything the store itself queries on stays in clear: ids, workflow names and versions,
-statuses, timestamps, tags, ``singleton_key``, namespaces, leases, event types, step names and
-error *types*. ``None`` (an absent value: the output of an unfinished run, a cleared error)
-is stored as ``None``.
-
-Encoded values stay JSON values, so any store can hold them. String-typed fields (error
-messages) carry the codec's value as the string ``"$codec:" + <compact JSON>``.
-
-``AESGCMCodec`` encrypts with AES-GCM (``pip install 'flowkit[crypto]'``) and supports key
-rotation: it encrypts with the newest key and decrypts with any key it still has."""
+``CodecStore(inner, codec)`` encodes every payload (run inputs, outputs and error messages,
+the payloads of events and signals) before it reaches ``inner`` and decodes it on the way out;
+what the store queries on stays in clear. Encoded values stay JSON values (a string field
+holds ``"$codec:" + <compact JSON>``). ``AESGCMCodec`` encrypts with AES-GCM and rotates keys.
+Which fields, and how: docs/stores.md, "CodecStore: encrypting payloads"."""
 
 from __future__ import annotations
 
@@ -43,7 +29,7 @@ from .._history import (
     StepFailed,
 )
 from .._run import Run, RunStatus
-from ..errors import FlowkitError
+from ..errors import CodecError
 from .base import (
     UNSET,
     Admission,
@@ -62,15 +48,6 @@ _ERROR_TEXT_FIELDS = ("message", "cause_message")
 
 
 log = logging.getLogger("flowkit")
-
-
-class CodecError(FlowkitError):
-    """A stored payload cannot be decoded: encrypted with a key id the codec does not have,
-    tampered with, or not encoded at all. ``key_id`` names the key when it is known."""
-
-    def __init__(self, message: str, *, key_id: str | None = None) -> None:
-        self.key_id = key_id
-        super().__init__(message)
 
 
 @runtime_checkable

@@ -1,9 +1,7 @@
-"""Row <-> ``Run``/``Event`` conversion and the SQL forms of the claim rules.
+"""Rows <-> ``Run``/``Event``: the columns every run query returns and the conversions.
 
-The claim rules live in ``flowkit.stores.memory`` (``claimable``, ``due_time``). A SQL store
-cannot call Python inside ``UPDATE ... WHERE``, so ``claimable_sql`` and ``due_time_sql`` below
-mirror them; every caller re-checks rows with the Python rules where it can, and
-``tests/test_sql_store.py`` compares both forms on randomized run states against MemoryStore."""
+The hot paths bind JSON as text (orjson) and read it back as text; ``list_runs`` goes through
+SQLAlchemy (``run_from_mapping``), whose JSON columns come back decoded."""
 
 from __future__ import annotations
 
@@ -11,68 +9,132 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..._history import Event, event_from_json, event_to_json
-from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ..._history import Event, SingletonAdmitted, event_from_json, event_to_json
+from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._schema import runs
 
-R = runs.c
-ACTIVE = sorted(s.value for s in ACTIVE_STATUSES)
-_ALWAYS_CLAIMABLE = [RunStatus.PENDING.value, RunStatus.RUNNING.value]
-_CANCELLING = RunStatus.CANCELLING.value
+RUN_COLS = (
+    "id",
+    "workflow",
+    "workflow_version",
+    "status",
+    "input",
+    "output",
+    "error",
+    "tags",
+    "created_at",
+    "updated_at",
+    "wake_at",
+    "namespace",
+    "singleton_key",
+    "attempt",
+    "lease_owner",
+    "lease_expires",
+    "waiting_signals",
+    "last_seq",
+)
+"""The columns every run query returns, in ``Run`` field order (``last_seq`` last)."""
+LAST_SEQ = RUN_COLS.index("last_seq")
+TAGS = RUN_COLS.index("tags")
+NAMESPACE = RUN_COLS.index("namespace")
+JSON_COLS = frozenset({"input", "output", "error", "tags", "waiting_signals"})
+_STATUS = {s.value: s for s in RunStatus}
+_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(Run))
 
 
-# -- conversion -------------------------------------------------------------------------
-def to_run(row: sa.Row[Any]) -> Run:
-    m = row._mapping
+def dumps(value: Any) -> str:
+    """A value as JSON text (a ``None`` is the JSON ``null``, as SQLAlchemy's JSON type has it)."""
+    return orjson.dumps(value).decode()
+
+
+def loads(value: Any) -> Any:
+    """JSON text (or SQL ``NULL``) as a value."""
+    return None if value is None else orjson.loads(value)
+
+
+def to_run(row: Sequence[Any]) -> Run:
+    """A run from the columns of ``RUN_COLS`` (JSON as text)."""
     return Run(
-        id=m["id"],
-        workflow=m["workflow"],
-        workflow_version=m["workflow_version"],
-        status=RunStatus(m["status"]),
-        input=m["input"],
-        output=m["output"],
-        error=m["error"],
-        tags=tuple(m["tags"] or ()),
-        created_at=m["created_at"],
-        updated_at=m["updated_at"],
-        wake_at=m["wake_at"],
-        namespace=m["namespace"],
-        singleton_key=m["singleton_key"],
-        attempt=m["attempt"],
-        lease_owner=m["lease_owner"],
-        lease_expires=m["lease_expires"],
-        waiting_signals=tuple(m["waiting_signals"] or ()),
+        row[0],
+        row[1],
+        row[2],
+        _STATUS[row[3]],
+        loads(row[4]),
+        loads(row[5]),
+        loads(row[6]),
+        tuple(loads(row[7]) or ()),
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        row[14],
+        row[15],
+        tuple(loads(row[16]) or ()),
     )
 
 
-def run_values(run: Run) -> dict[str, Any]:
-    """The row of ``run``; ``admitted`` is derived from the tags so the two never disagree."""
+def to_event(seq: int, body: Any) -> Event:
+    """An event from its ``seq`` and JSON body (text); ``HistoryError`` for a corrupt one."""
+    data = loads(body)
+    if not isinstance(data, dict):
+        data = {"corrupt": data}  # event_from_json reports it as a HistoryError
+    data["seq"] = seq
+    return event_from_json(data)
+
+
+def run_params(run: Run, last_seq: int) -> dict[str, Any]:
+    """The insert parameters of ``run``; ``admitted`` follows the tags."""
     return {
         "id": run.id,
         "workflow": run.workflow,
         "workflow_version": run.workflow_version,
         "status": RunStatus(run.status).value,
-        "input": run.input,
-        "output": run.output,
-        "error": run.error,
-        "tags": list(run.tags),
-        "singleton_key": run.singleton_key,
-        "admitted": ADMITTED_TAG in run.tags,
+        "input": dumps(run.input),
+        "output": dumps(run.output),
+        "error": dumps(run.error),
+        "tags": dumps(list(run.tags)),
         "created_at": run.created_at,
         "updated_at": run.updated_at,
         "wake_at": run.wake_at,
         "namespace": run.namespace,
+        "singleton_key": run.singleton_key,
         "attempt": run.attempt,
         "lease_owner": run.lease_owner,
         "lease_expires": run.lease_expires,
-        "waiting_signals": list(run.waiting_signals),
+        "waiting_signals": dumps(list(run.waiting_signals)),
+        "last_seq": last_seq,
+        "admitted": ADMITTED_TAG in run.tags,
     }
 
 
-_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(Run))
+def event_params(params: dict[str, Any], first_seq: int, evs: Sequence[Event]) -> None:
+    """The values of ``evs`` at ``first_seq``... as parameters ``s<i>``, ``t<i>``, ``a<i>``,
+    ``b<i>`` (seq, type, at, body) of ``params``."""
+    for i, ev in enumerate(evs):
+        seq = first_seq + i
+        body = event_to_json(ev)
+        body["seq"] = seq
+        params[f"s{i}"] = seq
+        params[f"t{i}"] = ev.type
+        params[f"a{i}"] = ev.at
+        params[f"b{i}"] = dumps(body)
+
+
+def column_params(values: dict[str, Any]) -> dict[str, Any]:
+    """Column values as parameters (JSON columns as text)."""
+    return {k: dumps(v) if k in JSON_COLS else v for k, v in values.items()}
+
+
+def admitted_body(tag: str, now: float) -> str:
+    """The JSON body of the ``singleton_admitted`` a hand-off appends (seq set by SQL)."""
+    ev = SingletonAdmitted(key=tag[len(SINGLETON_TAG_PREFIX) :], at=now)
+    return dumps(event_to_json(ev))
 
 
 def changed_values(old: Run, new: Run) -> dict[str, Any]:
@@ -95,116 +157,95 @@ def changed_values(old: Run, new: Run) -> dict[str, Any]:
     return out
 
 
-def event_rows(run_id: str, first_seq: int, evs: Sequence[Event]) -> list[dict[str, Any]]:
-    rows = []
-    for i, ev in enumerate(evs):
-        seq = first_seq + i
-        rows.append(
-            {
-                "run_id": run_id,
-                "seq": seq,
-                "type": ev.type,
-                "at": ev.at,
-                "body": event_to_json(ev.model_copy(update={"seq": seq})),
-            }
-        )
-    return rows
-
-
-def to_event(row: sa.Row[Any]) -> Event:
-    m = row._mapping
-    body = dict(m["body"])
-    body["seq"] = m["seq"]
-    return event_from_json(body)
-
-
-# -- predicates -------------------------------------------------------------------------
-def visible(namespace: str | None) -> sa.ColumnElement[bool]:
-    return sa.true() if namespace is None else R.namespace == namespace
-
-
-def leased_sql(now: Any) -> sa.ColumnElement[bool]:
-    """``Run.leased(now)``."""
-    return sa.and_(R.lease_owner.is_not(None), R.lease_expires.is_not(None), R.lease_expires > now)
-
-
-def claimable_sql(now: Any) -> sa.ColumnElement[bool]:
-    """Mirror of ``memory.claimable``: active, no live lease, and pending/running, or
-    cancelling without a wake time, or a wake time that has come."""
-    return sa.and_(
-        R.status.in_(ACTIVE),
-        sa.not_(leased_sql(now)),
-        sa.or_(
-            R.status.in_(_ALWAYS_CLAIMABLE),
-            sa.and_(R.status == _CANCELLING, R.wake_at.is_(None)),
-            sa.and_(R.wake_at.is_not(None), R.wake_at <= now),
-        ),
-    )
-
-
-def due_time_sql() -> sa.ColumnElement[Any]:
-    """Mirror of ``memory.due_time`` (lease expiry, else the status' reference instant)."""
-    leased_until = sa.case(
-        (
-            sa.and_(
-                R.status.not_in(_ALWAYS_CLAIMABLE),
-                R.wake_at.is_not(None),
-                R.wake_at > R.lease_expires,
-            ),
-            R.wake_at,
-        ),
-        else_=R.lease_expires,
-    )
-    return sa.case(
-        (sa.and_(R.lease_owner.is_not(None), R.lease_expires.is_not(None)), leased_until),
-        (R.status == RunStatus.PENDING.value, R.created_at),
-        (
-            sa.or_(
-                R.status == RunStatus.RUNNING.value,
-                sa.and_(R.status == _CANCELLING, R.wake_at.is_(None)),
-            ),
-            R.updated_at,
-        ),
-        else_=R.wake_at,
-    )
-
-
-def has_tag_sql(dialect: str, tag: str) -> sa.ColumnElement[bool]:
-    """Exact JSON-array membership (``@>`` on PostgreSQL, ``json_each`` on SQLite)."""
-    if tag == ADMITTED_TAG:
-        return R.admitted.is_(True)
-    if dialect == "postgresql":
-        return sa.type_coerce(R.tags, JSONB()).contains([tag])
-    each = sa.func.json_each(R.tags).table_valued("value")
-    return sa.exists().where(each.c.value == tag)
-
-
-def sharing_sql(dialect: str, workflow: str, tag: str, namespace: str | None) -> sa.Select[Any]:
-    """The active runs of ``workflow`` carrying ``tag`` — for a singleton tag, exactly the rows
-    of one key through ``ix_flowkit_runs_singleton``; nothing else is read."""
-    q = sa.select(runs).where(R.workflow == workflow, R.status.in_(ACTIVE), visible(namespace))
-    if tag.startswith(SINGLETON_TAG_PREFIX):
-        return q.where(R.singleton_key == tag[len(SINGLETON_TAG_PREFIX) :])
-    return q.where(has_tag_sql(dialect, tag))
-
-
 def lock_name(workflow: str, tag: str) -> str:
     """The advisory-lock name of a singleton key: ``workflow:key``."""
     key = tag[len(SINGLETON_TAG_PREFIX) :] if tag.startswith(SINGLETON_TAG_PREFIX) else tag
     return f"{workflow}:{key}"
 
 
+# -- through SQLAlchemy (list_runs, tools) ------------------------------------------------
+
+
+def run_values(run: Run) -> dict[str, Any]:
+    """The row of ``run`` for SQLAlchemy; ``admitted`` follows the tags."""
+    return {
+        "id": run.id,
+        "workflow": run.workflow,
+        "workflow_version": run.workflow_version,
+        "status": RunStatus(run.status).value,
+        "input": run.input,
+        "output": run.output,
+        "error": run.error,
+        "tags": list(run.tags),
+        "singleton_key": run.singleton_key,
+        "admitted": ADMITTED_TAG in run.tags,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "wake_at": run.wake_at,
+        "namespace": run.namespace,
+        "attempt": run.attempt,
+        "lease_owner": run.lease_owner,
+        "lease_expires": run.lease_expires,
+        "waiting_signals": list(run.waiting_signals),
+    }
+
+
+def run_from_mapping(row: sa.Row[Any]) -> Run:
+    """A run from a SQLAlchemy row of ``runs`` (JSON decoded)."""
+    m = row._mapping
+    return Run(
+        id=m["id"],
+        workflow=m["workflow"],
+        workflow_version=m["workflow_version"],
+        status=RunStatus(m["status"]),
+        input=m["input"],
+        output=m["output"],
+        error=m["error"],
+        tags=tuple(m["tags"] or ()),
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        wake_at=m["wake_at"],
+        namespace=m["namespace"],
+        singleton_key=m["singleton_key"],
+        attempt=m["attempt"],
+        lease_owner=m["lease_owner"],
+        lease_expires=m["lease_expires"],
+        waiting_signals=tuple(m["waiting_signals"] or ()),
+    )
+
+
+def visible(namespace: str | None) -> sa.ColumnElement[bool]:
+    """The runs a store scoped to ``namespace`` sees."""
+    return sa.true() if namespace is None else runs.c.namespace == namespace
+
+
+def has_tag(dialect: str, tag: str) -> sa.ColumnElement[bool]:
+    """Exact JSON-array membership (``@>`` on PostgreSQL, ``json_each`` on SQLite)."""
+    if tag == ADMITTED_TAG:
+        return runs.c.admitted.is_(True)
+    if dialect == "postgresql":
+        return sa.type_coerce(runs.c.tags, JSONB()).contains([tag])
+    each = sa.func.json_each(runs.c.tags).table_valued("value")
+    return sa.exists().where(each.c.value == tag)
+
+
 __all__ = [
-    "ACTIVE",
+    "JSON_COLS",
+    "LAST_SEQ",
+    "NAMESPACE",
+    "RUN_COLS",
+    "TAGS",
+    "admitted_body",
     "changed_values",
-    "claimable_sql",
-    "due_time_sql",
-    "event_rows",
-    "has_tag_sql",
-    "leased_sql",
+    "column_params",
+    "dumps",
+    "event_params",
+    "has_tag",
+    "loads",
     "lock_name",
+    "run_from_mapping",
+    "run_params",
     "run_values",
-    "sharing_sql",
     "to_event",
     "to_run",
     "visible",

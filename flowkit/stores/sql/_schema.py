@@ -1,22 +1,7 @@
-"""The SQL schema of ``SqlStore``: four tables, their indexes and the schema version.
-
-* ``flowkit_runs`` — one row per run (the ``Run`` snapshot plus execution bookkeeping). Tags are
-  JSON; the two tag lookups the engine needs are columns: ``singleton_key`` (the run carries
-  ``"singleton:" + singleton_key``) and ``admitted`` (it carries ``ADMITTED_TAG``).
-* ``flowkit_events`` — the append-only history; the primary key ``(run_id, seq)`` makes a second
-  writer of the same ``seq`` fail in the database itself.
-* ``flowkit_signals`` — the signal inboxes; a consumed signal is deleted.
-* ``flowkit_meta`` — one ``schema_version`` row. A database written by a newer flowkit raises
-  ``SchemaVersionError`` instead of being read with the wrong layout. On SQLite it also holds
-  the ``wakeups`` counter of cross-process wake-ups (``_wakeup``), created by the first
-  wake-up: a row, not a change of layout, so the schema version stays the same.
-
-Run ids are ordered by code point everywhere (DESIGN §4.2, FIFO ties by ``id``; Python
-compares ``str`` so): on PostgreSQL the run-id columns are ``COLLATE "C"`` whatever the
-database's collation (``RUN_ID``), and a database created before that is migrated on first use
-(``_collate_run_ids``). SQLite's default ``BINARY`` collation compares UTF-8 bytes, which is
-code-point order already.
-"""
+"""The SQL schema of ``SqlStore``: four tables (runs, events, signals, meta), their indexes,
+the schema version, and the bootstrap that creates them once and migrates what an older
+flowkit left (indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so that ids
+order by code point, as Python compares them). The tables: docs/stores.md, "SqlStore"."""
 
 from __future__ import annotations
 
@@ -28,7 +13,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 
-from ...errors import FlowkitError
+from ...errors import SchemaVersionError, StoreUnavailableError, UnsupportedDatabaseError
 
 SCHEMA_VERSION = 1
 """The layout this code reads and writes; bump it (and add a migration) on any change."""
@@ -41,26 +26,6 @@ WAITING_SQL = "status IN ('blocked', 'pending', 'running', 'suspended')"
 """A singleton waiter's status (``flowkit.singleton.waiters``: active, not cancelling), as
 the predicate of ``ix_flowkit_runs_waiting``: a query that uses the index must carry exactly
 this term (and ``admitted`` false), or the database cannot prove the index covers it."""
-
-
-class SchemaVersionError(FlowkitError):
-    """The database carries a flowkit schema version this code does not understand."""
-
-    def __init__(self, found: int, supported: int) -> None:
-        self.found = found
-        self.supported = supported
-        super().__init__(
-            f"the flowkit database has schema version {found}, but this flowkit supports "
-            f"schema version {supported}; upgrade flowkit to open it"
-        )
-
-
-class UnsupportedDatabaseError(FlowkitError, ValueError):
-    """``SqlStore`` was given a URL of a database it does not support (or cannot load)."""
-
-
-class StoreUnavailableError(FlowkitError):
-    """``SqlStore`` cannot connect to its database (server down, wrong path or credentials)."""
 
 
 class _SQLiteJSON(sqlite.JSON):

@@ -1,36 +1,7 @@
-"""Wake-ups across processes: the signal side of ``SqlStore.watch``.
-
-A write transaction that leaves some run claimable *now* (``memory.claimable``: not leased,
-due) or stamps a singleton waiter awake *emits one wake-up* when it commits, however many
-calls of a group commit it carries (``Conn.wakeup`` collects them, ``Conn.commit`` emits):
-
-* PostgreSQL: ``pg_notify('flowkit_wakeup', <payload>)`` sent together with the ``COMMIT`` (one
-  round trip, delivered when the transaction commits, dropped with a rollback). The payload is
-  the JSON list of the namespaces of the runs concerned (``null`` for no namespace), so a
-  scoped store's watchers ignore other namespaces; ``"*"`` (a list too long for a
-  notification) matches every watcher.
-* SQLite: the ``wakeups`` row of ``flowkit_meta`` is incremented in the transaction (an
-  upsert: databases created before it existed get the row on their first wake-up; the table
-  layout and schema version are unchanged).
-
-Ordinary step commits keep their lease, so they emit nothing and run no extra statement.
-
-The watch side is one ``Hub`` per database object and event loop, started by the first
-``watch`` and stopped by the last ``unwatch`` (or ``SqlStore.close``). It calls the callbacks
-on the event loop:
-
-* ``PgHub``: a dedicated psycopg 3 ``AsyncConnection`` (connect arguments from the SQLAlchemy
-  URL) that ``LISTEN``\\ s; a dropped connection (server restart, killed backend) is replaced
-  with back-off (``RECONNECT_MIN`` .. ``RECONNECT_MAX``), and a quiet one is pinged every
-  ``PG_KEEPALIVE`` seconds so a dead peer is noticed.
-* ``SqliteHub``: a dedicated ``sqlite3`` connection checked every ``SQLITE_CHECK_INTERVAL``
-  seconds with ``PRAGMA data_version`` (it changes when another connection committed, and
-  reads no table); only then is the counter read.
-
-After (re)connecting, a hub fires every callback once: a wake-up emitted while it was not
-listening is not lost, it only costs one extra poll. Nothing a hub does raises into the
-engine: failures are logged and retried, and the worker's timer poll is the fallback.
-"""
+"""Wake-ups across processes: a write that leaves a run claimable now emits one with its
+``COMMIT`` (``pg_notify``, or a counter row on SQLite); a ``Hub`` per database and event loop
+watches for them and calls the workers back. How and why: docs/stores.md, "Wake-ups across
+processes"."""
 
 from __future__ import annotations
 
@@ -40,12 +11,10 @@ import inspect
 import logging
 import sqlite3
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
-
-if TYPE_CHECKING:
-    from ._engine import Database
+import sqlalchemy as sa
 
 log = logging.getLogger("flowkit")
 
@@ -73,6 +42,21 @@ _SQLITE_READ = f"SELECT value FROM flowkit_meta WHERE key = '{SQLITE_COUNTER_KEY
 Callback = Callable[[], None]
 
 
+class Source(Protocol):
+    """The database a hub watches (``_database.Database``)."""
+
+    @property
+    def engine(self) -> sa.Engine: ...
+
+    @property
+    def dialect(self) -> str: ...
+
+    @property
+    def shown_url(self) -> str: ...
+
+    def ensure_schema(self) -> None: ...
+
+
 def payload(namespaces: set[str | None]) -> str:
     """The notification payload for wake-ups of runs in ``namespaces``."""
     ordered = sorted(namespaces, key=lambda n: (n is not None, n or ""))
@@ -94,7 +78,7 @@ def matches(data: str, namespace: str | None) -> bool:
 class Hub:
     """The watchers of one database object on one event loop."""
 
-    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, db: Source, loop: asyncio.AbstractEventLoop) -> None:
         self.db = db
         self.loop = loop
         self._callbacks: dict[int, tuple[Callback, str | None]] = {}
@@ -158,7 +142,7 @@ class Hub:
 class SqliteHub(Hub):
     """Checks ``PRAGMA data_version`` on a dedicated connection, on the event loop."""
 
-    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, db: Source, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(db, loop)
         self._conn: sqlite3.Connection | None = None
         self._handle: asyncio.Handle | None = None
@@ -237,7 +221,7 @@ class SqliteHub(Hub):
             self._handle = self.loop.call_later(delay, self._tick)
 
 
-def _pg_connect_params(db: Database) -> dict[str, Any]:
+def _pg_connect_params(db: Source) -> dict[str, Any]:
     _, params = db.engine.dialect.create_connect_args(db.engine.url)
     params = dict(params)
     params.pop("context", None)  # the sync connection's adapters: not needed to LISTEN
@@ -249,7 +233,7 @@ def _pg_connect_params(db: Database) -> dict[str, Any]:
 class PgHub(Hub):
     """A dedicated ``LISTEN`` connection (psycopg 3), reconnecting with back-off."""
 
-    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop, psycopg: Any) -> None:
+    def __init__(self, db: Source, loop: asyncio.AbstractEventLoop, psycopg: Any) -> None:
         super().__init__(db, loop)
         self._psycopg = psycopg
         self._params = _pg_connect_params(db)
@@ -308,7 +292,7 @@ class PgHub(Hub):
             delay = min(delay * 2, RECONNECT_MAX)
 
 
-def make_hub(db: Database, loop: asyncio.AbstractEventLoop) -> Hub | None:
+def make_hub(db: Source, loop: asyncio.AbstractEventLoop) -> Hub | None:
     """The hub for ``db`` on ``loop``, or ``None`` when wake-ups cannot be watched there (an
     in-memory SQLite database, PostgreSQL without psycopg 3)."""
     if db.dialect == "sqlite":

@@ -1,0 +1,432 @@
+"""The commits that decide in Python: the general commit (row lock, ``rules.apply_update``)
+and a release's hand-offs, whether planned here (``rules.plan_release``) or in SQL by the lean
+releases (PostgreSQL's one statement, SQLite's few). How and why: docs/stores.md."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..._history import Event
+from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ...errors import ConflictError, RunNotFoundError
+from ..base import CommitResult, HandOff, Update
+from ..rules import admitted_event, apply_update, check_commit, claimable, plan_release
+from . import _runs as runs
+from ._connection import RETURNING, ROWCOUNT, ROWS, SELECT, Conn
+from ._group_commit import After, Deferred, GroupCommit, Op
+from ._rows import (
+    LAST_SEQ,
+    NAMESPACE,
+    RUN_COLS,
+    TAGS,
+    admitted_body,
+    dumps,
+    loads,
+    lock_name,
+    to_event,
+    to_run,
+)
+from ._statements import Statements
+
+log = logging.getLogger("flowkit")
+
+
+def wake_if_free(c: Conn, run: Run, now: float) -> None:
+    """Emit a wake-up with ``c``'s transaction when it leaves ``run`` claimable now by any
+    worker. A run with a lease owner is never woken: a step's commit keeps the lease (even one
+    that expired meanwhile: its owner is still at work), so the hot path costs nothing."""
+    if run.lease_owner is None and claimable(run, now):
+        c.wakeup(run.namespace)
+
+
+def _hit(row: Any) -> bool:
+    """``Op.single``: the whole call when its conditional write matched its row."""
+    return row is not None
+
+
+def _released(found: Any) -> bool:
+    """``Op.single`` of ``release_fast``: the release was applied (its run's row came back)."""
+    return bool(found) and found[0][0] == 0
+
+
+class Commits:
+    """The commit paths of one store (its statements, on its database's write calls)."""
+
+    def __init__(self, sql: Statements, gc: GroupCommit) -> None:
+        self.sql = sql
+        self.gc = gc
+
+    def op(self, run_id: str, owner: str | None, now: float, update: Update) -> Op[CommitResult]:
+        """The write call of ``Store.commit``, by the shortest path that can apply it: one
+        conditional ``UPDATE`` (the common commit), a lean release (PostgreSQL's one statement,
+        SQLite's few), or the general commit (``locked``), which a missed fast path falls
+        back to, as it decides and raises in Python."""
+        sql = self.sql
+        fast = sql.commit_fast(run_id, owner, now, update)
+        whole = None
+        n = len(update.events)
+        first: tuple[str, Any, int] | None
+        if fast is not None:  # the whole change in one conditional UPDATE
+            first = (fast[0], fast[1], RETURNING)
+            inline = fast[2]
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                if row is not None:
+                    last = int(row[LAST_SEQ])
+                    if not inline:
+                        runs.append(sql, c, run_id, last - n + 1, update.events)
+                    new = to_run(row)
+                    wake_if_free(c, new, now)
+                    return CommitResult(new, tuple(range(last - n + 1, last + 1)))
+                # it missed: lock the row and decide (and raise) in Python; in a PostgreSQL
+                # batch not here, as that lock would come out of the batch's run-id order
+                if c.pipelined:
+                    raise Deferred
+                return self.locked(c, run_id, owner, now, update)
+
+        elif (whole := sql.release_fast(run_id, owner, now, update)) is not None:
+            # (PostgreSQL) a common release in one statement: the slot, handed over
+            first = (whole[0], whole[1], ROWS)
+
+            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
+                if not _released(row):  # a precondition failed: nothing was written
+                    if c.pipelined:
+                        raise Deferred
+                    return self.locked(c, run_id, owner, now, update)
+                c.dirty = True  # (it wrote: a failure from here on fails its transaction)
+                return self.fast_released(c, row, len(update.events), now)
+
+        elif (lean := sql.release_lite(run_id, owner, now, update)) is not None:
+            # (SQLite) a common release: the run's row, then its key's oldest waiter
+            first = (lean[0], lean[1], RETURNING)
+            waiter = lean[2]
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                if row is None:  # a precondition failed: nothing was written
+                    return self.locked(c, run_id, owner, now, update)
+                return self.lean_released(c, row, update, waiter, now)
+
+        elif update.notify is None:  # the general path, the row lock first (in order)
+            first = (sql.get_run_locked, sql.params(id=run_id), SELECT)
+
+            def rest(c: Conn, row: Any) -> CommitResult:
+                return self.locked(c, run_id, owner, now, update, row=(row,))
+
+        else:  # a release with notify: the key's lock, then its row with the key's runs
+            rn = update.notify
+            # (the waiters a release can wake: as many as slots can be free, one if unknown)
+            wake = rn.limit if rn.limit is not None else 1
+            first = (*sql.locked_with_sharing(run_id, rn.workflow, rn.tag, wake), ROWS)
+
+            def rest(c: Conn, row: Any) -> CommitResult:  # (all the rows of ``first``)
+                row, sharing = runs.split(row, rn.tag)
+                return self.locked(c, run_id, owner, now, update, row=(row,), sharing=sharing)
+
+        # a release with notify holds the key's advisory lock (taken before any row lock of
+        # its transaction, which it may share with other calls). The fast path is complete
+        # when its UPDATE matched (PostgreSQL: events inserted by the same statement), so it
+        # can run as one statement in autocommit; the one-statement release with its lock
+        single: Callable[[Any], bool] | None = None
+        if whole is not None:
+            single = _released
+        elif fast is not None and (fast[2] or not n):
+            single = _hit
+        rel = update.notify
+        locks = () if rel is None else (lock_name(rel.workflow, rel.tag),)
+        return Op(rest, first, run_id, single=single, locks=locks)
+
+    def locked(
+        self,
+        c: Conn,
+        run_id: str,
+        owner: str | None,
+        now: float,
+        update: Update,
+        row: tuple[Any] | None = None,
+        sharing: list[Run] | None = None,
+    ) -> CommitResult:
+        """The general commit: lock the row (unless ``row`` holds it, already locked),
+        decide with ``apply_update``, write the changed columns. Every precondition is checked
+        before the first write. A release (``update.notify``) may come with the key's runs,
+        read with its row lock (``sharing``)."""
+        n = update.notify
+        sql = self.sql
+        if n is not None:  # advisory lock before any row lock: the admission lock order
+            c.lock(lock_name(n.workflow, n.tag))
+            if row is None:  # the key's runs come with the row lock (one round trip)
+                locked, sharing = runs.locked_with_sharing(sql, c, run_id, n.workflow, n.tag)
+                row = (locked,)
+        row = c.one(sql.get_run_locked, sql.params(id=run_id)) if row is None else row[0]
+        if row is None:
+            raise RunNotFoundError(run_id)
+        run = to_run(row)
+        last_seq = int(row[LAST_SEQ])
+        check_commit(run, owner, now, update)
+        if update.consume_signal is not None:
+            gone = c.write(sql.consume_signal, {"sid": update.consume_signal, "id": run_id})
+            if gone != 1:
+                raise ConflictError(f"signal #{update.consume_signal} already consumed")
+        names: set[str] = set()
+        if update.waiting_signals:
+            found = c.all(
+                sql.signal_names,
+                {"id": run_id, "names": sql.in_list_param(update.waiting_signals)},
+            )
+            names = {r[0] for r in found}
+        new = apply_update(run, update, now, inbox_names=names)
+        # the writes go out with the next statement that reads (PostgreSQL: one round trip,
+        # and one statement for the row, its events and a hand-off: ``joined``)
+        joined: list[tuple[str, dict[str, Any]]] | None = None
+        if c.can_pipeline and not c.committed:
+            joined = []
+        if update.events:
+            last = {"last_seq": last_seq + len(update.events)}
+            runs.write_changes(sql, c, run, new, later=True, into=joined, **last)
+        else:
+            runs.write_changes(sql, c, run, new, later=True, into=joined)
+        runs.append(sql, c, run_id, last_seq + 1, update.events, later=True, into=joined)
+        wake_if_free(c, new, now)
+        seqs = tuple(range(last_seq + 1, last_seq + 1 + len(update.events)))
+        # per waiter, in plan order: a hand-off, a woken waiter's id, or a hand-off whose
+        # statements go out with others (PostgreSQL), read after the COMMIT
+        planned: list[HandOff | str | PendingHandOff] = []
+        if n is not None:
+            if sharing is None:
+                sharing = runs.sharing(sql, c, n.workflow, n.tag)
+            else:  # read before this commit's own change: see the run as it now is
+                sharing = [
+                    r
+                    for r in (new if r.id == run_id else r for r in sharing)
+                    if r.status.active and n.tag in r.tags
+                ]
+            for w, admitted in plan_release(sharing, n, now):
+                if admitted is not None:
+                    if w.id == run_id and joined:  # (its own row: its writes go first)
+                        c.later(*sql.joined(joined))
+                        joined.clear()
+                    got = self.hand_off(c, w, admitted, now, joined if w.id != run_id else None)
+                    if got is not None:
+                        planned.append(got)
+                        continue
+                # woken, not handed: it admits itself (a miss above: another process's
+                # poller claimed it, or it was cancelled, in the meantime)
+                c.later(sql.wake_waiter, {"id": w.id, "now": now})
+                c.wakeup(w.namespace)
+                planned.append(w.id)
+        if joined:  # (no hand-off took them along)
+            c.later(*sql.joined(joined))
+
+        def result() -> CommitResult:
+            done = [p.finish() if isinstance(p, PendingHandOff) else p for p in planned]
+            woken = tuple(p for p in done if isinstance(p, str))
+            return CommitResult(new, seqs, woken, tuple(p for p in done if isinstance(p, HandOff)))
+
+        if any(isinstance(p, PendingHandOff) for p in planned):
+            return After(result)  # type: ignore[return-value]  # (GroupCommit finishes it)
+        return result()
+
+    def fast_released(self, c: Conn, found: Sequence[Any], n: int, now: float) -> CommitResult:
+        """The result of an applied ``PgStatements.release_fast`` from its rows. A waiter it
+        handed the slot to comes with its history; one it could not (another transaction
+        held its row) is woken after the commit; an unreadable history undoes the hand-off
+        after the commit (both as ``PendingHandOff`` does)."""
+        k = len(RUN_COLS) + 1
+        new = to_run(found[0][1:k])
+        last = int(found[0][LAST_SEQ + 1])
+        seqs = tuple(range(last - n + 1, last + 1))
+        planned = found[-1]
+        if planned[0] != 2:  # nobody to wake: no waiter, or no free slot
+            return CommitResult(new, seqs)
+        waiter = to_run(planned[1:k])
+        if planned[k] == 1:  # not to be handed (leased elsewhere, blocked): woken (stamped)
+            c.wakeup(waiter.namespace)
+            return CommitResult(new, seqs, (waiter.id,))
+        pending = PendingHandOff(self, waiter, now)
+        handed = [r[1:] for r in found if r[0] == 1]
+        pending.updated.append((handed, len(handed)))
+
+        def result() -> CommitResult:
+            got = pending.finish()
+            if isinstance(got, str):
+                return CommitResult(new, seqs, (got,))
+            return CommitResult(new, seqs, (), (got,))
+
+        return After(result)  # type: ignore[return-value]  # (GroupCommit finishes it)
+
+    def lean_released(
+        self, c: Conn, row: Any, update: Update, waiter: dict[str, Any], now: float
+    ) -> CommitResult:
+        """The rest of ``SqliteStatements.release_lite``, once its ``UPDATE`` released the run
+        (``row``): its events, then the key's oldest waiter, handed the slot (admitted and
+        leased to ``Notify.claim_owner``) when it is free to take, else woken. The same
+        decision as ``plan_release`` over the key's rows, read under SQLite's write lock; a
+        waiter whose history this code cannot read is woken, not handed."""
+        sql = self.sql
+        run_id = row[0]
+        n = len(update.events)
+        last = int(row[LAST_SEQ])
+        runs.append(sql, c, run_id, last - n + 1, update.events)
+        new = to_run(row)
+        seqs = tuple(range(last - n + 1, last + 1))
+        found = c.all(sql.release_waiter, waiter)
+        k = len(RUN_COLS)
+        if not found or not found[0][k + 1]:  # no waiter, or the slot is not free
+            return CommitResult(new, seqs)
+        w = found[0]
+        rn = update.notify
+        assert rn is not None
+        if w[k]:  # handable: not leased, not blocked
+            try:
+                evs = tuple(to_event(r[k + 2], r[k + 3]) for r in found if r[k + 2] is not None)
+            except Exception:
+                log.warning("not handing over %s: its history cannot be read", w[0], exc_info=True)
+            else:
+                params = {
+                    "id": w[0],
+                    "tags": dumps([*loads(w[TAGS]), ADMITTED_TAG]),
+                    "admitted": True,
+                    "owner": rn.claim_owner,
+                    "until": rn.lease_expires,
+                    "now": now,
+                }
+                handed = c.returning(sql.hand_off, params)
+                if handed is not None:
+                    adm = self.admitted(c, handed, rn.tag, now)
+                    hand = HandOff(to_run(handed), (*evs, adm))
+                    return CommitResult(new, seqs, (), (hand,))
+        c.write(sql.wake_waiter, {"id": w[0], "now": now})
+        c.wakeup(w[NAMESPACE])
+        return CommitResult(new, seqs, (w[0],))
+
+    def hand_off(
+        self,
+        c: Conn,
+        waiter: Run,
+        admitted: Run,
+        now: float,
+        joined: list[tuple[str, dict[str, Any]]] | None = None,
+    ) -> HandOff | PendingHandOff | None:
+        """Apply a planned hand-off if the waiter is still free to take (another process's
+        poller may have claimed it since it was read), with its history; ``None`` on a miss.
+        On PostgreSQL the conditional update and the history read are one statement, queued
+        (``PendingHandOff``), with the releasing call's own writes (``joined``) when given. A
+        history this code cannot read must not fail the release: the hand-off is undone."""
+        sql = self.sql
+        tag = next(t for t in admitted.tags if t.startswith(SINGLETON_TAG_PREFIX))
+        params = {
+            "id": admitted.id,
+            "tags": dumps(list(admitted.tags)),
+            "admitted": True,
+            "owner": admitted.lease_owner,
+            "until": admitted.lease_expires,
+            "now": now,
+            "adm": admitted_body(tag, now),
+        }
+        if c.can_pipeline and not c.committed:
+            pending = PendingHandOff(self, waiter, now)
+            if joined:  # the releasing run's writes go with it: one statement for all
+                q, params = sql.joined([*joined, (sql.hand_off, params)], handing=True)
+                joined.clear()
+                c.later(q, params, into=pending.updated)
+            else:
+                c.later(sql.hand_off_history, params, into=pending.updated)
+            return pending
+        found, updated = c.reads(
+            [(sql.load_events, sql.params(id=admitted.id)), (sql.hand_off, params)],
+            wrote=True,
+        )
+        if not updated:
+            return None
+        handed = to_run(updated[0])
+        try:
+            evs = tuple(to_event(seq, body) for seq, body in found if seq is not None)
+        except Exception:
+            log.warning(
+                "not handing over %s: its history cannot be read", admitted.id, exc_info=True
+            )
+            # as it was, before the hand-off (whose seq it gives back)
+            runs.write_changes(sql, c, handed, waiter, last_seq=int(updated[0][LAST_SEQ]) - 1)
+            return None
+        return HandOff(handed, (*evs, self.admitted(c, updated[0], tag, now)))
+
+    def admitted(self, c: Conn, row: Any, tag: str, now: float) -> Event:
+        """Append a handed waiter's ``singleton_admitted`` at the seq its hand-off took."""
+        seq = int(row[LAST_SEQ])
+        ev = admitted_event(tag, now).model_copy(update={"seq": seq})
+        runs.append(self.sql, c, row[0], seq, [ev])
+        return ev
+
+    def wake_missed(self, waiter: Run, now: float) -> None:
+        """After the releasing transaction committed: wake a waiter whose hand-off missed
+        (another process's poller took it meanwhile, or it was cancelled), if it is still
+        parked. A hint: if this fails, its re-check timer stays."""
+
+        def woke(c: Conn, n: Any) -> None:
+            if n:
+                c.wakeup(waiter.namespace)
+
+        first = (self.sql.wake_waiter, {"id": waiter.id, "now": now}, ROWCOUNT)
+        try:
+            self.gc.run_write(Op(woke, first, waiter.id))
+        except Exception:
+            log.warning("waking %s after a missed hand-off failed", waiter.id, exc_info=True)
+
+    def undo_hand_off(self, handed: Run, waiter: Run, now: float) -> bool:
+        """After the releasing transaction committed: give a handed waiter whose history
+        cannot be read back its parked state, woken, in a transaction of its own, if it is
+        still as the hand-off left it. Whether it was undone."""
+        sql = self.sql
+
+        def undo(c: Conn, row: Any) -> bool:
+            if row is None:
+                return False
+            current = to_run(row)
+            if (current.lease_owner, current.status) != (handed.lease_owner, RunStatus.RUNNING):
+                return False  # (changed since: a cancel request; leave it to its holder)
+            runs.write_changes(sql, c, current, waiter)
+            # its singleton_admitted goes with the hand-off (nothing was appended after it)
+            seq = int(row[LAST_SEQ])
+            if c.write(sql.drop_admitted, {"id": waiter.id, "seq": seq}):
+                c.write(sql.unbump, {"id": waiter.id, "seq": seq})
+            c.write(sql.wake_waiter, {"id": waiter.id, "now": now})
+            c.wakeup(waiter.namespace)
+            return True
+
+        first = (sql.get_run_locked, sql.params(id=handed.id), SELECT)
+        return self.gc.run_write(Op(undo, first, handed.id))
+
+
+class PendingHandOff:
+    """A hand-off whose statement was queued (PostgreSQL): the conditional update with the
+    waiter's history, read once the releasing transaction committed."""
+
+    __slots__ = ("commits", "now", "updated", "waiter")
+
+    def __init__(self, commits: Commits, waiter: Run, now: float) -> None:
+        self.commits = commits
+        self.waiter = waiter
+        self.now = now
+        self.updated: list[Any] = []  # [(rows, rowcount)] once run
+
+    def finish(self) -> HandOff | str:
+        """The hand-off, or the waiter's id when it was only woken."""
+        commits, waiter = self.commits, self.waiter
+        rows = self.updated[0][0]
+        if not rows:  # a miss: wake it, if it is still parked
+            commits.wake_missed(waiter, self.now)
+            return waiter.id
+        handed = to_run(rows[0])
+        try:
+            k = len(RUN_COLS)  # (each row: the run's columns, then an event's seq and body)
+            evs = tuple(to_event(r[k], r[k + 1]) for r in rows if r[k] is not None)
+        except Exception:
+            log.warning("not handing over %s: its history cannot be read", waiter.id, exc_info=True)
+            if commits.undo_hand_off(handed, waiter, self.now):
+                return waiter.id
+            raise
+        return HandOff(handed, evs)
+
+
+__all__ = ["Commits", "PendingHandOff", "wake_if_free"]

@@ -1,0 +1,382 @@
+"""``Database``: one SQLAlchemy engine (URL, pool, dialect), the schema bootstrap, the store's
+own connection with what its failures mean, and the wake-up watchers; shared by a ``SqlStore``
+and its scoped views. ``check`` looks at a URL without creating anything."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import sqlalchemy as sa
+
+from ...errors import NotAFlowkitDatabaseError, StoreUnavailableError, UnsupportedDatabaseError
+from . import _wakeup
+from ._connection import Conn, log
+from ._postgres import PgConn, PgStatements
+from ._schema import ensure_schema
+from ._sqlite import READ_ONLY, SqliteConn, SqliteStatements, setup_engine
+from ._statements import Statements
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the supported databases, in one place."""
+
+    drivers: tuple[str, ...]
+    conn: type[Conn]
+    statements: type[Statements]
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    setup: Callable[[sa.Engine], None] | None = None
+    hint: str = ""  # how to install the driver
+
+
+DIALECTS = {
+    "sqlite": Dialect(("pysqlite",), SqliteConn, SqliteStatements, setup=setup_engine),
+    "postgresql": Dialect(
+        ("psycopg", "psycopg2"),
+        PgConn,
+        PgStatements,
+        # a server restart must not poison pooled connections
+        engine_options={"pool_pre_ping": True},
+        hint=" (pip install 'flowkit[postgres]')",
+    ),
+}
+
+_TABLES = {"flowkit_meta", "flowkit_runs", "flowkit_events"}
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _url(url: str) -> tuple[sa.URL, Dialect]:
+    try:
+        u = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        raise UnsupportedDatabaseError(f"not a database URL: {url!r}") from None
+    dialect = DIALECTS.get(u.get_backend_name())
+    if dialect is None or u.get_driver_name() not in dialect.drivers:
+        raise UnsupportedDatabaseError(
+            f"SqlStore supports sqlite:///path and postgresql+psycopg://..., "
+            f"not {u.drivername!r} (URL {u.render_as_string(hide_password=True)!r})"
+        )
+    return u, dialect
+
+
+def create_engine(url: str) -> sa.Engine:
+    """A SQLAlchemy engine for a supported URL, or ``UnsupportedDatabaseError``."""
+    u, dialect = _url(url)
+    options = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+    try:
+        engine = sa.create_engine(u, **options, **dialect.engine_options)
+    except (ImportError, sa.exc.NoSuchModuleError) as exc:
+        raise UnsupportedDatabaseError(
+            f"cannot load the database driver for {u.drivername!r}: {exc}{dialect.hint}"
+        ) from exc
+    if dialect.setup is not None:
+        dialect.setup(engine)
+    return engine
+
+
+def check(url: str) -> None:
+    """That ``url`` names an existing flowkit database, without writing to it (``SqlStore``
+    would create flowkit's tables in any database). ``UnsupportedDatabaseError``,
+    ``StoreUnavailableError`` or ``NotAFlowkitDatabaseError`` say what is wrong."""
+    u, _dialect = _url(url)
+    if u.get_backend_name() == "sqlite":
+        if u.database in (None, "", ":memory:"):
+            raise NotAFlowkitDatabaseError(f"{url!r} is an in-memory database: it holds no runs")
+        _check_sqlite_file(Path(u.database))
+        return
+    engine = create_engine(url)
+    shown = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as conn:
+            found = sa.inspect(conn).has_table("flowkit_meta")
+    except sa.exc.DBAPIError as exc:
+        raise StoreUnavailableError(
+            f"cannot connect to the flowkit database {shown}: {exc.orig}"
+        ) from None
+    finally:
+        engine.dispose()
+    if not found:
+        raise NotAFlowkitDatabaseError(
+            f"{shown} is not a flowkit database: it has no flowkit tables"
+        )
+
+
+def _check_sqlite_file(path: Path) -> None:
+    if not path.exists():
+        raise NotAFlowkitDatabaseError(f"no flowkit database at {path}", missing=True)
+    if not path.is_file():
+        raise NotAFlowkitDatabaseError(f"{path} is not a flowkit database: not a file")
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {
+                row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise NotAFlowkitDatabaseError(f"{path} is not a flowkit database: {exc}") from None
+    if tables >= _TABLES:
+        return
+    if not tables:
+        why = "it is empty" if path.stat().st_size == 0 else "it has no tables"
+    else:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        why = f"it has other tables ({shown})"
+    raise NotAFlowkitDatabaseError(f"{path} is not a flowkit database: {why}")
+
+
+def _nothing() -> None:
+    pass
+
+
+class Database:
+    """One engine, shared by a ``SqlStore`` and its scoped views; the schema is checked (and
+    created) once, on the first use. The store's calls run on its one ``Conn`` (``connection``),
+    one at a time (``io``). ``stats`` counts transactions, statements and batches."""
+
+    def __init__(self, url: str, *, wakeups: bool = True) -> None:
+        self.engine = create_engine(url)
+        self.dialect = self.engine.dialect.name
+        self.kind = DIALECTS[self.dialect]
+        self.pg = self.dialect == "postgresql"
+        self._schema_ready = False
+        self._lock = threading.Lock()
+        self.wakeups = wakeups  # whether ``watch`` listens (writes emit wake-ups regardless)
+        # the wake-up watchers, one hub per event loop (``_wakeup``)
+        self._hubs: dict[asyncio.AbstractEventLoop, _wakeup.Hub] = {}
+        self._hub_lock = threading.Lock()
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.io = threading.RLock()  # the one Conn, one transaction at a time
+        self.conn: Conn | None = None
+        self.dbapi_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+
+    @property
+    def shown_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def statements(self, namespace: str | None) -> Statements:
+        """The statements of a store of ``namespace`` on this database."""
+        return self.kind.statements(namespace)
+
+    def connect(self) -> sa.Connection:
+        try:
+            return self.engine.connect()
+        except sa.exc.DBAPIError as exc:
+            raise StoreUnavailableError(
+                f"cannot connect to the flowkit database {self.shown_url}: {exc.orig}"
+            ) from exc
+
+    def ensure_schema(self) -> None:
+        if self._schema_ready:
+            return
+        with self._lock:
+            if self._schema_ready:
+                return
+            with self.connect() as conn, conn.begin():
+                ensure_schema(conn)
+            self._schema_ready = True
+
+    @contextmanager
+    def tx(self, *, write: bool = True) -> Iterator[sa.Connection]:
+        """One SQLAlchemy transaction; ``write`` ones take SQLite's write lock up front. The
+        store's hot paths run on ``connection`` instead."""
+        self.ensure_schema()
+        with self.connect() as conn:
+            if not write:
+                conn.execution_options(**{READ_ONLY: True})
+            with conn.begin():
+                yield conn
+
+    def dispose(self) -> None:
+        with self._hub_lock:
+            hubs = list(self._hubs.values())
+            self._hubs.clear()
+        for hub in hubs:
+            hub.stop()
+        with self.io:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+        self.engine.dispose()
+
+    # -- wake-ups across processes (``_wakeup``) ----------------------------------------------
+    def watch(self, callback: Callable[[], None], namespace: str | None) -> Callable[[], None]:
+        """Call ``callback()`` on the running event loop whenever a wake-up of ``namespace``
+        (``None``: any) is emitted by any store object on this database; the returned function
+        stops it. The loop's watcher starts with its first callback and stops with its last."""
+        loop = asyncio.get_running_loop()
+        if not self.wakeups:
+            return _nothing
+        with self._hub_lock:
+            hub = self._hubs.get(loop)
+            new = hub is None
+            if hub is None:
+                hub = _wakeup.make_hub(self, loop)
+                if hub is None:
+                    return _nothing
+                self._hubs[loop] = hub
+            token = hub.add(callback, namespace)
+        if new:
+            hub.start()
+        done = False
+
+        def unwatch() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            with self._hub_lock:
+                last = hub.remove(token) and self._hubs.get(loop) is hub
+                if last:
+                    del self._hubs[loop]
+            if last:
+                hub.stop()
+
+        return unwatch
+
+    def hub(self) -> _wakeup.Hub | None:
+        """The running event loop's wake-up watcher, if one is running (tests, benchmarks)."""
+        return self._hubs.get(asyncio.get_running_loop())
+
+    # -- the store's connection and its failures --------------------------------------------
+    def connection(self) -> Conn:
+        c = self.conn
+        if c is not None:
+            return c
+        self.ensure_schema()
+        try:
+            fairy = self.engine.raw_connection()
+        except sa.exc.DBAPIError as exc:
+            raise StoreUnavailableError(
+                f"cannot connect to the flowkit database {self.shown_url}: {exc.orig}"
+            ) from exc
+        c = self.conn = self.kind.conn(fairy, self.stats)
+        return c
+
+    def drop(self, c: Conn) -> None:
+        """Forget a connection that failed (a server restart): the next call reconnects."""
+        if self.conn is c:
+            self.conn = None
+        c.close()
+
+    def failed(self, c: Conn, exc: Exception) -> Exception:
+        """What a call that failed on ``c`` raises (``wrap``), after dropping ``c`` when the
+        failure broke it (the next call reconnects)."""
+        if isinstance(exc, self.dbapi_error) and c.broken():
+            self.drop(c)
+        return self.wrap(c, exc)
+
+    def wrap(self, c: Conn | None, exc: Exception) -> Exception:
+        """A DBAPI error as SQLAlchemy's exception of the same kind (what the store raised
+        before it bypassed SQLAlchemy); other exceptions as they are."""
+        if isinstance(exc, self.dbapi_error):
+            return sa.exc.DBAPIError.instance(
+                c.sql if c is not None else None,
+                None,
+                exc,
+                self.dbapi_error,
+                hide_parameters=True,
+                dialect=self.engine.dialect,
+                connection_invalidated=c is not None and c.broken(),
+            )
+        return exc
+
+    def retryable(self, c: Conn, exc: BaseException) -> bool:
+        """A connection that broke before the transaction did anything (a server restart
+        while it sat in the pool): reconnect and run the transaction again, once."""
+        if not isinstance(exc, self.dbapi_error) or c.statements or not c.broken():
+            return False
+        self.drop(c)
+        return True
+
+    def terminated(self, c: Conn, exc: BaseException) -> bool:
+        """The server ended ``c``'s session before it read the statement (SQLSTATE class 57,
+        ``admin_shutdown``/``crash_shutdown``/``cannot_connect_now``): drop it, retry safely."""
+        if not isinstance(exc, self.dbapi_error) or not c.broken():
+            return False
+        state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+        if state not in ("57P01", "57P02", "57P03"):
+            return False
+        self.drop(c)
+        return True
+
+    def notify_after(self, c: Conn) -> None:
+        """The wake-up that single-statement calls asked for, after their commit (a hint: when
+        it fails, the timer poll still finds the work)."""
+        if not c.wakes:
+            return
+        try:
+            c.notify_now()
+        except Exception:
+            log.warning("sending a wake-up failed", exc_info=True)
+            if c.broken():
+                self.drop(c)
+
+    # -- calls outside a write transaction --------------------------------------------------
+    def run_read(self, fn: Callable[[Conn], T]) -> T:
+        """``fn`` on the store's connection outside a write transaction (autocommit reads:
+        each statement sees the latest committed state)."""
+        with self.io:
+            for attempt in (0, 1):
+                c = self.connection()
+                c.statements = 0
+                self.stats["read_tx"] += 1
+                try:
+                    return fn(c)
+                except Exception as exc:
+                    if attempt == 0 and self.retryable(c, exc):
+                        continue
+                    raise self.failed(c, exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def returning_now(self, sql: str, params: Any) -> Any:
+        """A lone write statement with ``RETURNING`` in autocommit (PostgreSQL; SQLite for a
+        statement that may run so, see ``Op.lite``), run at once: its first row, or ``None``
+        when it matched nothing. The record of every step goes this way; a statement is sent
+        again only when the server had ended the session before reading it."""
+        with self.io:
+            for attempt in (0, 1):
+                c = self.conn
+                if c is None:
+                    c = self.connection()
+                if self.pg and c.broken():  # known before anything was sent
+                    self.drop(c)
+                    c = self.connection()
+                if c._later or c.committed:  # pragma: no cover - a bug: outside a transaction
+                    raise AssertionError("returning_now inside a call's transaction")
+                c.statements = 0
+                c.sql = sql
+                try:
+                    cur = c.cur
+                    cur.execute(sql, params)
+                    c.statements = 1
+                    rows = cur.fetchall()
+                except Exception as exc:
+                    if attempt == 0 and self.terminated(c, exc):
+                        continue
+                    raise self.failed(c, exc) from exc
+                stats = self.stats
+                stats["statements"] += 1
+                stats["write_tx"] += 1
+                stats["single"] += 1
+                stats["ops"] += 1
+                return rows[0] if rows else None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+__all__ = ["DIALECTS", "Database", "Dialect", "check", "create_engine"]
