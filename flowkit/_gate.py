@@ -223,6 +223,7 @@ class Gate:
             retry_at,
             (SingletonGated(key=key, retry_at=retry_at, at=now),),
             (SingletonAdmitted(key=key, at=now),),
+            self.clock.now,  # (dates the admission inside the insert's transaction)
         )
 
     @staticmethod
@@ -276,7 +277,7 @@ class Gate:
         limit = _limit(defn)
         if self.records_admission:  # the store writes singleton_admitted with the marker
             ok = await cast(RecordsAdmission, self.store).try_admit_singleton(
-                run.id, tag, run.workflow, limit, retry_at, admitted_at=now
+                run.id, tag, run.workflow, limit, retry_at, admitted_at=self.clock.now
             )
             if ok:
                 return []

@@ -11,6 +11,7 @@ from typing import Any
 
 from flowkit import Engine, History, Run, RunStatus
 from flowkit._bus import Bus
+from flowkit._eager import others_ready
 from flowkit.stores import MemoryStore
 
 from ._clock import DEFAULT_START, VirtualClock
@@ -313,10 +314,9 @@ class TestEnv:
 
 
 def _nothing_ready(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether no callback is ready to run on ``loop`` (asyncio's private ready queue; a loop
-    without one never counts as quiet)."""
-    ready = getattr(loop, "_ready", None)
-    return ready is not None and len(ready) == 0
+    """Whether no callback is ready to run on ``loop`` (a loop that does not say never
+    counts as quiet)."""
+    return not others_ready(loop)
 
 
 def _inline_writes(store: Any) -> list[Any]:

@@ -21,7 +21,7 @@ import pytest
 from flowkit import ADMITTED_TAG
 from flowkit import singleton as sg
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
-from flowkit.stores.base import Store, Update
+from flowkit.stores.base import AdmittedAt, Store, Update, admission_time
 from flowkit.stores.rules import admit_new, admitted_event
 from flowkit_testing.conformance import CHECKS, ConformanceError, run_all
 
@@ -294,7 +294,7 @@ class RacyAdmission(MemoryStore):
         limit: int,
         retry_wake_at: float | None = None,
         *,
-        admitted_at: float | None = None,
+        admitted_at: AdmittedAt = None,
     ) -> bool:
         runs = self._sharing(workflow, tag)
         tags = sg.admission_tags(runs, run_id, tag, workflow, limit)
@@ -302,8 +302,9 @@ class RacyAdmission(MemoryStore):
         run = self._get(run_id)
         if tags is not None:
             self._put(dataclasses.replace(run, tags=tuple(tags)))
-            if admitted_at is not None and ADMITTED_TAG not in run.tags:
-                self._append(run_id, [admitted_event(tag, admitted_at)])
+            at = admission_time(admitted_at)
+            if at is not None and ADMITTED_TAG not in run.tags:
+                self._append(run_id, [admitted_event(tag, at)])
             return True
         patch = sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at)
         if patch:

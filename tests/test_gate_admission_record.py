@@ -5,6 +5,7 @@ the admission cannot leave a holder whose history shows the admission at its rec
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,43 @@ async def test_a_handed_over_slot_is_recorded_in_the_release(store: Any, limit: 
         assert await _admitted_at(env, "w") == released_at
         t = await types(env, "w")
         assert t.index("singleton_gated") < t.index("singleton_admitted")
+
+
+class WaitsForTheKey(MemoryStore):
+    """A MemoryStore whose admission check of ``target`` first waits for ``lock`` (as a
+    SQL store's check waits for the key's lock while another transaction holds it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target = ""
+        self.waiting = asyncio.Event()
+        self.lock = asyncio.Event()
+
+    async def try_admit_singleton(self, run_id: str, *args: Any, **kwargs: Any) -> bool:
+        if run_id == self.target:
+            self.waiting.set()
+            await self.lock.wait()
+        return await super().try_admit_singleton(run_id, *args, **kwargs)
+
+
+async def test_an_admission_is_not_dated_before_the_release_it_waited_for() -> None:
+    """The gate check reads the clock inside the admission's transaction: a check that waited
+    for the key while the holder released is dated after that release, so the history's
+    [admitted, released] intervals of one key never overlap."""
+    lane = make_lane()
+    store = WaitsForTheKey()
+    async with TestEnv([lane], store=store) as env:
+        await env.start("lane", inp("A", "event"), "h")
+        store.target = "w"
+        client = Engine(store, [lane], clock=env.clock, worker=False)
+        await client.start("lane", inp("A"), "w")  # pending: the worker's gate checks it
+        await env.advance(1)
+        assert store.waiting.is_set()  # w's check waits for the key
+        await env.advance(5)
+        lane.gates["h"].set()  # meanwhile the holder finishes and releases
+        await env.settle()
+        (released,) = await events_of(env, "h", "singleton_released")
+        store.lock.set()  # the check goes on: the key is free now
+        await env.settle()
+        assert (await get(env, "w")).status is RunStatus.COMPLETED
+        assert await _admitted_at(env, "w") >= released.at

@@ -72,6 +72,9 @@ class Admission:
     retry_wake_at: float
     gated: tuple[Event, ...] = ()
     admitted: tuple[Event, ...] = ()
+    # read inside the transaction, once the key is serialized, to date ``admitted``: an
+    # admission is never dated before a release it had to wait for
+    clock: Callable[[], float] | None = None
 
     def __post_init__(self) -> None:
         check_limit(self.limit)  # (ValueError: a key without a slot would park every run)
@@ -238,6 +241,15 @@ class Store(Protocol):
         ...
 
 
+AdmittedAt = float | Callable[[], float] | None
+"""When an admission happened: an instant, or a clock the store reads inside its transaction."""
+
+
+def admission_time(at: AdmittedAt) -> float | None:
+    """The instant ``at`` names (a clock is read now: call it inside the transaction)."""
+    return at() if callable(at) else at
+
+
 class RecordsAdmission(Protocol):
     """The optional capability ``records_admission`` (``MemoryStore``, ``SqlStore``, and
     ``CodecStore`` over either): the store appends ``singleton_admitted`` in the very
@@ -246,7 +258,9 @@ class RecordsAdmission(Protocol):
 
     * ``create_run(..., admission=...)`` appends ``Admission.admitted`` when it admits;
     * ``try_admit_singleton(..., admitted_at=T)`` appends ``SingletonAdmitted(key, at=T)``
-      when it sets the marker (not when the run already held it);
+      when it sets the marker (not when the run already held it). ``T`` may be a clock
+      (a callable): the store then reads it inside the transaction, once the key is
+      serialized, so an admission is never dated before the release it waited for;
     * a hand-off (``Notify.claim_owner``) appends ``SingletonAdmitted(key, at=now)`` to the
       waiter it admits, and the ``HandOff``'s events include it.
 
@@ -262,7 +276,7 @@ class RecordsAdmission(Protocol):
         limit: int,
         retry_wake_at: float | None = None,
         *,
-        admitted_at: float | None = None,
+        admitted_at: AdmittedAt = None,
     ) -> bool: ...
 
 

@@ -33,6 +33,7 @@ from ..errors import CodecError
 from .base import (
     UNSET,
     Admission,
+    AdmittedAt,
     CommitResult,
     HandOff,
     InboxSignal,
@@ -193,7 +194,7 @@ class _AdmitFn(Protocol):
         limit: int,
         retry_wake_at: float | None = None,
         *,
-        admitted_at: float | None = None,
+        admitted_at: AdmittedAt = None,
     ) -> Coroutine[Any, Any, bool]: ...
 
 
@@ -293,7 +294,7 @@ class CodecStore:
         limit: int,
         retry_wake_at: float | None = None,
         *,
-        admitted_at: float | None = None,
+        admitted_at: AdmittedAt = None,
     ) -> bool:
         # no payload is read or written: the key and tags are in clear
         if admitted_at is None:

@@ -17,7 +17,16 @@ from .. import singleton as _sg
 from .._history import Event
 from .._run import ADMITTED_TAG, Run, RunStatus
 from ..errors import ConflictError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
-from .base import Admission, CommitResult, HandOff, InboxSignal, QueueCap, Update
+from .base import (
+    Admission,
+    AdmittedAt,
+    CommitResult,
+    HandOff,
+    InboxSignal,
+    QueueCap,
+    Update,
+    admission_time,
+)
 from .rules import (
     admit_new,
     admitted_event,
@@ -317,7 +326,7 @@ class MemoryStore:
         limit: int,
         retry_wake_at: float | None = None,
         *,
-        admitted_at: float | None = None,
+        admitted_at: AdmittedAt = None,
     ) -> bool:
         _sg.check_limit(limit)  # (before anything: a limit of 0 would park the run for ever)
         run = self._get(run_id)
@@ -326,8 +335,9 @@ class MemoryStore:
         if tags is not None:
             if list(run.tags) != tags:
                 self._put(dataclasses.replace(run, tags=tuple(tags)))
-                if admitted_at is not None and ADMITTED_TAG not in run.tags:
-                    self._append(run_id, [admitted_event(tag, admitted_at)])
+                at = admission_time(admitted_at)
+                if at is not None and ADMITTED_TAG not in run.tags:
+                    self._append(run_id, [admitted_event(tag, at)])
             return True
         patch = _sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at)
         if patch:

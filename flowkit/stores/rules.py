@@ -71,7 +71,11 @@ def admit_new(
     wf, tag = admission.workflow, admission.tag
     tags = _sg.admission_tags(runs, run.id, tag, wf, admission.limit)
     if tags is not None:
-        return dataclasses.replace(run, tags=tuple(tags)), [*events, *admission.admitted]
+        admitted = admission.admitted
+        if admission.clock is not None:  # dated now, inside the transaction (Admission.clock)
+            at = admission.clock()
+            admitted = tuple(e.model_copy(update={"at": at}) for e in admitted)
+        return dataclasses.replace(run, tags=tuple(tags)), [*events, *admitted]
     patch = _sg.denial_patch(runs, run.id, tag, wf, admission.retry_wake_at)
     if not patch:
         return run, list(events)

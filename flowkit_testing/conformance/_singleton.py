@@ -647,7 +647,7 @@ async def check_admission_is_recorded_with_the_marker(factory: StoreFactory) -> 
     admitted_at=T)`` when it admits (not on a denial, nor when the run already held the
     slot), ``create_run`` with ``Admission.admitted`` when it admits at creation (not when
     it gates), and a release that hands the slot over (at the release's ``now``, in the
-    ``HandOff``'s events)."""
+    ``HandOff``'s events). ``admitted_at`` may be a clock, read inside the transaction."""
     s: Any = await make_store(factory)
 
     async def admitted_events(run_id: str) -> list[tuple[str, float]]:
@@ -686,3 +686,9 @@ async def check_admission_is_recorded_with_the_marker(factory: StoreFactory) -> 
     expect_eq(await admitted_events("c1"), [("c", T0 + 6)], "an admission at creation")
     await create(s, claimed("c2", key="c", t=T0 + 6.5), adm)
     expect_eq(await admitted_events("c2"), [], "a run gated at creation records an admission")
+
+    # a clock instead of an instant: read inside the transaction (AdmittedAt)
+    await put(s, mk("d", key="d", t=T0))
+    d = await s.try_admit_singleton("d", tag_of("d"), WF, 1, T0 + 1, admitted_at=lambda: T0 + 9)
+    expect(d, "'d' denied on a free key")
+    expect_eq(await admitted_events("d"), [("d", T0 + 9)], "an admission dated by a clock")

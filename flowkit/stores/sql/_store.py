@@ -16,7 +16,15 @@ from ... import singleton as _sg
 from ..._history import Event
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
-from ..base import Admission, CommitResult, InboxSignal, QueueCap, Update
+from ..base import (
+    Admission,
+    AdmittedAt,
+    CommitResult,
+    InboxSignal,
+    QueueCap,
+    Update,
+    admission_time,
+)
 from ..rules import admit_new, admitted_event, claimable, due_time
 from . import _runs as runs
 from ._commit import Commits, wake_if_free
@@ -432,7 +440,7 @@ class SqlStore:
         limit: int,
         retry_wake_at: float | None = None,
         *,
-        admitted_at: float | None = None,
+        admitted_at: AdmittedAt = None,
     ) -> bool:
         _sg.check_limit(limit)  # (before the transaction: a limit of 0 would park the run)
 
@@ -450,10 +458,11 @@ class SqlStore:
             if tags is not None:
                 if list(run.tags) != tags:
                     new = dataclasses.replace(run, tags=tuple(tags))
-                    if admitted_at is not None and ADMITTED_TAG not in run.tags:
+                    at = admission_time(admitted_at)  # (after the key's lock: see AdmittedAt)
+                    if at is not None and ADMITTED_TAG not in run.tags:
                         seq = int(row[LAST_SEQ]) + 1  # its singleton_admitted, with the marker
                         runs.write_changes(self._sql, c, run, new, later=True, last_seq=seq)
-                        ev = admitted_event(tag, admitted_at)
+                        ev = admitted_event(tag, at)
                         runs.append(self._sql, c, run_id, seq, [ev], later=True)
                     else:
                         runs.write_changes(self._sql, c, run, new, later=True)
