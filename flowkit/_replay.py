@@ -10,12 +10,17 @@ cannot satisfy (a timer not yet due, a signal not yet sent, a retry backoff) the
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _serde
 from ._activation_parts import (
     _BRANCH,
+    _FOREIGN_AWAIT,
+    _FOREIGN_CANCEL,
+    _FOREIGN_TASK,
+    _UNAWAITED,
     Cancelled,
     Completed,
     Diverged,
@@ -25,11 +30,14 @@ from ._activation_parts import (
     Outcome,
     ReplayStub,
     Suspended,
+    _awaited,
     _Branch,
+    _call_of,
     _ControlFlow,
     _describe,
     _Diverged,
     _Evicted,
+    _Guard,
     _Park,
     _seed,
     _silence,
@@ -40,6 +48,7 @@ from ._context import WorkflowCtx
 from ._definition import WorkflowDefinition
 from ._eager import start_next
 from ._history import (
+    CancelRequested,
     ErrorInfo,
     Event,
     RunRetried,
@@ -100,11 +109,18 @@ class Activation(StepCalls):
         self._events = list(events)
         self._consumed: set[str] = set()
         self._start_at = 0.0
+        # the history says the cancellation was requested (since the last retry): also when
+        # the run is no longer ``cancelling`` (it got blocked meanwhile), deliveries it
+        # recorded replay as they happened
+        cancel_in_history = False
         for ev in events:
             if isinstance(ev, RunStarted):
                 self._start_at = ev.at
             elif isinstance(ev, RunRetried):
                 self._forget_final_failures()
+                cancel_in_history = False
+            elif isinstance(ev, CancelRequested):
+                cancel_in_history = True
             pos = getattr(ev, "pos", None)
             if pos is not None:
                 self._index.setdefault(pos, []).append(ev)
@@ -119,7 +135,7 @@ class Activation(StepCalls):
         self._cancelled_hosts: set[asyncio.Future[Any]] = set()
         self._is_done = False  # the body settled or got stuck (see _mark_done)
         self._done_fut: asyncio.Future[None] | None = None
-        self._cancel_requested = cancel_requested
+        self._cancel_requested = cancel_requested or cancel_in_history
         self._tearing_down = False
         self._evicted = False
         self._divergence: NonDeterminismError | None = None
@@ -164,8 +180,12 @@ class Activation(StepCalls):
 
     # -- control -----------------------------------------------------------------------
     def request_cancel(self) -> None:
-        """Deliver cancellation: parked waits raise ``CancelledError``, running steps are
-        cancelled; later durable waits raise at once, steps still run (for cleanup)."""
+        """The run's cancellation was requested. It is *delivered* to each branch of the
+        body once, as a ``CancelledError`` at its first await the history does not answer:
+        at once to the waits parked now and the steps running now, else at the branch's next
+        new step (recorded there as a cancelled ``step_failed`` before it starts) or durable
+        wait. After its delivery a branch's new steps run (cleanup); durable waits always
+        raise ``CancelledError`` once the cancellation was requested."""
         if self._cancel_requested:
             return
         self._cancel_requested = True
@@ -173,7 +193,7 @@ class Activation(StepCalls):
             if not park.fut.done():
                 park.fut.set_exception(asyncio.CancelledError())
         for t in list(self._step_tasks):
-            if t.cancel() and isinstance(t, asyncio.Task):
+            if t.cancel():
                 self._cancelled_hosts.add(t)
 
     def evict(self) -> None:
@@ -226,6 +246,88 @@ class Activation(StepCalls):
         return tuple(
             _describe(e) for e in self._events if center - width <= e.seq <= center + width
         )
+
+    def _recorded(self, pos: str) -> str | None:
+        evs = self._index.get(pos)
+        return _describe(evs[0]) if evs else None
+
+    def _enter(self, made_in: _Branch, idx: int) -> _Branch:
+        """A ctx call (number ``idx`` of branch ``made_in``) starts executing: the branch
+        executing it, whose count of executing calls it raises (see ``_Guard``). It must
+        run in that branch's own task, and no earlier call of ``made_in`` may be left
+        unawaited."""
+        unstarted = made_in.unstarted
+        unstarted.pop(idx, None)
+        if unstarted and next(iter(unstarted)) < idx:
+            raise self._unawaited(made_in)
+        cur = _BRANCH.get()
+        if cur is None or cur[0] is not self:
+            raise RuntimeError("ctx used outside its workflow body (or from a foreign task)")
+        br: _Branch = cur[1]
+        if asyncio.current_task() is not br.task:
+            frame = sys._getframe(1)
+            pos, call = _call_of(frame.f_code.co_name, frame.f_locals)
+            raise self._diverge(
+                pos, self._recorded(pos), f"{call} awaited in a task of its own", _FOREIGN_TASK
+            )
+        br.depth += 1
+        return br
+
+    def _cancel_left(self, br: _Branch) -> None:
+        """A ``CancelledError`` leaves a ctx call of branch ``br``: the delivery of the run's
+        cancellation, or (the task is being cancelled by someone else: ``asyncio.timeout``,
+        ``task.cancel()``) a cancellation flowkit did not request, which fails the
+        activation: it is recorded nowhere, so a replay would not reproduce it."""
+        if self._tearing_down:
+            return
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            frame = sys._getframe(1)
+            pos, call = _call_of(frame.f_code.co_name, frame.f_locals)
+            raise self._diverge(
+                pos,
+                self._recorded(pos),
+                f"{call}, cancelled by code outside flowkit",
+                _FOREIGN_CANCEL,
+            )
+        br.delivered = True
+
+    def _foreign_await(self, br: _Branch, it: object, yielded: object) -> BaseException:
+        """Branch ``br`` yielded to the event loop outside its ctx calls (``_Guard``): the
+        exception thrown into it there."""
+        if self._tearing_down:
+            return _Evicted()
+        pos = f"{br.prefix}{br.counter + 1}"
+        return self._diverge(
+            pos,
+            self._recorded(pos),
+            f"await of {_awaited(it, yielded)}, not a ctx call",
+            _FOREIGN_AWAIT,
+        )
+
+    def _unawaited(self, br: _Branch) -> _Diverged:
+        """The first ctx call made on ``br`` and not awaited in its turn."""
+        coro: Any = next(iter(br.unstarted.values()))
+        frame = coro.cr_frame
+        if frame is None:  # (closed meanwhile)
+            return self._diverge("?", None, "a ctx call that was never awaited", _UNAWAITED)
+        pos, call = _call_of(coro.cr_code.co_name, frame.f_locals)
+        return self._diverge(
+            pos, self._recorded(pos), f"{call}, never awaited (or awaited too late)", _UNAWAITED
+        )
+
+    def _branch_done(self, br: _Branch) -> None:
+        """Branch ``br``'s coroutine has ended: a ctx call it made and never awaited fails the
+        activation (unless it is being torn down); the calls are closed unrun."""
+        br.task = None  # (the task's context holds the branch: no cycle left behind)
+        unstarted = br.unstarted
+        if not unstarted:
+            return
+        if not self._tearing_down and self._divergence is None:
+            self._unawaited(br)
+        for coro in unstarted.values():
+            coro.close()
+        unstarted.clear()
 
     def _take(
         self,
@@ -326,11 +428,14 @@ class Activation(StepCalls):
     # -- the activation ----------------------------------------------------------------
     async def _body(self) -> Any:
         root = _Branch(prefix="", now_at=self._start_at, seed=_seed(self.run_id))
+        root.task = asyncio.current_task()
         _BRANCH.set((self, root))
         try:
-            return await self.instance.run(WorkflowCtx(self), self.input_value)
+            body = self.instance.run(WorkflowCtx(self), self.input_value)
+            return await _Guard(body, root, self._foreign_await)
         finally:
             self._live -= 1
+            self._branch_done(root)
             self._mark_done()
 
     async def run(self) -> Outcome:
