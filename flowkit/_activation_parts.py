@@ -7,8 +7,9 @@ import contextvars
 import hashlib
 import inspect
 import random
+import sys
 from collections.abc import Awaitable, Coroutine, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import CoroutineType
 from typing import Any, Protocol
 
@@ -144,15 +145,18 @@ class _Branch:
     seed: int
     counter: int = 0
     _rng: random.Random | None = None
-    # the task that runs the branch: its ctx calls execute there and nowhere else
-    task: asyncio.Future[Any] | None = None
+    # the branch's coroutine is executing (its ``_Guard`` is inside ``send``): a ctx call
+    # made or started while it is not comes from another task
+    running: bool = False
     # ctx calls of the branch executing right now: what it yields meanwhile is theirs
     depth: int = 0
     # the branch has seen the run's cancellation (a CancelledError out of one of its ctx
     # calls): from then on its new steps run (cleanup); a gather's children inherit it
     delivered: bool = False
-    # ctx calls made on the branch but not yet awaited, by counter (see ``Activation._enter``)
-    unstarted: dict[int, Coroutine[Any, Any, Any]] = field(default_factory=dict)
+    # the number of the branch's oldest ctx call not yet started (calls start in the order
+    # they are made: see ``Activation._enter``), and that call's coroutine
+    next: int = 1
+    head: Coroutine[Any, Any, Any] | None = None
 
     @property
     def rng(self) -> random.Random:
@@ -208,6 +212,7 @@ class _Guard:
         # (no local keeps an exception or a yielded future once it has moved on: a traceback
         # holds this frame, and the cycle would leave the activation to the cyclic GC)
         while True:
+            br.running = True
             try:
                 if exc is None:
                     y = it.send(value)
@@ -218,6 +223,8 @@ class _Guard:
                         exc = None
             except StopIteration as stop:
                 return stop.value
+            finally:
+                br.running = False
             value = None
             if not br.depth:
                 exc = self._on_foreign(br, it, y)
@@ -273,6 +280,24 @@ def _awaited(it: Any, yielded: Any) -> str:
     frame, c = user
     where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
     return f"{what} at {where} in {getattr(c, '__qualname__', '?')}"
+
+
+_CALL_NAMES = frozenset({"_step", "_sleep", "_wait_signal", "gather"})
+
+
+def _call_frame() -> Any:
+    """The frame of the ctx call (``_step``, ``_sleep``...) the caller is running for."""
+    frame: Any = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name not in _CALL_NAMES:
+        frame = frame.f_back
+    return frame
+
+
+def _describe_call(frame: Any) -> tuple[str, str]:
+    """(position, description) of the ctx call running in ``frame`` (``_call_frame``)."""
+    if frame is None:
+        return "?", "a ctx call"
+    return _call_of(frame.f_code.co_name, frame.f_locals)
 
 
 def _call_of(code_name: str, local: dict[str, Any]) -> tuple[str, str]:

@@ -49,6 +49,13 @@ if TYPE_CHECKING:
 _STEP_KINDS: tuple[type[Event], ...] = (StepCompleted, StepFailed)
 
 
+def _made_on_branch(aw: object, br: _Branch) -> bool:
+    """Whether ``aw`` is a ctx call made on branch ``br`` that has not started."""
+    if type(aw) is not CoroutineType or aw.cr_code not in _CALL_CODES or aw.cr_frame is None:
+        return False
+    return aw.cr_frame.f_locals.get("made_in") is br
+
+
 class StepCalls:
     """Implementation of ``Runtime``'s ctx calls over the activation's history."""
 
@@ -98,6 +105,10 @@ class StepCalls:
 
         def _enter(self, made_in: _Branch, idx: int) -> _Branch: ...
 
+        def _in_foreign_task(self) -> BaseException: ...
+
+        def _running_branch(self, made_in: _Branch) -> _Branch: ...
+
         def _cancel_left(self, br: _Branch) -> None: ...
 
         def _unawaited(self, br: _Branch) -> BaseException: ...
@@ -124,17 +135,36 @@ class StepCalls:
             raise TypeError("retry= takes a flowkit.RetryPolicy")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"ctx.step name= takes a str, got {name!r}")
-        br = self._branch()
+        cur = _BRANCH.get()
+        if cur is None or cur[0] is not self:
+            raise RuntimeError("ctx used outside its workflow body (or from a foreign task)")
+        br: _Branch = cur[1]
+        if not br.running:
+            raise self._made_in_foreign_task(br)
         pos = br.next_pos()
         idx = br.counter
+        coro: Coroutine[Any, Any, Any]
         if isinstance(fn, ReplayStub):  # an injected service stubbed out by replay()
             name = name or ReplayStub.ANY_NAME
             coro = self._step(br, idx, pos, fn, args, kwargs, name, retry, None)
         else:
             default, adapter = _serde.step_meta(fn)
             coro = self._step(br, idx, pos, fn, args, kwargs, name or default, retry, adapter)
-        br.unstarted[idx] = coro  # until it starts (a missing ``await`` is caught)
+        if idx == br.next:
+            br.head = coro  # (for the report, should it never be awaited)
         return coro
+
+    def _made_on(self) -> _Branch:
+        """The branch a new ctx call takes its position on: the caller's, which must be
+        executing its own coroutine (not a task it started). ``step`` inlines this."""
+        br = self._branch()
+        if not br.running:
+            raise self._made_in_foreign_task(br)
+        return br
+
+    def _made_in_foreign_task(self, br: _Branch) -> BaseException:
+        pos = f"{br.prefix}{br.counter + 1}"
+        return self._diverge(pos, None, "a ctx call made in a task of its own", _FOREIGN_TASK)
 
     async def _step(
         self,
@@ -150,7 +180,15 @@ class StepCalls:
     ) -> Any:
         # (the hot path of every run: no closures, and a position nothing was recorded at,
         # the live case, skips the history lookup)
-        br = self._enter(made_in, idx)
+        # (``_enter``, inlined: the hot path)
+        br = made_in
+        if br.running:
+            if idx != br.next:
+                raise self._unawaited(br)
+            br.next = idx + 1
+        else:
+            br = self._running_branch(made_in)
+        br.depth += 1
         try:
             if self._tearing_down:
                 raise _Evicted()
@@ -347,17 +385,19 @@ class StepCalls:
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         if not isinstance(seconds, int | float) or seconds < 0 or seconds != seconds:
             raise ValueError(f"ctx.sleep needs seconds >= 0, got {seconds!r}")
-        br = self._branch()
+        br = self._made_on()
         pos = br.next_pos()
         coro = self._sleep(br, br.counter, pos, None, float(seconds))
-        br.unstarted[br.counter] = coro
+        if br.counter == br.next:
+            br.head = coro
         return coro
 
     def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]:
-        br = self._branch()
+        br = self._made_on()
         pos = br.next_pos()
         coro = self._sleep(br, br.counter, pos, fire_at, None)
-        br.unstarted[br.counter] = coro
+        if br.counter == br.next:
+            br.head = coro
         return coro
 
     async def _sleep(
@@ -393,10 +433,11 @@ class StepCalls:
             raise ValueError("signal name must be a non-empty string")
         if timeout is not None and (timeout < 0 or timeout != timeout):
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-        br = self._branch()
+        br = self._made_on()
         pos = br.next_pos()
         coro = self._wait_signal(br, br.counter, pos, name, timeout)
-        br.unstarted[br.counter] = coro
+        if br.counter == br.next:
+            br.head = coro
         return coro
 
     async def _wait_signal(
@@ -460,17 +501,13 @@ class StepCalls:
             await self._park(timer.fire_at if timer else None, name)
 
     async def gather(self, aws: tuple[Awaitable[Any], ...]) -> list[Any]:
-        parent = self._branch()
+        parent = self._made_on()
         g = parent.next_pos()
-        unstarted = parent.unstarted
-        if unstarted:  # the ctx calls given are the children's to run (adopted)
-            given = {id(aw) for aw in aws}
-            for k in [k for k, c in unstarted.items() if id(c) in given]:
-                del unstarted[k]
-            if unstarted:
-                raise self._unawaited(parent)
-        if asyncio.current_task() is not parent.task:
-            raise self._diverge(g, None, "gather awaited in a task of its own", _FOREIGN_TASK)
+        # the parent's calls not started yet must be ctx calls given here: its children run them
+        waiting = parent.counter - parent.next
+        if waiting and sum(_made_on_branch(aw, parent) for aw in aws) != waiting:
+            raise self._unawaited(parent)
+        parent.next = parent.counter + 1
         parent.depth += 1
         try:
             return await self._gather(parent, g, aws)
@@ -516,7 +553,6 @@ class StepCalls:
 
     async def _child(self, branch: _Branch, aw: Awaitable[Any], group: _Group) -> Any:
         _BRANCH.set((self, branch))
-        branch.task = asyncio.current_task()
         try:
             return await _Guard(aw, branch, self._foreign_await)
         finally:
@@ -527,3 +563,8 @@ class StepCalls:
                 group.parent_unblocked = True
                 self._blocked -= 1
             self._check_stuck()
+
+
+_CALL_CODES = frozenset(
+    {StepCalls._step.__code__, StepCalls._sleep.__code__, StepCalls._wait_signal.__code__}
+)

@@ -10,7 +10,7 @@ cannot satisfy (a timer not yet due, a signal not yet sent, a retry backoff) the
 from __future__ import annotations
 
 import asyncio
-import sys
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,9 +32,11 @@ from ._activation_parts import (
     Suspended,
     _awaited,
     _Branch,
+    _call_frame,
     _call_of,
     _ControlFlow,
     _describe,
+    _describe_call,
     _Diverged,
     _Evicted,
     _Guard,
@@ -253,25 +255,37 @@ class Activation(StepCalls):
 
     def _enter(self, made_in: _Branch, idx: int) -> _Branch:
         """A ctx call (number ``idx`` of branch ``made_in``) starts executing: the branch
-        executing it, whose count of executing calls it raises (see ``_Guard``). It must
-        run in that branch's own task, and no earlier call of ``made_in`` may be left
-        unawaited."""
-        unstarted = made_in.unstarted
-        unstarted.pop(idx, None)
-        if unstarted and next(iter(unstarted)) < idx:
-            raise self._unawaited(made_in)
+        executing it, whose count of executing calls it raises (see ``_Guard``). It must start
+        after the calls made before it, in its branch's own task, or else in a child branch of
+        the ``ctx.gather`` it was given to. ``_step`` inlines this."""
+        br = made_in
+        if br.running:
+            if idx != br.next:
+                raise self._unawaited(br)
+            br.next = idx + 1
+        else:
+            br = self._running_branch(made_in)
+        br.depth += 1
+        return br
+
+    def _running_branch(self, made_in: _Branch) -> _Branch:
+        """The branch executing a ctx call made on ``made_in`` while that one is not running:
+        a child of the ``ctx.gather`` it was given to; else the call runs in a task of its
+        own, which fails the activation."""
         cur = _BRANCH.get()
         if cur is None or cur[0] is not self:
             raise RuntimeError("ctx used outside its workflow body (or from a foreign task)")
         br: _Branch = cur[1]
-        if asyncio.current_task() is not br.task:
-            frame = sys._getframe(1)
-            pos, call = _call_of(frame.f_code.co_name, frame.f_locals)
-            raise self._diverge(
-                pos, self._recorded(pos), f"{call} awaited in a task of its own", _FOREIGN_TASK
-            )
-        br.depth += 1
+        if br is made_in or not br.running:
+            raise self._in_foreign_task()
         return br
+
+    def _in_foreign_task(self) -> _Diverged:
+        """The ctx call being entered runs in a task of its own."""
+        pos, call = _describe_call(_call_frame())
+        return self._diverge(
+            pos, self._recorded(pos), f"{call} awaited in a task of its own", _FOREIGN_TASK
+        )
 
     def _cancel_left(self, br: _Branch) -> None:
         """A ``CancelledError`` leaves a ctx call of branch ``br``: the delivery of the run's
@@ -282,8 +296,7 @@ class Activation(StepCalls):
             return
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            frame = sys._getframe(1)
-            pos, call = _call_of(frame.f_code.co_name, frame.f_locals)
+            pos, call = _describe_call(_call_frame())
             raise self._diverge(
                 pos,
                 self._recorded(pos),
@@ -306,28 +319,28 @@ class Activation(StepCalls):
         )
 
     def _unawaited(self, br: _Branch) -> _Diverged:
-        """The first ctx call made on ``br`` and not awaited in its turn."""
-        coro: Any = next(iter(br.unstarted.values()))
-        frame = coro.cr_frame
-        if frame is None:  # (closed meanwhile)
-            return self._diverge("?", None, "a ctx call that was never awaited", _UNAWAITED)
-        pos, call = _call_of(coro.cr_code.co_name, frame.f_locals)
+        """The oldest ctx call made on ``br`` and not awaited in its turn (``br.next``)."""
+        pos = f"{br.prefix}{br.next}"
+        coro: Any = br.head
+        call = "a ctx call"
+        if coro is not None and coro.cr_frame is not None:
+            at, desc = _call_of(coro.cr_code.co_name, coro.cr_frame.f_locals)
+            if at == pos:
+                call = desc
         return self._diverge(
             pos, self._recorded(pos), f"{call}, never awaited (or awaited too late)", _UNAWAITED
         )
 
     def _branch_done(self, br: _Branch) -> None:
         """Branch ``br``'s coroutine has ended: a ctx call it made and never awaited fails the
-        activation (unless it is being torn down); the calls are closed unrun."""
-        br.task = None  # (the task's context holds the branch: no cycle left behind)
-        unstarted = br.unstarted
-        if not unstarted:
-            return
-        if not self._tearing_down and self._divergence is None:
-            self._unawaited(br)
-        for coro in unstarted.values():
-            coro.close()
-        unstarted.clear()
+        activation (unless it is being torn down); that call is closed unrun."""
+        if br.next <= br.counter:
+            if not self._tearing_down and self._divergence is None:
+                self._unawaited(br)
+            head: Any = br.head
+            if head is not None and inspect.getcoroutinestate(head) == inspect.CORO_CREATED:
+                head.close()  # (Python's "never awaited" warning would only repeat ours)
+        br.head = None
 
     def _take(
         self,
@@ -428,7 +441,6 @@ class Activation(StepCalls):
     # -- the activation ----------------------------------------------------------------
     async def _body(self) -> Any:
         root = _Branch(prefix="", now_at=self._start_at, seed=_seed(self.run_id))
-        root.task = asyncio.current_task()
         _BRANCH.set((self, root))
         try:
             body = self.instance.run(WorkflowCtx(self), self.input_value)
@@ -446,7 +458,7 @@ class Activation(StepCalls):
         # (started next: the body continues the activation, e.g. of a run just handed over,
         # ahead of the other runs' ready work)
         body = self._body_task = start_next(self._body())
-        body.add_done_callback(lambda _: self._mark_done())
+        body.add_done_callback(self._body_ended)
         try:
             if not self._is_done:
                 await done
@@ -465,6 +477,11 @@ class Activation(StepCalls):
             # pauses hold up every run of the process
             self._body_task = None
             self._stuck_parks = []
+
+    def _body_ended(self, body: asyncio.Task[Any]) -> None:
+        self._mark_done()
+        if self._evicted:  # (its outcome is nobody's: not "never retrieved" either)
+            _silence(body)
 
     async def _teardown(self, body: asyncio.Task[Any]) -> None:
         self._tearing_down = True
