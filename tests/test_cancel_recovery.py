@@ -31,9 +31,7 @@ except ImportError:  # tests/ imported as a package
     from tests.pg import fresh_database
 
 
-@pytest.fixture(
-    params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     if request.param == "memory":
         yield MemoryStore()
