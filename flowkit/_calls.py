@@ -22,6 +22,7 @@ from ._activation_parts import (
     _Evicted,
     _Group,
     _Guard,
+    _silence,
     _StepCancelled,
     error_info,
 )
@@ -64,6 +65,7 @@ class StepCalls:
     _cancel_requested: bool
     _tearing_down: bool
     _step_tasks: set[asyncio.Future[Any]]
+    _children: set[asyncio.Task[Any]]
     _cancelled_hosts: set[asyncio.Future[Any]]
     _live: int
     _blocked: int
@@ -533,7 +535,10 @@ class StepCalls:
         tasks = []
         self._live += len(aws)
         for child, aw in zip(children, aws, strict=True):
-            tasks.append(asyncio.ensure_future(self._child(child, aw, group)))
+            task = asyncio.ensure_future(self._child(child, aw, group))
+            self._children.add(task)
+            task.add_done_callback(self._child_ended)
+            tasks.append(task)
         self._blocked += 1
         try:
             await asyncio.wait(tasks)
@@ -550,6 +555,12 @@ class StepCalls:
             if exc is not None:
                 raise exc
         return [t.result() for t in tasks]
+
+    def _child_ended(self, task: asyncio.Task[Any]) -> None:
+        self._children.discard(task)
+        # (read, so that the outcome of a child whose gather was interrupted, and is nobody's
+        # now, is not logged as "never retrieved"; the gather reads it as usual otherwise)
+        _silence(task)
 
     async def _child(self, branch: _Branch, aw: Awaitable[Any], group: _Group) -> Any:
         _BRANCH.set((self, branch))

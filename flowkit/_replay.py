@@ -132,6 +132,8 @@ class Activation(StepCalls):
         # what runs a step right now: the task of the branch awaiting it (a coroutine step
         # runs inline), or the future of an awaitable step
         self._step_tasks: set[asyncio.Future[Any]] = set()
+        # the tasks of the ctx.gather children that have not ended
+        self._children: set[asyncio.Task[Any]] = set()
         # tasks request_cancel cancelled inside a step: the step's end takes that request
         # back (Task.uncancel), as the body only sees the step's CancelledError
         self._cancelled_hosts: set[asyncio.Future[Any]] = set()
@@ -402,6 +404,15 @@ class Activation(StepCalls):
             self.store_error = exc
             self.evict()
             raise _Evicted() from exc
+        except asyncio.CancelledError:
+            if not self._tearing_down:
+                # Cancelled by code outside flowkit (``_cancel_left`` blocks the run): a store
+                # call cancelled while it waits has not written, so the deferred events go
+                # with the blocked run's commit. (Were it cancelled after its commit, they
+                # would be there twice, and replay reads the first.)
+                self.pending[:0] = batch
+                self._must_flush = self._must_flush or must_flush
+            raise
         for ev in events:  # only the caller's: deferred events were observed by their branch
             self._observe(ev)
         if cancel:
@@ -466,7 +477,7 @@ class Activation(StepCalls):
             self.evict()  # our worker is going away: so does the body
             raise
         self._stuck_parks = list(self._parks)
-        if not body.done():
+        if not body.done() or self._live > 0:  # (a gather's children may outlive the body)
             await self._teardown(body)
         try:
             return self._outcome(body)
@@ -490,15 +501,18 @@ class Activation(StepCalls):
                 park.fut.set_exception(_Evicted())
         for t in list(self._step_tasks):
             t.cancel()
-        if not body.done():
-            # Give the body its chance to unwind through its parked awaits.
+        if not body.done() or self._children:
+            # Give the body (and the children of a gather it left) its chance to unwind
+            # through their parked awaits.
             for _ in range(100):
                 await asyncio.sleep(0)
-                if body.done():
+                if body.done() and not self._children:
                     break
             else:
-                body.cancel()
-                await asyncio.wait({body})
+                rest = {body, *self._children}
+                for t in rest:
+                    t.cancel()
+                await asyncio.wait(rest)
 
     def _outcome(self, body: asyncio.Task[Any]) -> Outcome:
         if self._evicted:
