@@ -150,7 +150,12 @@ class StepCalls:
             name = name or ReplayStub.ANY_NAME
             coro = self._step(br, idx, pos, fn, args, kwargs, name, retry, None)
         else:
-            default, adapter = _serde.step_meta(fn)
+            try:
+                default, adapter = _serde.step_meta(fn)
+            except BaseException:
+                if idx == br.next:  # (the call failed as it was made: nothing to await)
+                    br.next = idx + 1
+                raise
             coro = self._step(br, idx, pos, fn, args, kwargs, name or default, retry, adapter)
         if idx == br.next:
             br.head = coro  # (for the report, should it never be awaited)
