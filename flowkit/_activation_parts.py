@@ -135,7 +135,7 @@ class Evicted:
 Outcome = Completed | Failed | Cancelled | Suspended | Diverged | Evicted
 
 
-@dataclass
+@dataclass(slots=True)
 class _Branch:
     """A line of execution of the body with its own positions: the body itself, or one
     awaitable of a ``ctx.gather``."""
