@@ -5,7 +5,14 @@ body is branch ``""``; ``ctx.gather`` children get ``"<pos>.<i>/"``), so positio
 on timing. A call whose position has recorded events returns/raises the recorded outcome; a new
 call runs and records. When every live branch waits on a durable wait that this activation
 cannot satisfy (a timer not yet due, a signal not yet sent, a retry backoff) the activation is
-*stuck*: it tears the body down and reports ``Suspended`` with the earliest wake time."""
+*stuck*: it tears the body down and reports ``Suspended`` with the earliest wake time.
+
+Each branch runs under a ``_Guard`` that sees what it yields to the event loop: an await that
+is not a ctx call, a cancellation flowkit did not request and a ctx call never awaited all end
+the activation with ``Diverged`` (the run is blocked) rather than record a history a replay
+would not reproduce. A requested cancellation is delivered to each branch once, at its first
+await the history does not answer (see ``request_cancel``).
+"""
 
 from __future__ import annotations
 
@@ -491,8 +498,10 @@ class Activation(StepCalls):
 
     def _body_ended(self, body: asyncio.Task[Any]) -> None:
         self._mark_done()
-        if self._evicted:  # (its outcome is nobody's: not "never retrieved" either)
-            _silence(body)
+        # (read now: ``_outcome`` reads it again; an activation that never gets there, evicted
+        # or cancelled with its process, leaves an outcome that is nobody's, not to be logged
+        # as "never retrieved")
+        _silence(body)
 
     async def _teardown(self, body: asyncio.Task[Any]) -> None:
         self._tearing_down = True
