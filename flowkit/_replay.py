@@ -5,17 +5,29 @@ body is branch ``""``; ``ctx.gather`` children get ``"<pos>.<i>/"``), so positio
 on timing. A call whose position has recorded events returns/raises the recorded outcome; a new
 call runs and records. When every live branch waits on a durable wait that this activation
 cannot satisfy (a timer not yet due, a signal not yet sent, a retry backoff) the activation is
-*stuck*: it tears the body down and reports ``Suspended`` with the earliest wake time."""
+*stuck*: it tears the body down and reports ``Suspended`` with the earliest wake time.
+
+Each branch runs under a ``_Guard`` that sees what it yields to the event loop: an await that
+is not a ctx call, a cancellation flowkit did not request and a ctx call never awaited all end
+the activation with ``Diverged`` (the run is blocked) rather than record a history a replay
+would not reproduce. A requested cancellation is delivered to each branch once, at its first
+await the history does not answer (see ``request_cancel``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _serde
 from ._activation_parts import (
     _BRANCH,
+    _FOREIGN_AWAIT,
+    _FOREIGN_CANCEL,
+    _FOREIGN_TASK,
+    _UNAWAITED,
     Cancelled,
     Completed,
     Diverged,
@@ -25,11 +37,16 @@ from ._activation_parts import (
     Outcome,
     ReplayStub,
     Suspended,
+    _awaited,
     _Branch,
+    _call_frame,
+    _call_of,
     _ControlFlow,
     _describe,
+    _describe_call,
     _Diverged,
     _Evicted,
+    _Guard,
     _Park,
     _seed,
     _silence,
@@ -40,6 +57,7 @@ from ._context import WorkflowCtx
 from ._definition import WorkflowDefinition
 from ._eager import start_next
 from ._history import (
+    CancelRequested,
     ErrorInfo,
     Event,
     RunRetried,
@@ -100,11 +118,18 @@ class Activation(StepCalls):
         self._events = list(events)
         self._consumed: set[str] = set()
         self._start_at = 0.0
+        # the history says the cancellation was requested (since the last retry): also when
+        # the run is no longer ``cancelling`` (it got blocked meanwhile), deliveries it
+        # recorded replay as they happened
+        cancel_in_history = False
         for ev in events:
             if isinstance(ev, RunStarted):
                 self._start_at = ev.at
             elif isinstance(ev, RunRetried):
                 self._forget_final_failures()
+                cancel_in_history = False
+            elif isinstance(ev, CancelRequested):
+                cancel_in_history = True
             pos = getattr(ev, "pos", None)
             if pos is not None:
                 self._index.setdefault(pos, []).append(ev)
@@ -114,12 +139,14 @@ class Activation(StepCalls):
         # what runs a step right now: the task of the branch awaiting it (a coroutine step
         # runs inline), or the future of an awaitable step
         self._step_tasks: set[asyncio.Future[Any]] = set()
+        # the tasks of the ctx.gather children that have not ended
+        self._children: set[asyncio.Task[Any]] = set()
         # tasks request_cancel cancelled inside a step: the step's end takes that request
         # back (Task.uncancel), as the body only sees the step's CancelledError
         self._cancelled_hosts: set[asyncio.Future[Any]] = set()
         self._is_done = False  # the body settled or got stuck (see _mark_done)
         self._done_fut: asyncio.Future[None] | None = None
-        self._cancel_requested = cancel_requested
+        self._cancel_requested = cancel_requested or cancel_in_history
         self._tearing_down = False
         self._evicted = False
         self._divergence: NonDeterminismError | None = None
@@ -164,8 +191,12 @@ class Activation(StepCalls):
 
     # -- control -----------------------------------------------------------------------
     def request_cancel(self) -> None:
-        """Deliver cancellation: parked waits raise ``CancelledError``, running steps are
-        cancelled; later durable waits raise at once, steps still run (for cleanup)."""
+        """The run's cancellation was requested. It is *delivered* to each branch of the
+        body once, as a ``CancelledError`` at its first await the history does not answer:
+        at once to the waits parked now and the steps running now, else at the branch's next
+        new step (recorded there as a cancelled ``step_failed`` before it starts) or durable
+        wait. After its delivery a branch's new steps run (cleanup); durable waits always
+        raise ``CancelledError`` once the cancellation was requested."""
         if self._cancel_requested:
             return
         self._cancel_requested = True
@@ -173,7 +204,7 @@ class Activation(StepCalls):
             if not park.fut.done():
                 park.fut.set_exception(asyncio.CancelledError())
         for t in list(self._step_tasks):
-            if t.cancel() and isinstance(t, asyncio.Task):
+            if t.cancel():
                 self._cancelled_hosts.add(t)
 
     def evict(self) -> None:
@@ -226,6 +257,99 @@ class Activation(StepCalls):
         return tuple(
             _describe(e) for e in self._events if center - width <= e.seq <= center + width
         )
+
+    def _recorded(self, pos: str) -> str | None:
+        evs = self._index.get(pos)
+        return _describe(evs[0]) if evs else None
+
+    def _enter(self, made_in: _Branch, idx: int) -> _Branch:
+        """A ctx call (number ``idx`` of branch ``made_in``) starts executing: the branch
+        executing it, whose count of executing calls it raises (see ``_Guard``). It must start
+        after the calls made before it, in its branch's own task, or else in a child branch of
+        the ``ctx.gather`` it was given to. ``_step`` inlines this."""
+        br = made_in
+        if br.running:
+            if idx != br.next:
+                raise self._unawaited(br)
+            br.next = idx + 1
+        else:
+            br = self._running_branch(made_in)
+        br.depth += 1
+        return br
+
+    def _running_branch(self, made_in: _Branch) -> _Branch:
+        """The branch executing a ctx call made on ``made_in`` while that one is not running:
+        a child of the ``ctx.gather`` it was given to; else the call runs in a task of its
+        own, which fails the activation."""
+        cur = _BRANCH.get()
+        if cur is None or cur[0] is not self:
+            raise RuntimeError("ctx used outside its workflow body (or from a foreign task)")
+        br: _Branch = cur[1]
+        if br is made_in or not br.running:
+            raise self._in_foreign_task()
+        return br
+
+    def _in_foreign_task(self) -> _Diverged:
+        """The ctx call being entered runs in a task of its own."""
+        pos, call = _describe_call(_call_frame())
+        return self._diverge(
+            pos, self._recorded(pos), f"{call} awaited in a task of its own", _FOREIGN_TASK
+        )
+
+    def _cancel_left(self, br: _Branch) -> None:
+        """A ``CancelledError`` leaves a ctx call of branch ``br``: the delivery of the run's
+        cancellation, or (the task is being cancelled by someone else: ``asyncio.timeout``,
+        ``task.cancel()``) a cancellation flowkit did not request, which fails the
+        activation: it is recorded nowhere, so a replay would not reproduce it."""
+        if self._tearing_down:
+            return
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            pos, call = _describe_call(_call_frame())
+            raise self._diverge(
+                pos,
+                self._recorded(pos),
+                f"{call}, cancelled by code outside flowkit",
+                _FOREIGN_CANCEL,
+            )
+        br.delivered = True
+
+    def _foreign_await(self, br: _Branch, it: object, yielded: object) -> BaseException:
+        """Branch ``br`` yielded to the event loop outside its ctx calls (``_Guard``): the
+        exception thrown into it there."""
+        if self._tearing_down:
+            return _Evicted()
+        pos = f"{br.prefix}{br.counter + 1}"
+        return self._diverge(
+            pos,
+            self._recorded(pos),
+            f"await of {_awaited(it, yielded)}, not a ctx call",
+            _FOREIGN_AWAIT,
+        )
+
+    def _unawaited(self, br: _Branch) -> _Diverged:
+        """The oldest ctx call made on ``br`` and not awaited in its turn (``br.next``)."""
+        pos = f"{br.prefix}{br.next}"
+        coro: Any = br.head
+        call = "a ctx call"
+        if coro is not None and coro.cr_frame is not None:
+            at, desc = _call_of(coro.cr_code.co_name, coro.cr_frame.f_locals)
+            if at == pos:
+                call = desc
+        return self._diverge(
+            pos, self._recorded(pos), f"{call}, never awaited (or awaited too late)", _UNAWAITED
+        )
+
+    def _branch_done(self, br: _Branch) -> None:
+        """Branch ``br``'s coroutine has ended: a ctx call it made and never awaited fails the
+        activation (unless it is being torn down); that call is closed unrun."""
+        if br.next <= br.counter:
+            if not self._tearing_down and self._divergence is None:
+                self._unawaited(br)
+            head: Any = br.head
+            if head is not None and inspect.getcoroutinestate(head) == inspect.CORO_CREATED:
+                head.close()  # (Python's "never awaited" warning would only repeat ours)
+        br.head = None
 
     def _take(
         self,
@@ -287,6 +411,15 @@ class Activation(StepCalls):
             self.store_error = exc
             self.evict()
             raise _Evicted() from exc
+        except asyncio.CancelledError:
+            if not self._tearing_down:
+                # Cancelled by code outside flowkit (``_cancel_left`` blocks the run): a store
+                # call cancelled while it waits has not written, so the deferred events go
+                # with the blocked run's commit. (Were it cancelled after its commit, they
+                # would be there twice, and replay reads the first.)
+                self.pending[:0] = batch
+                self._must_flush = self._must_flush or must_flush
+            raise
         for ev in events:  # only the caller's: deferred events were observed by their branch
             self._observe(ev)
         if cancel:
@@ -328,9 +461,11 @@ class Activation(StepCalls):
         root = _Branch(prefix="", now_at=self._start_at, seed=_seed(self.run_id))
         _BRANCH.set((self, root))
         try:
-            return await self.instance.run(WorkflowCtx(self), self.input_value)
+            body = self.instance.run(WorkflowCtx(self), self.input_value)
+            return await _Guard(body, root, self._foreign_await)
         finally:
             self._live -= 1
+            self._branch_done(root)
             self._mark_done()
 
     async def run(self) -> Outcome:
@@ -341,7 +476,7 @@ class Activation(StepCalls):
         # (started next: the body continues the activation, e.g. of a run just handed over,
         # ahead of the other runs' ready work)
         body = self._body_task = start_next(self._body())
-        body.add_done_callback(lambda _: self._mark_done())
+        body.add_done_callback(self._body_ended)
         try:
             if not self._is_done:
                 await done
@@ -349,7 +484,7 @@ class Activation(StepCalls):
             self.evict()  # our worker is going away: so does the body
             raise
         self._stuck_parks = list(self._parks)
-        if not body.done():
+        if not body.done() or self._live > 0:  # (a gather's children may outlive the body)
             await self._teardown(body)
         try:
             return self._outcome(body)
@@ -361,6 +496,13 @@ class Activation(StepCalls):
             self._body_task = None
             self._stuck_parks = []
 
+    def _body_ended(self, body: asyncio.Task[Any]) -> None:
+        self._mark_done()
+        # (read now: ``_outcome`` reads it again; an activation that never gets there, evicted
+        # or cancelled with its process, leaves an outcome that is nobody's, not to be logged
+        # as "never retrieved")
+        _silence(body)
+
     async def _teardown(self, body: asyncio.Task[Any]) -> None:
         self._tearing_down = True
         for park in list(self._parks):
@@ -368,15 +510,18 @@ class Activation(StepCalls):
                 park.fut.set_exception(_Evicted())
         for t in list(self._step_tasks):
             t.cancel()
-        if not body.done():
-            # Give the body its chance to unwind through its parked awaits.
+        if not body.done() or self._children:
+            # Give the body (and the children of a gather it left) its chance to unwind
+            # through their parked awaits.
             for _ in range(100):
                 await asyncio.sleep(0)
-                if body.done():
+                if body.done() and not self._children:
                     break
             else:
-                body.cancel()
-                await asyncio.wait({body})
+                rest = {body, *self._children}
+                for t in rest:
+                    t.cancel()
+                await asyncio.wait(rest)
 
     def _outcome(self, body: asyncio.Task[Any]) -> Outcome:
         if self._evicted:

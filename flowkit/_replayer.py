@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from ._definition import definition_of
 from ._history import (
-    CancelRequested,
     Event,
     History,
     RunCompleted,
@@ -60,7 +59,8 @@ async def replay_async(history: History, workflow: Any) -> None:
         defn.input_adapter.validate_python(first.input),
         history.events,
         _ReplayHost(last.at),
-        cancel_requested=any(isinstance(e, CancelRequested) for e in history.events),
+        # (the cancellation's request: the activation reads it from the history, as a worker's
+        # does, and so replays the deliveries the run went through)
         attempt=1 + sum(isinstance(e, RunRetried) for e in history.events),
         replay_only=True,
     )
