@@ -19,6 +19,8 @@ from .base import (
     NextDueAfter,
     Notify,
     QueueCap,
+    RecordsAdmission,
+    ReleasesLeases,
     Store,
     Update,
 )
@@ -65,6 +67,8 @@ __all__ = [
     "NextDueAfter",
     "Notify",
     "QueueCap",
+    "RecordsAdmission",
+    "ReleasesLeases",
     "SqlStore",
     "Store",
     "Update",
