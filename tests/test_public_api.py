@@ -87,3 +87,42 @@ def test_store_capabilities_and_crash_points_are_exported() -> None:
         ("try_admit_singleton", "after"),
         ("create_run", "after"),
     ]
+
+
+# -- the exact public names: adding or removing one is a decision, made here on purpose --------
+
+FLOWKIT = [
+    "ADMITTED_TAG", "Clock", "Engine", "Event", "FlowkitError", "History", "HistoryError",
+    "InvalidInputError", "NonDeterminismError", "ReplayFailedError", "ReplayReport",
+    "ReplayResult", "ResultTimeoutError", "RetryPolicy", "Run", "RunCancelledError",
+    "RunNotFoundError", "RunStateError", "RunStatus", "SerializationError", "SignalTimeout",
+    "Singleton", "SingletonQueueFullError", "StepFailedError", "SystemClock",
+    "UnsupportedStoreError", "WorkflowCtx", "WorkflowDefinition", "WorkflowFailedError",
+    "WorkflowNotFoundError", "replay", "replay_async", "replay_dir", "replay_dir_async",
+    "workflow",
+]  # fmt: skip
+FLOWKIT_TESTING = [
+    "CRASH_POINTS", "CRASH_SITES", "DEFAULT_START", "CrashSite", "FaultPlan", "InjectedFault",
+    "InstanceCrashed", "Rule", "TestEnv", "VirtualClock",
+]  # fmt: skip
+FLOWKIT_STORES = [
+    "AESGCMCodec", "Admission", "AdmitsOnCreate", "AppendsEvents", "Codec", "CodecError",
+    "CodecStore", "CommitResult", "ConflictError", "HandOff", "InboxSignal", "MemoryStore",
+    "NextDueAfter", "Notify", "QueueCap", "RecordsAdmission", "ReleasesLeases", "SqlStore",
+    "Store", "Update",
+]  # fmt: skip
+
+
+def test_the_public_names_are_exactly_these_and_sorted() -> None:
+    import flowkit.stores
+
+    for module, names in (
+        (flowkit, FLOWKIT),
+        (flowkit_testing, FLOWKIT_TESTING),
+        (flowkit.stores, FLOWKIT_STORES),
+    ):
+        assert module.__all__ == names, module.__name__
+        # (isort's order, as ruff keeps it: CONSTANTS, then Classes, then functions)
+        assert names == sorted(names, key=lambda n: (0 if n.isupper() else 2 - n[0].isupper(), n))
+        for name in names:
+            assert getattr(module, name) is not None, (module.__name__, name)
