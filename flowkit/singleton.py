@@ -1,4 +1,5 @@
-"""Public helpers for stores that implement singleton admission (DESIGN §4.10).
+"""Public helpers for stores that implement singleton admission (docs/singleton.md,
+"Implementing admission in your own store").
 
 A store calls these *inside* its atomic admission transaction, after it has serialized
 competing claims of the key (a lock, ``BEGIN IMMEDIATE``, an advisory lock...) and read the
