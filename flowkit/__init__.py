@@ -6,7 +6,8 @@ from ._clock import Clock, SystemClock
 from ._context import WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
 from ._engine import Engine
-from ._history import Event, History
+from ._history import History
+from .events import Event
 from ._replayer import (
     ReplayFailedError,
     ReplayReport,

@@ -1,21 +1,43 @@
-"""Event models (pydantic, discriminated on ``type``) and ``History`` with canonical JSON.
+"""The events of a run's history: one pydantic model per type, the ``Event`` union of them
+(discriminated on ``type``), ``EVENT_TYPES`` (the type names, read off the union) and the JSON
+form a store persists (``event_to_json`` / ``event_from_json``).
 
-Events that answer a body call carry ``pos``: the body's call position. ``seq`` is the store's
-append order (gap-free per run); ``pos`` is what replay matches on, so concurrent branches of a
-``ctx.gather`` may complete in any order without confusing replay."""
+Every event has ``seq`` (the store's append order, gap-free per run), ``type`` and ``at`` (the
+engine's clock). Events that answer a ctx call of the body carry ``pos``, the call's position:
+replay matches on it, so the branches of a ``ctx.gather`` may finish in any order. The table of
+docs/getting-started.md ("Inspecting runs and their history") says when each type is written."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from . import _serde
 from .errors import HistoryError
 
-HISTORY_FORMAT = "flowkit.history/1"
+__all__ = [
+    "EVENT_TYPES",
+    "CancelRequested",
+    "ErrorInfo",
+    "Event",
+    "RunCancelled",
+    "RunCompleted",
+    "RunFailed",
+    "RunRetried",
+    "RunStarted",
+    "SignalReceived",
+    "SingletonAdmitted",
+    "SingletonGated",
+    "SingletonReleased",
+    "StepCompleted",
+    "StepFailed",
+    "TimerFired",
+    "TimerStarted",
+    "event_from_json",
+    "event_to_json",
+]
 
 
 class _Base(BaseModel):
@@ -67,84 +89,6 @@ class StepCompleted(_Base):
     attempt: int = 1
     result: Any = None
     args_digest: str | None = None
-
-
-def _step_completed_unchecked(
-    pos: str, name: str, attempt: int, result: Any, args_digest: str | None, at: float
-) -> StepCompleted:
-    # what ``BaseModel.model_construct`` sets, without its per-field work
-    ev = StepCompleted.__new__(StepCompleted)
-    setattr_ = object.__setattr__
-    setattr_(
-        ev,
-        "__dict__",
-        {
-            "seq": 0,
-            "at": at,
-            "type": "step_completed",
-            "pos": pos,
-            "name": name,
-            "attempt": attempt,
-            "result": result,
-            "args_digest": args_digest,
-        },
-    )
-    setattr_(
-        ev, "__pydantic_fields_set__", {"pos", "name", "attempt", "result", "args_digest", "at"}
-    )
-    setattr_(ev, "__pydantic_extra__", None)
-    setattr_(ev, "__pydantic_private__", None)
-    return ev
-
-
-def _unchecked_is_validated() -> bool:
-    """Whether ``_step_completed_unchecked`` builds exactly the validated model (with this
-    pydantic): else ``step_completed`` validates."""
-    args: dict[str, Any] = {
-        "pos": "1",
-        "name": "f",
-        "attempt": 2,
-        "result": [1],
-        "args_digest": "ab",
-        "at": 1.5,
-    }
-    try:
-        fast, slow = _step_completed_unchecked(**args), StepCompleted(**args)
-        made = StepCompleted.model_construct(**args)
-        decorators = StepCompleted.__pydantic_decorators__
-        return bool(
-            fast == slow == made
-            and list(fast.__dict__) == list(slow.__dict__) == list(made.__dict__)
-            and fast.model_fields_set == slow.model_fields_set == made.model_fields_set
-            and fast.model_dump() == slow.model_dump()
-            and BaseModel.__slots__
-            == ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
-            # nothing of the model's own runs on validation (it would be skipped)
-            and not decorators.validators
-            and not decorators.field_validators
-            and not decorators.root_validators
-            and not decorators.model_validators
-            and StepCompleted.__pydantic_post_init__ is None
-        )
-    except Exception:  # pragma: no cover - a pydantic that builds models otherwise
-        return False
-
-
-_UNCHECKED = _unchecked_is_validated()
-
-
-def step_completed(
-    pos: str, name: str, attempt: int, result: Any, args_digest: str | None, at: float
-) -> StepCompleted:
-    """The record of a step that succeeded, from values the engine made (``result`` already
-    JSON, by ``_serde.to_json``): without pydantic's validation when this pydantic builds the
-    same model that way (checked once, at import). A step's record is the most frequent
-    event, and the validator is a lot of code that runs cold after every commit's fsync."""
-    if _UNCHECKED and type(pos) is str and type(name) is str and type(at) is float:
-        return _step_completed_unchecked(pos, name, attempt, result, args_digest, at)
-    return StepCompleted(
-        pos=pos, name=name, attempt=attempt, result=result, args_digest=args_digest, at=at
-    )
 
 
 class StepFailed(_Base):
@@ -204,38 +148,30 @@ Event = Annotated[
     RunStarted
     | SingletonGated
     | SingletonAdmitted
-    | SingletonReleased
     | StepCompleted
     | StepFailed
     | TimerStarted
     | TimerFired
     | SignalReceived
     | CancelRequested
+    | SingletonReleased
     | RunCompleted
     | RunFailed
     | RunCancelled
     | RunRetried,
     Field(discriminator="type"),
 ]
+"""Any event of a history (a pydantic discriminated union on ``type``)."""
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
-EVENT_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
-EVENT_TYPES: tuple[str, ...] = (
-    "run_started",
-    "singleton_gated",
-    "singleton_admitted",
-    "step_completed",
-    "step_failed",
-    "timer_started",
-    "timer_fired",
-    "signal_received",
-    "cancel_requested",
-    "singleton_released",
-    "run_completed",
-    "run_failed",
-    "run_cancelled",
-    "run_retried",
-)
-TERMINAL_EVENTS = frozenset({"run_completed", "run_failed", "run_cancelled"})
+
+
+def _type_names(union: Any) -> tuple[str, ...]:
+    """The ``type`` of each model of ``union`` (an ``Annotated`` union), in its order."""
+    return tuple(m.model_fields["type"].default for m in get_args(get_args(union)[0]))
+
+
+EVENT_TYPES: tuple[str, ...] = _type_names(Event)
+"""The type names of ``Event``, in the union's order."""
 
 
 def event_to_json(event: Event) -> dict[str, Any]:
@@ -262,75 +198,3 @@ def event_from_json(data: Any) -> Event:
         return EVENT_ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise HistoryError(f"corrupt event: {exc.errors()[0]['msg']} in {data!r:.200}") from exc
-
-
-class History(Sequence[Event]):
-    """A run's ordered events. ``to_json()``/``from_json()`` round-trip byte for byte."""
-
-    def __init__(self, run_id: str, events: Sequence[Event]) -> None:
-        self.run_id = run_id
-        self.events: tuple[Event, ...] = tuple(events)
-        for i, ev in enumerate(self.events, start=1):
-            if ev.seq != i:
-                raise HistoryError(
-                    f"history of {run_id!r} is not gap-free: event #{i} has seq {ev.seq}"
-                )
-
-    def __len__(self) -> int:
-        return len(self.events)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self.events[i]
-
-    def __iter__(self) -> Iterator[Event]:
-        return iter(self.events)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, History):
-            return NotImplemented
-        return other.run_id == self.run_id and other.events == self.events
-
-    def __hash__(self) -> int:
-        return hash((self.run_id, self.events))
-
-    def __repr__(self) -> str:
-        return f"History({self.run_id!r}, {len(self.events)} events)"
-
-    @property
-    def types(self) -> list[str]:
-        """Event types in order: handy in tests."""
-        return [e.type for e in self.events]
-
-    @property
-    def workflow(self) -> str | None:
-        first = self.events[0] if self.events else None
-        return first.workflow if isinstance(first, RunStarted) else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": HISTORY_FORMAT,
-            "run_id": self.run_id,
-            "events": [event_to_json(e) for e in self.events],
-        }
-
-    def to_json(self) -> str:
-        """Canonical JSON (sorted keys, compact)."""
-        return _serde.dumps(self.to_dict()).decode()
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> History:
-        """Parse ``to_json()`` output; ``HistoryError`` for anything else."""
-        try:
-            data = _serde.loads(raw)
-        except Exception as exc:
-            raise HistoryError(f"history is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict) or data.get("format") != HISTORY_FORMAT:
-            raise HistoryError(f"not a flowkit history (expected format {HISTORY_FORMAT!r})")
-        run_id = data.get("run_id")
-        events = data.get("events")
-        if not isinstance(run_id, str) or not isinstance(events, list):
-            raise HistoryError("history needs a string run_id and a list of events")
-        parsed = [event_from_json(e) for e in events]
-        if not parsed or not isinstance(parsed[0], RunStarted):
-            raise HistoryError("history must start with a run_started event")
-        return cls(run_id, parsed)
