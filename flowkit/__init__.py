@@ -7,8 +7,7 @@ from ._context import WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
 from ._engine import Engine
 from ._history import History
-from .events import Event
-from ._replayer import (
+from ._replay.replayer import (
     ReplayFailedError,
     ReplayReport,
     ReplayResult,
@@ -35,6 +34,7 @@ from .errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
+from .events import Event
 
 __all__ = [
     "ADMITTED_TAG",

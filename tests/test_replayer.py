@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from flowkit import History, NonDeterminismError, WorkflowCtx, workflow
-
-# flowkit re-exports these; the private import keeps the test independent of that.
-from flowkit._replayer import (
+from flowkit import (
+    History,
+    NonDeterminismError,
     ReplayFailedError,
     ReplayReport,
+    WorkflowCtx,
     replay_dir,
     replay_dir_async,
+    workflow,
 )
 from flowkit.errors import WorkflowNotFoundError
 from flowkit_testing import TestEnv
