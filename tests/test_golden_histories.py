@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import flowkit
 from flowkit import History, replay_dir
-from flowkit.events import EVENT_TYPES, Event
+from flowkit.events import EVENT_TYPES
 
 try:
     from histories import workflows as golden
@@ -57,16 +56,6 @@ def test_the_golden_histories_hold_every_event_type() -> None:
     (and the histories are recorded again)."""
     covered = {t for h in _committed().values() for t in h.types}
     assert covered == set(EVENT_TYPES)
-
-
-def test_event_types_are_those_of_the_public_event_models() -> None:
-    """``EVENT_TYPES`` is read off the ``Event`` union: every event model ``flowkit.events``
-    exports is in it, once."""
-    exported = [getattr(flowkit.events, n) for n in flowkit.events.__all__]
-    models = [m for m in exported if isinstance(m, type) and "seq" in m.model_fields]
-    assert sorted(m.model_fields["type"].default for m in models) == sorted(EVENT_TYPES)
-    assert len(set(EVENT_TYPES)) == len(EVENT_TYPES)
-    assert flowkit.Event is Event
 
 
 def test_the_committed_files_are_the_runs_the_scenarios_record() -> None:
