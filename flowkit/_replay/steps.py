@@ -36,6 +36,8 @@ async def run_step(
     retry: RetryPolicy | None,
     adapter: TypeAdapter[Any] | None,
 ) -> Any:
+    """The step at ``pos`` (call ``idx`` of ``made_in``): its recorded outcome, else ``fn``
+    run (again after each failed attempt's backoff, as ``retry`` allows) and recorded."""
     # (the hot path of every run: no closures, and a position nothing was recorded at,
     # the live case, skips the history lookup)
     # (``enter``, inlined: the hot path)

@@ -23,6 +23,8 @@ async def run_sleep(
     fire_at: float | None,
     seconds: float | None,
 ) -> None:
+    """The timer at ``pos`` (call ``idx`` of ``made_in``): it fires at ``fire_at``, or
+    ``seconds`` after it is first run."""
     br = enter(st, made_in, idx)
     try:
         st.check_alive()
@@ -52,6 +54,8 @@ async def run_sleep(
 async def run_wait_signal(
     st: ActivationState, made_in: Branch, idx: int, pos: str, name: str, timeout: float | None
 ) -> Any:
+    """The signal wait at ``pos`` (call ``idx`` of ``made_in``): the payload of the run's
+    oldest signal ``name``, or ``SignalTimeout`` once ``timeout`` seconds have passed."""
     br = enter(st, made_in, idx)
     try:
         return await _wait_signal_in(st, pos, name, timeout)
