@@ -4,8 +4,10 @@ and together they hold every event type of ``flowkit.events.Event``.
 The histories were recorded from ``tests/histories/workflows.py`` and are kept as they are: a
 change to the replay core or to those workflows must still replay them, as it must replay the
 runs in flight when it is deployed. ``FLOWKIT_RECORD_HISTORIES=1 pytest
-tests/test_golden_histories.py`` records them again (on purpose only: after a new event type,
-say); without it nothing is written."""
+tests/test_golden_histories.py`` records them all again (on purpose only: for a new scenario,
+say); without it nothing is written. Recording is byte-stable, so the diff shows only what
+changed: a history the current code records differently is normally restored from git, not
+committed, since it stands for runs recorded by the older code."""
 
 from __future__ import annotations
 
