@@ -6,8 +6,8 @@ from ._clock import Clock, SystemClock
 from ._context import WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
 from ._engine import Engine
-from ._history import Event, History
-from ._replayer import (
+from ._history import History
+from ._replay.replayer import (
     ReplayFailedError,
     ReplayReport,
     ReplayResult,
@@ -34,6 +34,7 @@ from .errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
+from .events import Event
 
 __all__ = [
     "ADMITTED_TAG",

@@ -1,72 +1,66 @@
-"""Event models (pydantic, discriminated on ``type``) and ``History`` with canonical JSON.
+"""``History``: a run's ordered events, with the canonical JSON that ``flowkit replay`` and
+``replay_dir`` read; and ``step_completed``, the engine's fast way to build a step's record.
 
-Events that answer a body call carry ``pos``: the body's call position. ``seq`` is the store's
-append order (gap-free per run); ``pos`` is what replay matches on, so concurrent branches of a
-``ctx.gather`` may complete in any order without confusing replay."""
+The event models live in ``flowkit.events``; they are re-exported here for the modules that
+still import them from this one."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
 from . import _serde
 from .errors import HistoryError
+from .events import (
+    EVENT_TYPES,
+    CancelRequested,
+    ErrorInfo,
+    Event,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunRetried,
+    RunStarted,
+    SignalReceived,
+    SingletonAdmitted,
+    SingletonGated,
+    SingletonReleased,
+    StepCompleted,
+    StepFailed,
+    TimerFired,
+    TimerStarted,
+    event_from_json,
+    event_to_json,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "HISTORY_FORMAT",
+    "CancelRequested",
+    "ErrorInfo",
+    "Event",
+    "History",
+    "RunCancelled",
+    "RunCompleted",
+    "RunFailed",
+    "RunRetried",
+    "RunStarted",
+    "SignalReceived",
+    "SingletonAdmitted",
+    "SingletonGated",
+    "SingletonReleased",
+    "StepCompleted",
+    "StepFailed",
+    "TimerFired",
+    "TimerStarted",
+    "event_from_json",
+    "event_to_json",
+    "step_completed",
+]
 
 HISTORY_FORMAT = "flowkit.history/1"
-
-
-class _Base(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    seq: int = 0
-    at: float = 0.0
-
-
-class ErrorInfo(BaseModel):
-    """A failure as stored: exception class name, message, and flowkit's details."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    type: str
-    message: str
-    step: str | None = None
-    attempts: int | None = None
-    cause_type: str | None = None
-    cause_message: str | None = None
-
-
-class RunStarted(_Base):
-    type: Literal["run_started"] = "run_started"
-    workflow: str
-    version: str
-    input: Any = None
-    tags: list[str] = Field(default_factory=list)
-
-
-class SingletonGated(_Base):
-    type: Literal["singleton_gated"] = "singleton_gated"
-    key: str
-    retry_at: float | None = None
-
-
-class SingletonAdmitted(_Base):
-    type: Literal["singleton_admitted"] = "singleton_admitted"
-    key: str
-
-
-class SingletonReleased(_Base):
-    type: Literal["singleton_released"] = "singleton_released"
-    key: str
-
-
-class StepCompleted(_Base):
-    type: Literal["step_completed"] = "step_completed"
-    pos: str
-    name: str
-    attempt: int = 1
-    result: Any = None
-    args_digest: str | None = None
 
 
 def _step_completed_unchecked(
@@ -145,123 +139,6 @@ def step_completed(
     return StepCompleted(
         pos=pos, name=name, attempt=attempt, result=result, args_digest=args_digest, at=at
     )
-
-
-class StepFailed(_Base):
-    type: Literal["step_failed"] = "step_failed"
-    pos: str
-    name: str
-    attempt: int = 1
-    error: ErrorInfo
-    retry_at: float | None = None  # set: another attempt is due then; None: final failure
-    cancelled: bool = False
-    args_digest: str | None = None
-
-
-class TimerStarted(_Base):
-    type: Literal["timer_started"] = "timer_started"
-    pos: str
-    fire_at: float
-    purpose: Literal["sleep", "signal_timeout"] = "sleep"
-
-
-class TimerFired(_Base):
-    type: Literal["timer_fired"] = "timer_fired"
-    pos: str
-
-
-class SignalReceived(_Base):
-    type: Literal["signal_received"] = "signal_received"
-    pos: str
-    name: str
-    payload: Any = None
-
-
-class CancelRequested(_Base):
-    type: Literal["cancel_requested"] = "cancel_requested"
-
-
-class RunCompleted(_Base):
-    type: Literal["run_completed"] = "run_completed"
-    output: Any = None
-
-
-class RunFailed(_Base):
-    type: Literal["run_failed"] = "run_failed"
-    error: ErrorInfo
-
-
-class RunCancelled(_Base):
-    type: Literal["run_cancelled"] = "run_cancelled"
-
-
-class RunRetried(_Base):
-    type: Literal["run_retried"] = "run_retried"
-    attempt: int
-
-
-Event = Annotated[
-    RunStarted
-    | SingletonGated
-    | SingletonAdmitted
-    | SingletonReleased
-    | StepCompleted
-    | StepFailed
-    | TimerStarted
-    | TimerFired
-    | SignalReceived
-    | CancelRequested
-    | RunCompleted
-    | RunFailed
-    | RunCancelled
-    | RunRetried,
-    Field(discriminator="type"),
-]
-EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
-EVENT_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
-EVENT_TYPES: tuple[str, ...] = (
-    "run_started",
-    "singleton_gated",
-    "singleton_admitted",
-    "step_completed",
-    "step_failed",
-    "timer_started",
-    "timer_fired",
-    "signal_received",
-    "cancel_requested",
-    "singleton_released",
-    "run_completed",
-    "run_failed",
-    "run_cancelled",
-    "run_retried",
-)
-TERMINAL_EVENTS = frozenset({"run_completed", "run_failed", "run_cancelled"})
-
-
-def event_to_json(event: Event) -> dict[str, Any]:
-    """The JSON form of one event (what stores persist)."""
-    if type(event) is StepCompleted and _serde.plain_json(event.result) and math.isfinite(event.at):
-        # a step's record, the most frequent event, with a plain result: pydantic would
-        # build the same dict (``tests/test_serde.py`` checks that it does)
-        return {  # (in the fields' order, as pydantic's)
-            "seq": event.seq,
-            "at": event.at,
-            "type": "step_completed",
-            "pos": event.pos,
-            "name": event.name,
-            "attempt": event.attempt,
-            "result": event.result,
-            "args_digest": event.args_digest,
-        }
-    return event.model_dump(mode="json")
-
-
-def event_from_json(data: Any) -> Event:
-    """Parse one stored event; ``HistoryError`` when it is not a flowkit event."""
-    try:
-        return EVENT_ADAPTER.validate_python(data)
-    except ValidationError as exc:
-        raise HistoryError(f"corrupt event: {exc.errors()[0]['msg']} in {data!r:.200}") from exc
 
 
 class History(Sequence[Event]):

@@ -1,4 +1,5 @@
-"""The run model: ``RunStatus`` and the ``Run`` snapshot stores hand out."""
+"""The run model: ``RunStatus``, the ``Run`` snapshot stores hand out, and ``InboxSignal``, a
+signal waiting in a run's inbox."""
 
 from __future__ import annotations
 
@@ -79,3 +80,12 @@ class Run:
             and self.lease_expires is not None
             and self.lease_expires > now
         )
+
+
+@dataclass(frozen=True)
+class InboxSignal:
+    """A signal in a run's inbox (``Store.peek_signal``): its inbox id, name and payload."""
+
+    id: int
+    name: str
+    payload: Any

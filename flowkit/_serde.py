@@ -75,9 +75,9 @@ def _owner(fn: Any, bound: Any) -> type | None:
 def _workflow_names() -> dict[str, Any]:
     """The local names of the scope the running workflow's class was declared in (a step
     function defined in the same test function as the workflow may return its models)."""
-    from ._activation_parts import _BRANCH  # (the activation imports this module)
+    from ._replay.branch import CURRENT  # (the activation imports this module)
 
-    current = _BRANCH.get()
+    current = CURRENT.get()
     defn = getattr(current[0], "defn", None) if current is not None else None
     annotations = getattr(defn, "annotations", None)
     localns = getattr(annotations, "localns", None)

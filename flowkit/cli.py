@@ -43,7 +43,7 @@ from ._history import (
     StepFailed,
     TimerStarted,
 )
-from ._replayer import ReplayResult, replay_async, replay_dir_async
+from ._replay.replayer import ReplayResult, replay_async, replay_dir_async
 from ._run import Run, RunStatus
 from .errors import FlowkitError, NonDeterminismError
 from .singleton import holders, waiters

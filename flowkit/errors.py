@@ -26,7 +26,7 @@
     ├── StoreUnavailableError      SqlStore: the database cannot be reached
     ├── NotAFlowkitDatabaseError   SqlStore.check(url): the URL names no flowkit database
     └── ReplayFailedError          replay_dir report: some recorded histories no longer replay
-                                   (defined in flowkit._replayer, exported from flowkit)
+                                   (defined in flowkit._replay.replayer, exported from flowkit)
 """
 
 from __future__ import annotations

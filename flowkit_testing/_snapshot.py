@@ -32,7 +32,7 @@ from syrupy.types import PropertyFilter, PropertyMatcher, SerializableData, Seri
 
 from flowkit import History
 from flowkit._gate import GATE_JITTER, GATE_RETRY
-from flowkit._history import Event, event_to_json
+from flowkit.events import Event, event_to_json
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")

@@ -1,53 +1,42 @@
 """``replay_dir``: the CI regression test of workflow code against golden histories.
 
-The first part is the pattern of docs/debugging.md ("Golden histories in CI"), made real: the
-golden histories are recorded on the fly into ``tmp_path`` (a project commits them instead),
-then the current code must replay all of them, and a breaking change is caught file by file."""
+The first part is the pattern of docs/debugging.md ("Golden histories in CI"), made real on the
+committed golden histories of ``tests/histories/`` (recorded from ``histories/workflows.py``):
+the current code replays all of them, and a breaking change is caught file by file. The
+details work on a copy of them in ``tmp_path``."""
 
 from __future__ import annotations
 
-import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
 
-from flowkit import History, NonDeterminismError, WorkflowCtx, workflow
-
-# flowkit re-exports these; the private import keeps the test independent of that.
-from flowkit._replayer import (
+from flowkit import (
+    History,
+    NonDeterminismError,
     ReplayFailedError,
     ReplayReport,
+    WorkflowCtx,
     replay_dir,
     replay_dir_async,
+    workflow,
 )
 from flowkit.errors import WorkflowNotFoundError
-from flowkit_testing import TestEnv
 
+try:
+    from histories.workflows import Catalog, Greeting, Quote, workflows
+except ImportError:  # tests/ imported as a package
+    from tests.histories.workflows import Catalog, Greeting, Quote, workflows
 
-class Catalog:
-    async def price(self, sku: str) -> int:
-        return {"pen": 3, "desk": 1200}.get(sku, 10)
-
-
-@workflow(name="quote")
-class Quote:
-    """The code that produced the golden histories."""
-
-    def __init__(self, catalog: Catalog) -> None:
-        self.catalog = catalog
-
-    async def run(self, ctx: WorkflowCtx, sku: str) -> int:
-        price = await ctx.step(self.catalog.price, sku)
-        if price > 1000:
-            await ctx.sleep(3600)  # big quotes wait an hour before they are sent
-        return price
+HISTORIES = Path(__file__).parent / "histories"
 
 
 @workflow(name="quote")
 class QuoteReviewed:
-    """A later change: big quotes now wait for a reviewer's signal instead of an hour.
-
-    Runs of small quotes are unaffected; a big quote recorded by the old code would not replay."""
+    """A later change of ``Quote``: big quotes now wait for a reviewer's signal instead of an
+    hour. Runs of small quotes are unaffected; a big quote recorded by the old code would not
+    replay."""
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -59,54 +48,35 @@ class QuoteReviewed:
         return price
 
 
-@workflow(name="greeting")
-class Greeting:
-    async def run(self, ctx: WorkflowCtx, name: str) -> str:
-        return f"hello {name}"
-
-
-async def run_and_record() -> dict[str, str]:
-    """Run the current code once per input; return each run's history as JSON, by run id."""
-    histories = {}
-    async with TestEnv([Quote(Catalog()), Greeting()]) as env:
-        for run_id, wf, inp in (
-            ("quote-pen", "quote", "pen"),
-            ("quote-desk", "quote", "desk"),
-            ("greeting-ann", "greeting", "Ann"),
-        ):
-            await env.start(wf, inp, run_id)
-            await env.result(run_id)
-            histories[run_id] = (await env.history(run_id)).to_json()
-    return histories
-
-
-def record(directory: Path) -> Path:
-    """Save the golden histories as ``<run id>.json`` (a project runs this once and commits
-    the files; here every test records them afresh into ``tmp_path``)."""
-    directory.mkdir(exist_ok=True)
-    for run_id, raw in asyncio.run(run_and_record()).items():
-        (directory / f"{run_id}.json").write_text(raw)
-    return directory
+def reviewed() -> list[object]:
+    """The golden histories' workflows, with ``QuoteReviewed`` in place of ``Quote``."""
+    return [QuoteReviewed(Catalog()) if isinstance(w, Quote) else w for w in workflows()]
 
 
 @pytest.fixture
 def golden(tmp_path: Path) -> Path:
-    return record(tmp_path / "histories")
+    """A copy of the quote and greeting histories, for the tests that change the directory."""
+    directory = tmp_path / "histories"
+    directory.mkdir()
+    for name in ("quote-pen", "quote-desk", "greeting-ann"):
+        shutil.copy(HISTORIES / f"{name}.json", directory)
+    return directory
 
 
 # -- the documented pattern --------------------------------------------------------------------
 
 
-def test_golden_histories_still_replay(golden: Path) -> None:
-    replay_dir(golden, [Quote(Catalog()), Greeting]).raise_for_failures()
+def test_golden_histories_still_replay() -> None:
+    replay_dir(HISTORIES, workflows()).raise_for_failures()
 
 
-def test_a_breaking_change_is_caught_file_by_file(golden: Path) -> None:
-    report = replay_dir(golden, [QuoteReviewed(Catalog()), Greeting])
-    assert [r.path.name for r in report.diverged] == ["quote-desk.json"]
+def test_a_breaking_change_is_caught_file_by_file() -> None:
+    report = replay_dir(HISTORIES, reviewed())
+    every = sorted(p.name for p in HISTORIES.glob("*.json"))
+    # the big quotes diverge: the one that slept its hour, and the one still in it
+    assert [r.path.name for r in report.diverged] == ["quote-desk.json", "quote-live.json"]
     assert [r.path.name for r in report.results if r.ok] == [
-        "greeting-ann.json",
-        "quote-pen.json",
+        name for name in every if name not in ("quote-desk.json", "quote-live.json")
     ]
     assert report.errors == [] and not report.passed
     bad = report.diverged[0]
@@ -120,7 +90,9 @@ def test_a_breaking_change_is_caught_file_by_file(golden: Path) -> None:
     assert isinstance(info.value, AssertionError) and info.value.report is report
     assert "quote-desk.json" in message and "timer_started" in message
     assert "quote-pen" not in message and "greeting-ann" not in message
-    assert message.splitlines()[1] == (f"3 histories in {golden}: 2 ok, 1 diverged, 0 errors")
+    assert message.splitlines()[1] == (
+        f"{len(every)} histories in {HISTORIES}: {len(every) - 2} ok, 2 diverged, 0 errors"
+    )
 
 
 # -- the details --------------------------------------------------------------------------------
@@ -178,15 +150,10 @@ async def test_async_form_and_loop_guard(golden: Path) -> None:
         replay_dir(golden, [Greeting])
 
 
-def test_a_run_still_in_flight_replays_up_to_its_last_event(tmp_path: Path) -> None:
-    async def in_flight() -> History:
-        async with TestEnv([Quote(Catalog())]) as env:
-            await env.start("quote", "desk", "quote-live")  # now sleeping for an hour
-            return await env.history("quote-live")
-
-    hist = asyncio.run(in_flight())
-    assert hist.types[-1] == "timer_started"
-    (tmp_path / "quote-live.json").write_text(hist.to_json())
-    assert replay_dir(tmp_path, [Quote(Catalog())]).passed
-    report = replay_dir(tmp_path, [QuoteReviewed(Catalog())])
-    assert [r.path.name for r in report.diverged] == ["quote-live.json"]
+def test_a_run_still_in_flight_replays_up_to_its_last_event() -> None:
+    live = "quote-live.json"  # recorded while the big quote sleeps its hour
+    assert History.from_json((HISTORIES / live).read_bytes()).types[-1] == "timer_started"
+    assert replay_dir(HISTORIES, Quote(Catalog()), pattern=live).passed
+    report = replay_dir(HISTORIES, QuoteReviewed(Catalog()), pattern=live)
+    assert [r.path.name for r in report.diverged] == [live]
+    assert "timer_started" in report.summary() and "reviewed" in report.summary()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .._history import Event
-from .._run import Run, RunStatus
+from .._run import InboxSignal, Run, RunStatus
 from ..errors import ConflictError
 from ..singleton import check_limit
 
@@ -141,13 +141,6 @@ class CommitResult:
     seqs: tuple[int, ...] = ()
     woken: tuple[str, ...] = field(default=())
     handed: tuple[HandOff, ...] = field(default=())
-
-
-@dataclass(frozen=True)
-class InboxSignal:
-    id: int
-    name: str
-    payload: Any
 
 
 @runtime_checkable

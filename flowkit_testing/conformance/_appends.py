@@ -7,7 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from flowkit._history import (
+from flowkit.errors import RunNotFoundError
+from flowkit.events import (
     ErrorInfo,
     Event,
     RunCompleted,
@@ -15,7 +16,6 @@ from flowkit._history import (
     StepFailed,
     TimerFired,
 )
-from flowkit.errors import RunNotFoundError
 from flowkit.stores.base import Store, Update
 
 from ._registry import check

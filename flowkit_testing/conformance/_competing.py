@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from flowkit._history import RunCompleted, TimerFired
 from flowkit.errors import LeaseLostError
+from flowkit.events import RunCompleted, TimerFired
 from flowkit.stores.base import Notify, Store, Update
 
 from ._registry import check

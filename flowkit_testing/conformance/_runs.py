@@ -6,18 +6,18 @@ import dataclasses
 from typing import Any
 
 from flowkit import ADMITTED_TAG, History
-from flowkit._history import (
-    RunCompleted,
-    SignalReceived,
-    StepCompleted,
-    TimerFired,
-    TimerStarted,
-)
 from flowkit.errors import (
     LeaseLostError,
     RunIdTakenError,
     RunNotFoundError,
     SingletonQueueFullError,
+)
+from flowkit.events import (
+    RunCompleted,
+    SignalReceived,
+    StepCompleted,
+    TimerFired,
+    TimerStarted,
 )
 from flowkit.stores.base import ConflictError, QueueCap, Update
 

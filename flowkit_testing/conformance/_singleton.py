@@ -7,8 +7,8 @@ import dataclasses
 from typing import Any, cast
 
 from flowkit import ADMITTED_TAG, Run
-from flowkit._history import RunCancelled, RunCompleted, SingletonAdmitted, SingletonGated
 from flowkit.errors import RunNotFoundError, SingletonQueueFullError
+from flowkit.events import RunCancelled, RunCompleted, SingletonAdmitted, SingletonGated
 from flowkit.stores.base import Admission, AdmitsOnCreate, Notify, QueueCap, Store, Update
 
 from ._registry import check

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeAlias
 
 from flowkit import Run, RunStatus
-from flowkit._history import Event, RunStarted
+from flowkit.events import Event, RunStarted
 from flowkit.stores.base import Store
 
 T0 = 1_767_225_600.0

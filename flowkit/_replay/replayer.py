@@ -12,21 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ._definition import definition_of
-from ._history import (
-    Event,
-    History,
-    RunCompleted,
-    RunFailed,
-    RunRetried,
-    RunStarted,
-)
-from ._replay import Activation, Completed, Diverged, Evicted, Failed, ReplayStub, Suspended
-from .errors import FlowkitError, HistoryError, NonDeterminismError, WorkflowNotFoundError
-from .stores.base import InboxSignal
+from .._definition import definition_of
+from .._history import History
+from .._run import InboxSignal
+from ..errors import FlowkitError, HistoryError, NonDeterminismError, WorkflowNotFoundError
+from ..events import Event, RunCompleted, RunFailed, RunRetried, RunStarted
+from .activation import Activation
+from .matching import ReplayStub
+from .outcome import Completed, Diverged, Evicted, Failed, Suspended
 
 
 class _ReplayHost:
+    """The host of a replay-only activation: the clock stands at the history's last event;
+    nothing is ever recorded, and no signal is waiting."""
+
     def __init__(self, at: float) -> None:
         self._at = at
 

@@ -1,4 +1,5 @@
-"""Awaits a replay cannot reproduce are caught (issue #17, item 10; DESIGN §9).
+"""Awaits a replay cannot reproduce are caught (``flowkit/_replay/guard.py``; docs/
+writing-workflows.md, "Await only ctx calls").
 
 A workflow body may only await ctx calls. A bare ``asyncio.sleep``, an ``asyncio.Event``, an
 ``asyncio.gather`` or a task, a cancellation flowkit did not request (``asyncio.timeout``

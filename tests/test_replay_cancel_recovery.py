@@ -1,6 +1,7 @@
 """A cancellation requested while the run's worker is dead, or while the body is between two
 awaits, is delivered: the recovered body sees ``CancelledError`` at its first await the history
-does not answer (issue #17, item 1).
+does not answer (``ActivationState.request_cancel``, delivered by ``flowkit/_replay/steps.py`` and
+``waits.py``; docs/writing-workflows.md, "Cancellation").
 
 Cancellation is *requested* (the run is ``cancelling``, ``cancel_requested`` is in the history)
 and then *delivered* to each branch of the body once. A recovered activation replays what the
@@ -277,8 +278,8 @@ async def test_cancel_while_the_owner_is_between_awaits_is_delivered_at_the_next
 async def test_cancel_of_a_singleton_holder_whose_worker_is_dead_frees_the_key(
     store: Any,
 ) -> None:
-    """The reproduction of issue #17 item 1: the holder settles ``cancelled`` once recovered,
-    and the waiter gets the key."""
+    """A singleton holder cancelled while its worker is dead settles ``cancelled`` once
+    recovered, and the waiter gets the key."""
     lane = make_lane()
     async with TestEnv([lane], instances=2, lease_ttl=30, store=store) as env:
         await env.engines[0].start("lane", inp("A", "event"), "h")

@@ -1,0 +1,214 @@
+"""Deterministic execution of a workflow body over its history (one *activation*).
+
+The body re-executes from the top; each ctx call takes the next position of its branch (see
+``branch.py``). A call whose position has recorded events returns/raises the recorded outcome;
+a new call runs and records (``calls.py``). When every live branch waits on a durable wait
+that this activation cannot satisfy (a timer not yet due, a signal not yet sent, a retry
+backoff) the activation is *stuck*: it tears the body down and reports ``Suspended`` with the
+earliest wake time.
+
+Each branch runs under a ``Guard`` (``guard.py``): an await that is not a ctx call, a
+cancellation flowkit did not request and a ctx call never awaited all end the activation with
+``Diverged`` (the run is blocked) rather than record a history a replay would not reproduce.
+A requested cancellation is delivered to each branch once, at its first await the history
+does not answer (see ``ActivationState.request_cancel``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _serde
+from .._context import WorkflowCtx
+from .._definition import WorkflowDefinition
+from .._eager import start_next
+from ..errors import NonDeterminismError, SerializationError
+from ..events import ErrorInfo, Event
+from .branch import CURRENT, Branch, seed
+from .calls import Calls, silence
+from .guard import Guard, branch_done
+from .matching import describe
+from .outcome import (
+    Cancelled,
+    Completed,
+    Diverged,
+    Evicted,
+    Failed,
+    Outcome,
+    Suspended,
+    error_info,
+)
+from .signals import _ControlFlow, _Diverged, _Evicted
+from .state import ActivationState, Host, Park
+
+
+class Activation:
+    """One execution of a body against a run's history; ``run()`` returns an ``Outcome``."""
+
+    def __init__(
+        self,
+        defn: WorkflowDefinition,
+        instance: Any,
+        run_id: str,
+        input_value: Any,
+        events: Sequence[Event],
+        host: Host,
+        *,
+        cancel_requested: bool = False,
+        attempt: int = 1,
+        replay_only: bool = False,
+        unwritten: Sequence[Event] = (),
+    ) -> None:
+        self.defn = defn
+        self.instance = instance
+        self.input_value = input_value
+        self.st = ActivationState(
+            defn,
+            run_id,
+            events,
+            host,
+            cancel_requested=cancel_requested,
+            attempt=attempt,
+            replay_only=replay_only,
+            unwritten=unwritten,
+        )
+        self.calls = Calls(self.st)
+        self._stuck_parks: list[Park] = []
+
+    # -- what the driver reads and tells -------------------------------------------------
+    @property
+    def pending(self) -> list[Event]:
+        """The events not written yet: the driver commits them with the outcome."""
+        return self.st.pending
+
+    @property
+    def store_error(self) -> Exception | None:
+        """The store failure that evicted the activation, if one did."""
+        return self.st.store_error
+
+    @property
+    def replay_stopped_at(self) -> str | None:
+        """Replay-only: the call where the history ran out (``None``: it did not)."""
+        return self.st.replay_stopped_at
+
+    def request_cancel(self) -> None:
+        """The run's cancellation was requested (``ActivationState.request_cancel``)."""
+        self.st.request_cancel()
+
+    def evict(self) -> None:
+        """Stop at once without recording anything more (``ActivationState.evict``)."""
+        self.st.evict()
+
+    # -- the activation ----------------------------------------------------------------
+    async def _body(self) -> Any:
+        st = self.st
+        root = Branch(prefix="", now_at=st.start_at, seed=seed(st.run_id))
+        CURRENT.set((st, root))
+        try:
+            body = self.instance.run(WorkflowCtx(self.calls), self.input_value)
+            return await Guard(body, root, st)
+        finally:
+            st.live -= 1
+            branch_done(st, root)
+            st.mark_done()
+
+    async def run(self) -> Outcome:
+        """Execute the body until it settles or gets stuck; never raises for body errors."""
+        st = self.st
+        st.live = 1
+        loop = asyncio.get_running_loop()
+        done = st.done_fut = loop.create_future()
+        # (started next: the body continues the activation, e.g. of a run just handed over,
+        # ahead of the other runs' ready work)
+        body = st.body_task = start_next(self._body())
+        body.add_done_callback(self._body_ended)
+        try:
+            if not st.is_done:
+                await done
+        except asyncio.CancelledError:
+            st.evict()  # our worker is going away: so does the body
+            raise
+        self._stuck_parks = list(st.parks)
+        if not body.done() or st.live > 0:  # (a gather's children may outlive the body)
+            await self._teardown(body)
+        try:
+            return self._outcome(body)
+        finally:
+            # the body's task holds this activation (in its context), and a park's future the
+            # exception whose traceback holds the body's frames: let go of both, so that
+            # refcounting frees all of it when the run is done, not the cyclic GC, whose
+            # pauses hold up every run of the process
+            st.body_task = None
+            self._stuck_parks = []
+
+    def _body_ended(self, body: asyncio.Task[Any]) -> None:
+        self.st.mark_done()
+        # (read now: ``_outcome`` reads it again; an activation that never gets there, evicted
+        # or cancelled with its process, leaves an outcome that is nobody's, not to be logged
+        # as "never retrieved")
+        silence(body)
+
+    async def _teardown(self, body: asyncio.Task[Any]) -> None:
+        st = self.st
+        st.tearing_down = True
+        for park in list(st.parks):
+            if not park.fut.done():
+                park.fut.set_exception(_Evicted())
+        for t in list(st.step_tasks):
+            t.cancel()
+        if not body.done() or st.children:
+            # Give the body (and the children of a gather it left) its chance to unwind
+            # through their parked awaits.
+            for _ in range(100):
+                await asyncio.sleep(0)
+                if body.done() and not st.children:
+                    break
+            else:
+                rest = {body, *st.children}
+                for t in rest:
+                    t.cancel()
+                await asyncio.wait(rest)
+
+    def _outcome(self, body: asyncio.Task[Any]) -> Outcome:
+        st = self.st
+        if st.evicted:
+            silence(body)
+            return Evicted()
+        if st.divergence is not None:
+            silence(body)
+            return Diverged(st.divergence)
+        if st.tearing_down:
+            silence(body)
+            wakes = [p.deadline for p in self._stuck_parks if p.deadline is not None]
+            sigs = tuple(sorted({p.signal for p in self._stuck_parks if p.signal}))
+            return Suspended(min(wakes) if wakes else None, sigs)
+        if body.cancelled():
+            if st.cancel_requested:
+                return Cancelled()
+            return Failed(ErrorInfo(type="CancelledError", message="body was cancelled"))
+        exc = body.exception()
+        if exc is not None:
+            if isinstance(exc, _Diverged):
+                return Diverged(exc.args[0])
+            if isinstance(exc, asyncio.CancelledError) and st.cancel_requested:
+                return Cancelled()
+            if isinstance(exc, _ControlFlow):
+                return Evicted()
+            return Failed(error_info(exc))
+        unconsumed = sorted(set(st.index) - st.consumed)
+        if unconsumed:
+            pos = unconsumed[0]
+            return Diverged(
+                NonDeterminismError(
+                    pos,
+                    describe(st.index[pos][0]),
+                    None,
+                    "the body returned before reaching it",
+                )
+            )
+        try:
+            data = _serde.to_json(body.result(), self.defn.output_adapter, what="workflow output")
+        except SerializationError as err:
+            return Failed(error_info(err))
+        return Completed(data)

@@ -1,0 +1,217 @@
+"""The ctx calls of an activation, as ``WorkflowCtx`` makes them (``Calls`` is its
+``Runtime``): each call is checked and takes the next position of its branch when it is made,
+and returns the coroutine that runs it over the activation's ``ActivationState``: a step
+(``steps.py``), a timer or a signal wait (``waits.py``); ``ctx.gather`` runs here, its
+awaitables each in a child branch of its own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from types import CoroutineType
+from typing import Any
+
+from .. import _serde
+from .._definition import RetryPolicy
+from .branch import CURRENT, Branch
+from .guard import Guard, branch_done, cancel_left, made_in_foreign_task, made_on, unawaited
+from .matching import ReplayStub
+from .state import ActivationState
+from .steps import run_step
+from .waits import run_sleep, run_wait_signal
+
+
+@dataclass
+class Group:
+    """The children of one ``ctx.gather`` still running, and whether their parent still
+    counts as blocked on them."""
+
+    remaining: int
+    parent_unblocked: bool = False
+
+
+class Calls:
+    """What ``WorkflowCtx`` calls: the ctx calls over one activation's state ``st``."""
+
+    __slots__ = ("attempt", "run_id", "st", "workflow")
+
+    def __init__(self, st: ActivationState) -> None:
+        self.st = st
+        self.run_id = st.run_id
+        self.workflow = st.defn.name
+        self.attempt = st.attempt
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def is_replaying(self) -> bool:
+        return self.st.is_replaying
+
+    def now(self) -> float:
+        return self.st.branch().now_at
+
+    def random(self) -> float:
+        return self.st.branch().rng.random()
+
+    def randbits(self, k: int) -> int:
+        return self.st.branch().rng.getrandbits(k)
+
+    # -- steps -------------------------------------------------------------------------
+    def step(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str | None,
+        retry: RetryPolicy | None,
+    ) -> Coroutine[Any, Any, Any]:
+        if not callable(fn):
+            raise TypeError(f"ctx.step needs a callable, got {fn!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError("retry= takes a flowkit.RetryPolicy")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"ctx.step name= takes a str, got {name!r}")
+        # (``made_on``, inlined: the hot path)
+        st = self.st
+        cur = CURRENT.get()
+        if cur is None or cur[0] is not st:
+            raise RuntimeError("ctx used outside its workflow body (or from a foreign task)")
+        br: Branch = cur[1]
+        if not br.running:
+            raise made_in_foreign_task(st, br)
+        pos = br.next_pos()
+        idx = br.counter
+        coro: Coroutine[Any, Any, Any]
+        if isinstance(fn, ReplayStub):  # an injected service stubbed out by replay()
+            name = name or ReplayStub.ANY_NAME
+            coro = run_step(st, br, idx, pos, fn, args, kwargs, name, retry, None)
+        else:
+            try:
+                default, adapter = _serde.step_meta(fn)
+            except BaseException:
+                if idx == br.next:  # (the call failed as it was made: nothing to await)
+                    br.next = idx + 1
+                raise
+            coro = run_step(st, br, idx, pos, fn, args, kwargs, name or default, retry, adapter)
+        if idx == br.next:
+            br.head = coro  # (for the report, should it never be awaited)
+        return coro
+
+    # -- durable waits ------------------------------------------------------------------------
+    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
+        if not isinstance(seconds, int | float) or seconds < 0 or seconds != seconds:
+            raise ValueError(f"ctx.sleep needs seconds >= 0, got {seconds!r}")
+        st = self.st
+        br = made_on(st)
+        pos = br.next_pos()
+        coro = run_sleep(st, br, br.counter, pos, None, float(seconds))
+        if br.counter == br.next:
+            br.head = coro
+        return coro
+
+    def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]:
+        st = self.st
+        br = made_on(st)
+        pos = br.next_pos()
+        coro = run_sleep(st, br, br.counter, pos, fire_at, None)
+        if br.counter == br.next:
+            br.head = coro
+        return coro
+
+    def wait_for_signal(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]:
+        if not isinstance(name, str) or not name:
+            raise ValueError("signal name must be a non-empty string")
+        if timeout is not None and (timeout < 0 or timeout != timeout):
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        st = self.st
+        br = made_on(st)
+        pos = br.next_pos()
+        coro = run_wait_signal(st, br, br.counter, pos, name, timeout)
+        if br.counter == br.next:
+            br.head = coro
+        return coro
+
+    # -- concurrency -------------------------------------------------------------------
+    async def gather(self, aws: tuple[Awaitable[Any], ...]) -> list[Any]:
+        st = self.st
+        parent = made_on(st)
+        g = parent.next_pos()
+        # the parent's calls not started yet must be ctx calls given here: its children run them
+        waiting = parent.counter - parent.next
+        if waiting and sum(_made_on_branch(aw, parent) for aw in aws) != waiting:
+            raise unawaited(st, parent)
+        parent.next = parent.counter + 1
+        parent.depth += 1
+        try:
+            return await self._gather(parent, g, aws)
+        except asyncio.CancelledError:
+            cancel_left(st, parent)
+            raise
+        finally:
+            parent.depth -= 1
+
+    async def _gather(self, parent: Branch, g: str, aws: tuple[Awaitable[Any], ...]) -> list[Any]:
+        st = self.st
+        group = Group(remaining=len(aws))
+        if not aws:
+            return []
+        children = [parent.child(g, i) for i in range(len(aws))]
+        tasks = []
+        st.live += len(aws)
+        for child, aw in zip(children, aws, strict=True):
+            task = asyncio.ensure_future(self._child(child, aw, group))
+            st.children.add(task)
+            task.add_done_callback(self._child_ended)
+            tasks.append(task)
+        st.blocked += 1
+        try:
+            await asyncio.wait(tasks)
+        finally:
+            if not group.parent_unblocked:
+                group.parent_unblocked = True
+                st.blocked -= 1
+        for child in children:
+            parent.now_at = max(parent.now_at, child.now_at)
+        # Read every child's outcome (so none is reported as never retrieved), then raise the
+        # first failure by argument order, so a replay raises the same one.
+        outcomes = [asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks]
+        for exc in outcomes:
+            if exc is not None:
+                raise exc
+        return [t.result() for t in tasks]
+
+    def _child_ended(self, task: asyncio.Task[Any]) -> None:
+        self.st.children.discard(task)
+        # (read, so that the outcome of a child whose gather was interrupted, and is nobody's
+        # now, is not logged as "never retrieved"; the gather reads it as usual otherwise)
+        silence(task)
+
+    async def _child(self, branch: Branch, aw: Awaitable[Any], group: Group) -> Any:
+        st = self.st
+        CURRENT.set((st, branch))
+        try:
+            return await Guard(aw, branch, st)
+        finally:
+            st.live -= 1
+            branch_done(st, branch)
+            group.remaining -= 1
+            if group.remaining == 0 and not group.parent_unblocked:
+                group.parent_unblocked = True
+                st.blocked -= 1
+            st.check_stuck()
+
+
+def _made_on_branch(aw: object, br: Branch) -> bool:
+    """Whether ``aw`` is a ctx call made on branch ``br`` that has not started."""
+    if type(aw) is not CoroutineType or aw.cr_code not in _CALL_CODES or aw.cr_frame is None:
+        return False
+    return aw.cr_frame.f_locals.get("made_in") is br
+
+
+_CALL_CODES = frozenset({run_step.__code__, run_sleep.__code__, run_wait_signal.__code__})
+
+
+def silence(task: asyncio.Task[Any]) -> None:
+    """Read a finished task's outcome, so that asyncio does not log it as never retrieved."""
+    if task.done() and not task.cancelled():
+        task.exception()

@@ -1,0 +1,117 @@
+"""Whether a recorded event answers a ctx call: one function per event kind, chosen by
+``answers`` with an exhaustive ``match`` over ``Event`` (a new event type fails the type check
+here until it says which calls it answers)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, assert_never
+
+from ..events import (
+    CancelRequested,
+    Event,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunRetried,
+    RunStarted,
+    SignalReceived,
+    SingletonAdmitted,
+    SingletonGated,
+    SingletonReleased,
+    StepCompleted,
+    StepFailed,
+    TimerFired,
+    TimerStarted,
+)
+
+Call = Literal["step", "sleep", "wait_for_signal"]
+"""The ctx calls that take a position and find their outcome in the history (a
+``ctx.gather`` takes one too, but records nothing there: its children do)."""
+
+
+class ReplayStub:
+    """Stands in for services a workflow got through its constructor when ``replay`` is
+    given a class it cannot construct: replay never calls steps, so any attribute path will
+    do, and such steps are matched by position and kind only (their name is ``ANY_NAME``)."""
+
+    ANY_NAME = "<replay-stub>"
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def __getattr__(self, name: str) -> ReplayStub:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return ReplayStub(f"{self._path}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"replay never executes steps ({self._path} was called)")
+
+
+def answers(ev: Event, call: Call, name: str) -> bool:
+    """Whether ``ev``, recorded at the position of ``call`` (of the step or signal ``name``;
+    ``"sleep"`` for a sleep), is an outcome of that call, not of another one."""
+    match ev:
+        case StepCompleted():  # (first: the event replay meets most)
+            return _step_completed(ev, call, name)
+        case StepFailed():
+            return _step_failed(ev, call, name)
+        case TimerStarted():
+            return _timer_started(ev, call)
+        case TimerFired():
+            return _timer_fired(call)
+        case SignalReceived():
+            return _signal_received(ev, call, name)
+        case (
+            RunStarted()
+            | SingletonGated()
+            | SingletonAdmitted()
+            | SingletonReleased()
+            | CancelRequested()
+            | RunCompleted()
+            | RunFailed()
+            | RunCancelled()
+            | RunRetried()
+        ):
+            return _of_the_run()
+        case _:
+            assert_never(ev)
+
+
+def _step_completed(ev: StepCompleted, call: Call, name: str) -> bool:
+    return call == "step" and (ev.name == name or name == ReplayStub.ANY_NAME)
+
+
+def _step_failed(ev: StepFailed, call: Call, name: str) -> bool:
+    return call == "step" and (ev.name == name or name == ReplayStub.ANY_NAME)
+
+
+def _timer_started(ev: TimerStarted, call: Call) -> bool:
+    if call == "sleep":
+        return ev.purpose == "sleep"
+    return call == "wait_for_signal" and ev.purpose == "signal_timeout"
+
+
+def _timer_fired(call: Call) -> bool:
+    # (the timer it ends, at the same position, says whose it was)
+    return call != "step"
+
+
+def _signal_received(ev: SignalReceived, call: Call, name: str) -> bool:
+    return call == "wait_for_signal" and ev.name == name
+
+
+def _of_the_run() -> bool:
+    # events of the run as a whole carry no position: they answer no call
+    return False
+
+
+def describe(ev: Event) -> str:
+    """An event as a divergence report shows it: type, seq, name, arguments' digest, position."""
+    name = getattr(ev, "name", None)
+    text = f"{ev.type}#{ev.seq}"
+    if name:
+        digest = getattr(ev, "args_digest", None)
+        text += f"({name!r}" + (f", args {digest}" if digest else "") + ")"
+    pos = getattr(ev, "pos", None)
+    return text + (f" at position {pos}" if pos is not None else "")

@@ -1,0 +1,69 @@
+"""How an activation ends, as ``Activation.run`` reports it to its driver (``_drive.py``,
+``replay``), and ``error_info``: an exception as the history stores it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import NonDeterminismError, StepFailedError
+from ..events import ErrorInfo
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The body returned ``output`` (its JSON form)."""
+
+    output: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The body raised ``error``."""
+
+    error: ErrorInfo
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """The body let the run's cancellation propagate."""
+
+
+@dataclass(frozen=True)
+class Suspended:
+    """Every branch waits durably: resume at ``wake_at`` or when one of ``signals`` arrives."""
+
+    wake_at: float | None
+    signals: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Diverged:
+    """The body no longer matches its history (or awaited what cannot be replayed)."""
+
+    error: NonDeterminismError
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """The activation stopped without an outcome (lease lost, store failure, engine
+    stopping, end of a replay): nothing more is recorded."""
+
+
+Outcome = Completed | Failed | Cancelled | Suspended | Diverged | Evicted
+
+
+def error_info(
+    exc: BaseException, step: str | None = None, attempts: int | None = None
+) -> ErrorInfo:
+    """``exc`` as a history records it (a ``StepFailedError`` with its cause)."""
+    if isinstance(exc, StepFailedError):
+        return ErrorInfo(
+            type="StepFailedError",
+            message=str(exc),
+            step=exc.step,
+            attempts=exc.attempts,
+            cause_type=exc.error_type,
+            cause_message=exc.message,
+        )
+    return ErrorInfo(type=type(exc).__name__, message=str(exc), step=step, attempts=attempts)

@@ -1,0 +1,322 @@
+"""``ActivationState``: what one activation knows, shared by its ctx calls (``calls.py``, the
+checks of ``guard.py``) and its driver (``activation.py``): the recorded events by position and
+which the body has consumed, the events not written yet, the durable waits parked, the steps
+running, and how the activation is ending (cancellation, teardown, eviction, divergence)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .. import _serde
+from .._definition import WorkflowDefinition
+from .._run import InboxSignal
+from ..errors import ConflictError, LeaseLostError, NonDeterminismError
+from ..events import CancelRequested, Event, RunRetried, RunStarted, StepFailed
+from .branch import CURRENT, Branch
+from .matching import Call, answers, describe
+from .signals import _Diverged, _Evicted
+
+
+class Host(Protocol):
+    """What an activation needs from the engine: time, durable appends, the signal inbox."""
+
+    def now(self) -> float: ...
+
+    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
+        """Append events under the lease; returns whether cancellation was requested."""
+        ...
+
+    async def peek_signal(self, name: str) -> InboxSignal | None: ...
+
+
+@dataclass
+class Park:
+    """A durable wait of the body (a timer, a signal, a retry backoff) this activation cannot
+    end: its future is failed to wake it (cancellation, teardown)."""
+
+    deadline: float | None
+    signal: str | None
+    fut: asyncio.Future[None]
+
+
+class ActivationState:
+    """The state of one activation of a run's body over its history."""
+
+    def __init__(
+        self,
+        defn: WorkflowDefinition,
+        run_id: str,
+        events: Sequence[Event],
+        host: Host,
+        *,
+        cancel_requested: bool,
+        attempt: int,
+        replay_only: bool,
+        unwritten: Sequence[Event],
+    ) -> None:
+        self.defn = defn  # (also read by ``_serde`` to resolve a step's return annotation)
+        self.run_id = run_id
+        self.attempt = attempt
+        self.host = host
+        self.replay_only = replay_only
+        self.replay_stopped_at: str | None = None
+        self.events = list(events)
+        self.index: dict[str, list[Event]] = {}
+        self.consumed: set[str] = set()
+        self.start_at = 0.0
+        # the history says the cancellation was requested (since the last retry): also when
+        # the run is no longer ``cancelling`` (it got blocked meanwhile), deliveries it
+        # recorded replay as they happened
+        cancel_in_history = False
+        for ev in events:
+            if isinstance(ev, RunStarted):
+                self.start_at = ev.at
+            elif isinstance(ev, RunRetried):
+                self._forget_final_failures()
+                cancel_in_history = False
+            elif isinstance(ev, CancelRequested):
+                cancel_in_history = True
+            pos = getattr(ev, "pos", None)
+            if pos is not None:
+                self.index.setdefault(pos, []).append(ev)
+        # branches whose coroutine has not ended, and how many of them wait (parked, or a
+        # gather's parent waiting on its children): all waiting on parks is *stuck*
+        self.live = 0
+        self.blocked = 0
+        self.parks: list[Park] = []
+        # what runs a step right now: the task of the branch awaiting it (a coroutine step
+        # runs inline), or the future of an awaitable step
+        self.step_tasks: set[asyncio.Future[Any]] = set()
+        # the tasks of the ctx.gather children that have not ended
+        self.children: set[asyncio.Task[Any]] = set()
+        # tasks request_cancel cancelled inside a step: the step's end takes that request
+        # back (Task.uncancel), as the body only sees the step's CancelledError
+        self.cancelled_hosts: set[asyncio.Future[Any]] = set()
+        self.is_done = False  # the body settled or got stuck (see mark_done)
+        self.done_fut: asyncio.Future[None] | None = None
+        self.cancel_requested = cancel_requested or cancel_in_history
+        self.tearing_down = False
+        self.evicted = False
+        self.divergence: NonDeterminismError | None = None
+        self.body_task: asyncio.Task[Any] | None = None
+        self.store_error: Exception | None = None
+        # Events not yet written: deferred outcomes (see defer) and, first, ``unwritten``
+        # bookkeeping the caller hands over (e.g. ``singleton_admitted``, whose fact is
+        # already durable on the run row): those ride with the next write but never force one.
+        self.pending: list[Event] = list(unwritten)
+        self.must_flush = False
+
+    def _forget_final_failures(self) -> None:
+        """After ``run_retried`` a step's failures no longer count: it runs again."""
+        for pos, evs in list(self.index.items()):
+            if evs and isinstance(evs[-1], StepFailed) and evs[-1].retry_at is None:
+                kept: list[Event] = [e for e in evs if not isinstance(e, StepFailed)]
+                if kept:
+                    self.index[pos] = kept
+                else:
+                    del self.index[pos]
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def is_replaying(self) -> bool:
+        return len(self.consumed) < len(self.index)
+
+    def branch(self) -> Branch:
+        """The branch of the body the running task executes."""
+        cur = CURRENT.get()
+        if cur is None or cur[0] is not self:
+            raise RuntimeError("ctx used outside its workflow body (or from a foreign task)")
+        return cur[1]
+
+    # -- the history -------------------------------------------------------------------
+    def take(
+        self,
+        pos: str,
+        call: Call,
+        name: str,
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Event]:
+        """The recorded events at ``pos``, now consumed; divergence when one of them answers
+        another call than ``call`` (of ``name``, with ``args``/``kwargs`` for a step)."""
+        evs = self.index.get(pos)
+        if not evs:
+            return []
+        for ev in evs:
+            if not answers(ev, call, name):
+                raise self.diverge(pos, describe(ev), _describe(call, name, args, kwargs))
+        self.consumed.add(pos)
+        return evs
+
+    def observe(self, ev: Event) -> None:
+        """The running branch has seen ``ev``: its time moves up to the event's."""
+        br = self.branch()
+        if ev.at > br.now_at:
+            br.now_at = ev.at
+
+    def diverge(
+        self, pos: str, recorded: str | None, call: str | None, detail: str = ""
+    ) -> _Diverged:
+        """The body diverged from its history at ``pos``: the activation ends ``Diverged``
+        (with the first divergence found); the caller raises what this returns."""
+        if self.divergence is None:
+            self.divergence = NonDeterminismError(pos, recorded, call, detail, self._window(pos))
+        self.mark_done()
+        return _Diverged(self.divergence)
+
+    def _window(self, pos: str, width: int = 2) -> tuple[str, ...]:
+        """The recorded events around position ``pos`` (by ``seq``), for the report."""
+        evs = self.index.get(pos)
+        if evs:
+            center = evs[0].seq
+        else:  # nothing recorded there: show the end of the history
+            center = self.events[-1].seq if self.events else 0
+        return tuple(describe(e) for e in self.events if center - width <= e.seq <= center + width)
+
+    def recorded(self, pos: str) -> str | None:
+        """The first event recorded at ``pos``, described (``None``: nothing is)."""
+        evs = self.index.get(pos)
+        return describe(evs[0]) if evs else None
+
+    # -- control -----------------------------------------------------------------------
+    def request_cancel(self) -> None:
+        """The run's cancellation was requested. It is *delivered* to each branch of the
+        body once, as a ``CancelledError`` at its first await the history does not answer:
+        at once to the waits parked now and the steps running now, else at the branch's next
+        new step (recorded there as a cancelled ``step_failed`` before it starts) or durable
+        wait. After its delivery a branch's new steps run (cleanup); durable waits always
+        raise ``CancelledError`` once the cancellation was requested."""
+        if self.cancel_requested:
+            return
+        self.cancel_requested = True
+        for park in list(self.parks):
+            if not park.fut.done():
+                park.fut.set_exception(asyncio.CancelledError())
+        for t in list(self.step_tasks):
+            if t.cancel():
+                self.cancelled_hosts.add(t)
+
+    def evict(self) -> None:
+        """Stop at once without recording anything more (lease lost, engine stopping): the
+        body and its running steps are cancelled, as a dying process would lose them."""
+        self.evicted = True
+        self.tearing_down = True
+        self.mark_done()
+        for t in list(self.step_tasks):
+            t.cancel()
+        if self.body_task is not None and not self.replay_only:
+            self.body_task.cancel()
+
+    def stop_replay(self, pos: str, call: str) -> _Evicted:
+        """Replay-only mode reached the end of the history: stop without side effects."""
+        if self.replay_stopped_at is None:
+            self.replay_stopped_at = f"{call} at position {pos}"
+        self.evict()
+        return _Evicted()
+
+    def mark_done(self) -> None:
+        """The body settled, got stuck or diverged: the activation's driver goes on."""
+        self.is_done = True
+        fut = self.done_fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def check_alive(self) -> None:
+        if self.tearing_down:
+            raise _Evicted()
+
+    def check_stuck(self) -> None:
+        """Every live branch waits and some on a park: nothing this activation can do will
+        wake them, so it suspends."""
+        if self.live > 0 and self.blocked >= self.live and self.parks:
+            self.mark_done()
+
+    # -- effects -----------------------------------------------------------------------
+    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> None:
+        """Append ``events`` (after the deferred ones) under the lease; ``consume_signal``
+        takes that inbox signal with them, or raises ``ConflictError`` (nothing written) when
+        a racing activation took it first."""
+        self.check_alive()
+        if self.replay_only:
+            ev = events[0]
+            raise self.stop_replay(getattr(ev, "pos", "?"), ev.type)
+        # Take the deferred events now: a concurrent branch recording meanwhile must neither
+        # write them twice nor lose one it defers while this write is in flight.
+        batch, self.pending = self.pending, []
+        must_flush, self.must_flush = self.must_flush, False
+        try:
+            cancel = await self.host.record([*batch, *events], consume_signal)
+        except LeaseLostError:
+            self.evict()
+            raise _Evicted() from None
+        except ConflictError:
+            if consume_signal is not None:
+                self.pending[:0] = batch  # nothing was written: keep them for the next write
+                self.must_flush = self.must_flush or must_flush
+                raise  # the signal went to a racing activation: the caller looks again
+            self.evict()
+            raise _Evicted() from None
+        except Exception as exc:
+            # The store failed: nothing more may run on a history we could not extend. The
+            # activation stops; the lease expires and recovery replays the run.
+            self.store_error = exc
+            self.evict()
+            raise _Evicted() from exc
+        except asyncio.CancelledError:
+            if not self.tearing_down:
+                # Cancelled by code outside flowkit (``guard.cancel_left`` blocks the run): a
+                # store call cancelled while it waits has not written, so the deferred events
+                # go with the blocked run's commit. (Were it cancelled after its commit, they
+                # would be there twice, and replay reads the first.)
+                self.pending[:0] = batch
+                self.must_flush = self.must_flush or must_flush
+            raise
+        for ev in events:  # only the caller's: deferred events were observed by their branch
+            self.observe(ev)
+        if cancel:
+            self.request_cancel()
+
+    def defer(self, event: Event) -> None:
+        """Record ``event`` with the next write instead of a write of its own: it is flushed
+        before any further side effect (the next step function) and otherwise travels in the
+        activation's final commit. A crash before the flush re-runs just that step."""
+        self.pending.append(event)
+        self.must_flush = True
+        self.observe(event)
+
+    async def flush(self) -> None:
+        """Write the deferred events now (before a side effect that must follow them)."""
+        if self.must_flush:
+            await self.record([])
+
+    async def park(self, deadline: float | None, signal: str | None = None) -> None:
+        """Wait durably. Never returns within this activation: it raises ``CancelledError``
+        on cancellation, or ``_Evicted`` when the activation suspends."""
+        self.check_alive()
+        if self.cancel_requested:
+            raise asyncio.CancelledError()
+        park = Park(deadline, signal, asyncio.get_running_loop().create_future())
+        self.parks.append(park)
+        self.blocked += 1
+        try:
+            self.check_stuck()
+            await park.fut
+        finally:
+            self.blocked -= 1
+            self.parks.remove(park)
+            # (the exception leaving here keeps this frame: not the park, whose future holds
+            # that exception, a cycle)
+            del park
+
+
+def _describe(
+    call: Call, name: str, args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None
+) -> str:
+    """A ctx call as a divergence report shows it (a step with its arguments' digest)."""
+    text = f"{call}({name!r}"
+    if args is not None:
+        text += f", args {_serde.digest(args, kwargs or {})}"
+    return text + ")"

@@ -1,0 +1,248 @@
+"""The step call: a step function run once and its outcome recorded, or its recorded outcome
+returned on replay; failed attempts retried after a durable backoff (``RetryPolicy``); the
+run's cancellation delivered in place of a step not started yet, or into a running one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from types import CoroutineType
+from typing import TYPE_CHECKING, Any
+
+from .. import _serde
+from .._definition import RetryPolicy
+from .._history import step_completed
+from ..errors import SerializationError, StepFailedError
+from ..events import ErrorInfo, StepCompleted, StepFailed
+from .branch import Branch
+from .guard import cancel_left, running_branch, unawaited
+from .outcome import error_info
+from .signals import _ControlFlow, _Evicted, _StepCancelled
+from .state import ActivationState
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
+
+async def run_step(
+    st: ActivationState,
+    made_in: Branch,
+    idx: int,
+    pos: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    name: str,
+    retry: RetryPolicy | None,
+    adapter: TypeAdapter[Any] | None,
+) -> Any:
+    """The step at ``pos`` (call ``idx`` of ``made_in``): its recorded outcome, else ``fn``
+    run (again after each failed attempt's backoff, as ``retry`` allows) and recorded."""
+    # (the hot path of every run: no closures, and a position nothing was recorded at,
+    # the live case, skips the history lookup)
+    # (``enter``, inlined: the hot path)
+    br = made_in
+    if br.running:
+        if idx != br.next:
+            raise unawaited(st, br)
+        br.next = idx + 1
+    else:
+        br = running_branch(st, made_in)
+    br.depth += 1
+    try:
+        if st.tearing_down:
+            raise _Evicted()
+        if adapter is None:
+            adapter = _serde.ANY_ADAPTER
+        # the arguments' digest, taken once per call (as they were when first needed):
+        # every attempt's record carries the same one
+        digest: str | None = None
+        attempt = 1
+        if pos in st.index:
+            evs = st.take(pos, "step", name, args, kwargs)
+            if len(evs) == 1 and type(evs[0]) is StepCompleted:  # (replaying a success)
+                done = evs[0]
+                if done.at > br.now_at:  # (``st.observe``: ``br`` is the running branch)
+                    br.now_at = done.at
+                return _serde.from_json(done.result, adapter)
+            failures = [e for e in evs if isinstance(e, StepFailed)]
+            for ev in evs:
+                if isinstance(ev, StepCompleted):
+                    st.observe(ev)
+                    return _serde.from_json(ev.result, adapter)
+            if failures:
+                last = failures[-1]
+                st.observe(last)
+                if last.cancelled:  # the cancellation was delivered here
+                    raise asyncio.CancelledError()
+                if last.retry_at is None:
+                    raise StepFailedError(name, last.error.type, last.error.message, last.attempt)
+                if st.cancel_requested:  # a backoff is a durable wait
+                    raise asyncio.CancelledError()
+                if last.retry_at > st.host.now():
+                    await st.park(last.retry_at)
+            attempt = len(failures) + 1
+
+        while True:
+            if st.tearing_down:
+                raise _Evicted()
+            if st.replay_only:
+                raise st.stop_replay(pos, f"step({name!r})")
+            await st.flush()  # earlier outcomes are durable before this side effect
+            if st.cancel_requested and not br.delivered:
+                # Deliver the cancellation here, in place of the step: recorded (as a
+                # cancelled attempt that never started), so that a replay raises it here
+                # again from the history alone.
+                info = ErrorInfo(
+                    type="CancelledError",
+                    message="cancelled before it started",
+                    step=name,
+                    attempts=attempt,
+                )
+                digest = digest or _serde.digest(args, kwargs)
+                await _step_failed(st, pos, name, attempt, digest, info, cancelled=True)
+                raise asyncio.CancelledError()
+            try:
+                result = await _execute(st, fn, args, kwargs)
+            except _StepCancelled:
+                info = ErrorInfo(
+                    type="CancelledError", message="cancelled", step=name, attempts=attempt
+                )
+                digest = digest or _serde.digest(args, kwargs)
+                await _step_failed(st, pos, name, attempt, digest, info, cancelled=True)
+                raise asyncio.CancelledError() from None
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if st.tearing_down or (task is not None and task.cancelling()):
+                    raise  # a teardown, or a cancellation from elsewhere (cancel_left)
+                # the step raised it although nothing cancelled it: its own failure
+                digest = digest or _serde.digest(args, kwargs)
+                retry_at = await _attempt_failed(st, exc, pos, name, attempt, digest, retry)
+            except _ControlFlow:
+                raise
+            except Exception as exc:
+                digest = digest or _serde.digest(args, kwargs)
+                retry_at = await _attempt_failed(st, exc, pos, name, attempt, digest, retry)
+            else:
+                # a plain result is its own JSON form and comes back unchanged (as replay
+                # returns it)
+                plain = _serde.plain_for(result, adapter)
+                try:
+                    data = (
+                        result
+                        if plain
+                        else _serde.to_json(result, adapter, what=f"result of step {name!r}")
+                    )
+                except SerializationError as exc:
+                    info = error_info(exc, name, attempt)
+                    digest = digest or _serde.digest(args, kwargs)
+                    await _step_failed(st, pos, name, attempt, digest, info)
+                    raise StepFailedError(name, info.type, info.message, attempt) from exc
+                if digest is None:
+                    digest = _serde.digest(args, kwargs)
+                st.defer(step_completed(pos, name, attempt, data, digest, st.host.now()))
+                return result if plain else _serde.from_json(data, adapter)
+            if st.cancel_requested:  # a backoff is a durable wait
+                raise asyncio.CancelledError()
+            if retry_at > st.host.now():
+                await st.park(retry_at)
+            attempt += 1
+    except asyncio.CancelledError:
+        cancel_left(st, br)
+        raise
+    finally:
+        br.depth -= 1
+
+
+async def _attempt_failed(
+    st: ActivationState,
+    exc: BaseException,
+    pos: str,
+    name: str,
+    attempt: int,
+    digest: str,
+    retry: RetryPolicy | None,
+) -> float:
+    """Record the failed ``attempt``: the time of the next one when ``retry`` allows one,
+    else ``StepFailedError``."""
+    info = error_info(exc, name, attempt)
+    if retry is not None and retry.retries(exc, attempt):
+        retry_at = round(st.host.now() + retry.delay_before(attempt + 1), 6)
+        await _step_failed(st, pos, name, attempt, digest, info, retry_at)
+        return retry_at
+    await _step_failed(st, pos, name, attempt, digest, info)
+    raise StepFailedError(name, info.type, info.message, attempt) from exc
+
+
+async def _step_failed(
+    st: ActivationState,
+    pos: str,
+    name: str,
+    attempt: int,
+    digest: str,
+    info: ErrorInfo,
+    retry_at: float | None = None,
+    cancelled: bool = False,
+) -> None:
+    """Record a failed attempt of the step at ``pos``."""
+    await st.record(
+        [
+            StepFailed(
+                pos=pos,
+                name=name,
+                attempt=attempt,
+                error=info,
+                retry_at=retry_at,
+                cancelled=cancelled,
+                args_digest=digest,
+                at=st.host.now(),
+            )
+        ]
+    )
+
+
+async def _execute(
+    st: ActivationState, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Call the step function; ``_StepCancelled`` when ``request_cancel`` cancelled it."""
+    value = fn(*args, **kwargs)
+    if type(value) is not CoroutineType and (
+        not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future)
+    ):
+        if isinstance(value, Awaitable):
+            value = _await(value)
+        else:
+            return value
+    if type(value) is not CoroutineType and not asyncio.iscoroutine(value):
+        fut = asyncio.ensure_future(value)
+        st.step_tasks.add(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut in st.cancelled_hosts:
+                raise _StepCancelled() from None
+            raise
+        finally:
+            st.step_tasks.discard(fut)
+            st.cancelled_hosts.discard(fut)
+    # a coroutine runs inline, in the task of the branch that awaits it (as a plain
+    # ``await`` would): no task of its own, no extra turn of the event loop per step.
+    # Cancelling the step cancels that task while it is inside the step (request_cancel)
+    host = asyncio.current_task()
+    assert host is not None
+    st.step_tasks.add(host)
+    try:
+        return await value
+    except asyncio.CancelledError:
+        if host in st.cancelled_hosts:
+            raise _StepCancelled() from None
+        raise
+    finally:
+        st.step_tasks.discard(host)
+        if host in st.cancelled_hosts:
+            st.cancelled_hosts.discard(host)
+            host.uncancel()
+
+
+async def _await(aw: Awaitable[Any]) -> Any:
+    return await aw

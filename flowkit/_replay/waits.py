@@ -1,0 +1,111 @@
+"""The durable waits: ``ctx.sleep``/``sleep_until`` (a timer) and ``ctx.wait_for_signal``
+(the run's inbox, with an optional timeout timer). A wait this activation cannot end parks
+(``ActivationState.park``); the run suspends and a later activation finds it ended."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import ConflictError, SignalTimeout
+from ..events import SignalReceived, TimerFired, TimerStarted
+from .branch import Branch
+from .guard import cancel_left, enter
+from .signals import _Evicted
+from .state import ActivationState
+
+
+async def run_sleep(
+    st: ActivationState,
+    made_in: Branch,
+    idx: int,
+    pos: str,
+    fire_at: float | None,
+    seconds: float | None,
+) -> None:
+    """The timer at ``pos`` (call ``idx`` of ``made_in``): it fires at ``fire_at``, or
+    ``seconds`` after it is first run."""
+    br = enter(st, made_in, idx)
+    try:
+        st.check_alive()
+        evs = st.take(pos, "sleep", "sleep")
+        started = next((e for e in evs if isinstance(e, TimerStarted)), None)
+        fired = next((e for e in evs if isinstance(e, TimerFired)), None)
+        if fired is not None:
+            st.observe(fired)
+            return
+        if st.cancel_requested:  # (also a timer that is due by now: it did not fire)
+            raise asyncio.CancelledError()
+        if started is None:
+            now = st.host.now()
+            target = round(fire_at if fire_at is not None else now + (seconds or 0.0), 6)
+            started = TimerStarted(pos=pos, fire_at=target, at=now)
+            await st.record([started])
+        if started.fire_at > st.host.now():
+            await st.park(started.fire_at)
+        await st.record([TimerFired(pos=pos, at=st.host.now())])
+    except asyncio.CancelledError:
+        cancel_left(st, br)
+        raise
+    finally:
+        br.depth -= 1
+
+
+async def run_wait_signal(
+    st: ActivationState, made_in: Branch, idx: int, pos: str, name: str, timeout: float | None
+) -> Any:
+    """The signal wait at ``pos`` (call ``idx`` of ``made_in``): the payload of the run's
+    oldest signal ``name``, or ``SignalTimeout`` once ``timeout`` seconds have passed."""
+    br = enter(st, made_in, idx)
+    try:
+        return await _wait_signal_in(st, pos, name, timeout)
+    except asyncio.CancelledError:
+        cancel_left(st, br)
+        raise
+    finally:
+        br.depth -= 1
+
+
+async def _wait_signal_in(st: ActivationState, pos: str, name: str, timeout: float | None) -> Any:
+    st.check_alive()
+    evs = st.take(pos, "wait_for_signal", name)
+    for ev in evs:
+        if isinstance(ev, SignalReceived):
+            st.observe(ev)
+            return ev.payload
+    timer = next((e for e in evs if isinstance(e, TimerStarted)), None)
+    fired = next((e for e in evs if isinstance(e, TimerFired)), None)
+    if fired is not None:
+        st.observe(fired)
+        raise SignalTimeout(name, timeout if timeout is not None else 0.0)
+    while True:
+        st.check_alive()
+        if st.cancel_requested:  # (before the inbox: a signal there is not taken)
+            raise asyncio.CancelledError()
+        try:
+            sig = await st.host.peek_signal(name)
+        except Exception as exc:
+            st.store_error = exc
+            st.evict()
+            raise _Evicted() from exc
+        if sig is not None:
+            try:
+                await st.record(
+                    [SignalReceived(pos=pos, name=name, payload=sig.payload, at=st.host.now())],
+                    consume_signal=sig.id,
+                )
+            except ConflictError:
+                continue  # consumed by a racing activation; look again
+            return sig.payload
+        now = st.host.now()
+        if st.cancel_requested:
+            raise asyncio.CancelledError()
+        if timeout is not None and timer is None:
+            timer = TimerStarted(
+                pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
+            )
+            await st.record([timer])
+        if timer is not None and timer.fire_at <= now:
+            await st.record([TimerFired(pos=pos, at=now)])
+            raise SignalTimeout(name, timeout if timeout is not None else 0.0)
+        await st.park(timer.fire_at if timer else None, name)

@@ -1,0 +1,313 @@
+"""The workflows of the golden histories beside this file, and the scenarios that recorded them.
+
+``tests/test_golden_histories.py`` replays every ``*.json`` here against this code, and checks
+that together they hold every event type. The files are recorded once and then kept as they
+are: they stand for runs that were in flight when the code changed, so a change to a
+workflow here must still replay them. Recording them again is a deliberate act
+(``FLOWKIT_RECORD_HISTORIES=1 pytest tests/test_golden_histories.py``); a ``TestEnv`` with a
+fixed seed and its virtual clock makes it byte-stable, so only a real change shows in review.
+
+A new event type needs a scenario here that records it (the coverage test fails until then)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from flowkit import (
+    History,
+    RetryPolicy,
+    SignalTimeout,
+    Singleton,
+    WorkflowCtx,
+    workflow,
+)
+from flowkit_testing import TestEnv
+
+SEED = 18
+"""The seed of every recording's ``TestEnv`` (its clock starts at its default instant)."""
+
+
+# -- the services the workflows call (only when recording: replay never runs a step) ----------
+class Shop:
+    def __init__(self) -> None:
+        self.charges: Counter[str] = Counter()
+
+    def reserve(self, order_id: str) -> str:
+        return f"res-{order_id}"
+
+    def charge(self, order_id: str) -> str:
+        self.charges[order_id] += 1
+        if self.charges[order_id] == 1:
+            raise ConnectionError("card network busy")
+        return f"ch-{order_id}"
+
+    async def label(self, order_id: str, box: str) -> str:
+        return f"{order_id}/{box}"
+
+
+class Catalog:
+    async def price(self, sku: str) -> int:
+        return {"pen": 3, "desk": 1200}.get(sku, 10)
+
+
+class Pager:
+    def page(self, who: str) -> str:
+        return f"paged {who}"
+
+
+class Loader:
+    def __init__(self) -> None:
+        self.loads: Counter[str] = Counter()
+
+    def header(self, batch: str) -> dict[str, Any]:
+        return {"batch": batch, "columns": ["sku", "count"]}
+
+    def load(self, batch: str) -> int:
+        self.loads[batch] += 1
+        if self.loads[batch] == 1:
+            raise ValueError(f"batch {batch} is locked")
+        return 42
+
+
+class Worksite:
+    def __init__(self) -> None:
+        self.never = asyncio.Event()
+
+    async def work(self, job: str) -> str:
+        await self.never.wait()  # runs until the run is cancelled
+        return f"{job} done"
+
+    def cleanup(self, job: str) -> str:
+        return f"cleaned up {job}"
+
+
+class Rollout:
+    def push(self, env: str, build: str) -> str:
+        return f"{build}@{env}"
+
+
+# -- the workflows ----------------------------------------------------------------------------
+@workflow(name="order")
+class Order:
+    """Steps, a step retried after a backoff, a gather of two steps and a sleep, a sleep, and
+    a signal waited for with a timeout that does not fire; the output uses ``ctx.now`` and
+    ``ctx.uuid4``, so a replay checks that they come back the same."""
+
+    def __init__(self, shop: Shop) -> None:
+        self.shop = shop
+
+    async def run(self, ctx: WorkflowCtx, order_id: str) -> dict[str, Any]:
+        reservation = await ctx.step(self.shop.reserve, order_id)
+        charge = await ctx.step(self.shop.charge, order_id, retry=RetryPolicy(initial_interval=5.0))
+        first, second, _ = await ctx.gather(
+            ctx.step(self.shop.label, order_id, "box-1"),
+            ctx.step(self.shop.label, order_id, "box-2"),
+            ctx.sleep(30),
+        )
+        await ctx.sleep(3600)  # the cooling-off hour
+        approval = await ctx.wait_for_signal("approved", timeout=86400)
+        return {
+            "reservation": reservation,
+            "charge": charge,
+            "labels": [first, second],
+            "approved_by": approval["by"],
+            "ref": str(ctx.uuid4()),
+            "at": ctx.now().isoformat(),
+        }
+
+
+@workflow(name="quote")
+class Quote:
+    """Big quotes wait an hour before they are sent (``tests/test_replayer.py`` changes that)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    async def run(self, ctx: WorkflowCtx, sku: str) -> int:
+        price = await ctx.step(self.catalog.price, sku)
+        if price > 1000:
+            await ctx.sleep(3600)
+        return price
+
+
+@workflow(name="greeting")
+class Greeting:
+    """No ctx call at all."""
+
+    async def run(self, ctx: WorkflowCtx, name: str) -> str:
+        return f"hello {name}"
+
+
+@workflow(name="reminder")
+class Reminder:
+    """A signal wait whose timeout fires, then a step."""
+
+    def __init__(self, pager: Pager) -> None:
+        self.pager = pager
+
+    async def run(self, ctx: WorkflowCtx, who: str) -> str:
+        try:
+            await ctx.wait_for_signal("ack", timeout=600)
+        except SignalTimeout:
+            return await ctx.step(self.pager.page, who)
+        return "acknowledged"
+
+
+@workflow(name="import")
+class Import:
+    """A step that fails the run; ``engine.retry`` runs it again, and ``ctx.attempt`` says so."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+
+    async def run(self, ctx: WorkflowCtx, batch: str) -> dict[str, Any]:
+        header = await ctx.step(self.loader.header, batch)
+        rows = await ctx.step(self.loader.load, batch)
+        return {"header": header, "rows": rows, "attempt": ctx.attempt}
+
+
+@workflow(name="job")
+class Job:
+    """Cancelled while in a step (``wait="step"``) or asleep (``wait="sleep"``): it cleans up
+    with a step and lets the cancellation propagate."""
+
+    def __init__(self, site: Worksite) -> None:
+        self.site = site
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, str]) -> str:
+        job = input["job"]
+        try:
+            if input["wait"] == "step":
+                return await ctx.step(self.site.work, job)
+            await ctx.sleep(3600)
+            return "slept"
+        except asyncio.CancelledError:
+            await ctx.step(self.site.cleanup, job)
+            raise
+
+
+@workflow(name="deploy", singleton=Singleton(key=lambda i: f"env:{i['env']}"))
+class Deploy:
+    """One deployment per environment at a time: a second one waits at the gate."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, str]) -> str:
+        where = await ctx.step(self.rollout.push, input["env"], input["build"])
+        await ctx.wait_for_signal("healthy")
+        return f"{where} is live"
+
+
+def workflows() -> list[Any]:
+    """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
+    return [
+        Order(Shop()),
+        Quote(Catalog()),
+        Greeting(),
+        Reminder(Pager()),
+        Import(Loader()),
+        Job(Worksite()),
+        Deploy(Rollout()),
+    ]
+
+
+# -- the scenarios: each drives a fresh TestEnv and names the runs whose histories it keeps ---
+Scenario = Callable[[TestEnv], Awaitable[list[str]]]
+
+
+async def order(env: TestEnv) -> list[str]:
+    await env.start("order", "o-1", "order-1")
+    await env.advance(4000)  # the retry, the gather's sleep, the cooling-off hour
+    await env.signal("order-1", "approved", {"by": "ann"})
+    await env.result("order-1")
+    return ["order-1"]
+
+
+async def quotes(env: TestEnv) -> list[str]:
+    for run_id, sku in (("quote-pen", "pen"), ("quote-desk", "desk")):
+        await env.start("quote", sku, run_id)
+        await env.result(run_id)
+    await env.start("quote", "desk", "quote-live")  # still in its hour when recorded
+    return ["quote-pen", "quote-desk", "quote-live"]
+
+
+async def greeting(env: TestEnv) -> list[str]:
+    await env.start("greeting", "Ann", "greeting-ann")
+    await env.result("greeting-ann")
+    return ["greeting-ann"]
+
+
+async def reminder(env: TestEnv) -> list[str]:
+    await env.start("reminder", "ops", "reminder-1")
+    await env.result("reminder-1")
+    return ["reminder-1"]
+
+
+async def import_retried(env: TestEnv) -> list[str]:
+    await env.start("import", "b-7", "import-1")
+    await env.run_until_idle()  # failed
+    await env.advance(60)
+    await env.retry("import-1")
+    await env.result("import-1")
+    return ["import-1"]
+
+
+async def cancelled(env: TestEnv) -> list[str]:
+    for wait in ("step", "sleep"):
+        run_id = f"job-cancelled-in-{wait}"
+        await env.start("job", {"job": f"j-{wait}", "wait": wait}, run_id)
+        await env.advance(10)
+        await env.cancel(run_id)
+        await env.run_until_idle()
+    return ["job-cancelled-in-step", "job-cancelled-in-sleep"]
+
+
+async def cancelled_while_down(env: TestEnv) -> list[str]:
+    """Cancelled while its worker is dead: the recovered body gets the cancellation at its
+    first step the history does not answer, recorded as cancelled before it started."""
+    await env.start("job", {"job": "j-down", "wait": "step"}, "job-cancelled-while-down")
+    await env.advance(10)
+    await env.crash(0)
+    await env.restart(0)
+    await env.cancel("job-cancelled-while-down")
+    await env.run_until_idle()  # its lease expires; the new worker recovers it
+    return ["job-cancelled-while-down"]
+
+
+async def deploys(env: TestEnv) -> list[str]:
+    await env.start("deploy", {"env": "prod", "build": "b-1"}, "deploy-1")
+    await env.advance(5)
+    await env.start("deploy", {"env": "prod", "build": "b-2"}, "deploy-2")  # gated
+    await env.advance(60)
+    await env.signal("deploy-1", "healthy")  # done: its slot goes to deploy-2
+    await env.advance(5)
+    await env.signal("deploy-2", "healthy")
+    await env.run_until_idle()
+    return ["deploy-1", "deploy-2"]
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    order,
+    quotes,
+    greeting,
+    reminder,
+    import_retried,
+    cancelled,
+    cancelled_while_down,
+    deploys,
+)
+
+
+async def record() -> dict[str, History]:
+    """Every scenario's runs, by run id (a file ``<run id>.json`` each)."""
+    recorded: dict[str, History] = {}
+    for scenario in SCENARIOS:
+        async with TestEnv(workflows(), seed=SEED) as env:
+            for run_id in await scenario(env):
+                assert run_id not in recorded, f"two scenarios record {run_id!r}"
+                recorded[run_id] = await env.history(run_id)
+    return recorded
