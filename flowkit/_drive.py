@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from . import _gate as gate
 from ._clock import Clock
 from ._definition import WorkflowDefinition
-from ._history import Event, RunCancelled, RunCompleted, RunFailed
 from ._replay import (
     Activation,
     Cancelled,
@@ -31,6 +30,7 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from .errors import LeaseLostError
+from .events import Event, RunCancelled, RunCompleted, RunFailed
 from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Store, Update
 
 log = logging.getLogger("flowkit")

@@ -17,7 +17,7 @@ from ._bus import Bus
 from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
-from ._history import CancelRequested, History, RunRetried, RunStarted
+from ._history import History
 from ._run import MAX_ID_LENGTH, RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._worker import Worker, WorkerConfig
 from .errors import (
@@ -32,6 +32,7 @@ from .errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
+from .events import CancelRequested, RunRetried, RunStarted
 from .stores.base import AdmitsOnCreate, ConflictError, Store, Update
 
 T = TypeVar("T")

@@ -16,7 +16,9 @@ from typing import Any, cast
 from ._clock import Clock
 from ._definition import WorkflowDefinition
 from ._eager import start_next
-from ._history import (
+from ._run import MAX_ID_LENGTH, SINGLETON_TAG_PREFIX, Run, RunStatus
+from .errors import InvalidInputError, UnsupportedStoreError
+from .events import (
     CancelRequested,
     Event,
     RunCancelled,
@@ -25,8 +27,6 @@ from ._history import (
     SingletonGated,
     SingletonReleased,
 )
-from ._run import MAX_ID_LENGTH, SINGLETON_TAG_PREFIX, Run, RunStatus
-from .errors import InvalidInputError, UnsupportedStoreError
 from .stores.base import (
     Admission,
     CommitResult,

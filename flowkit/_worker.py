@@ -13,9 +13,9 @@ from typing import Any
 
 from ._drive import Drive, Settled, WorkerConfig
 from ._eager import start_next
-from ._history import Event
 from ._replay import Activation
 from ._run import Run, RunStatus
+from .events import Event
 from .stores.base import Update
 
 log = logging.getLogger("flowkit")

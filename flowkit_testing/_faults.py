@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flowkit._history import StepCompleted
-from flowkit._run import Run
+from flowkit import Run
+from flowkit.events import StepCompleted
 from flowkit.stores.base import Update, records_admission
 
 Phase = Literal["before", "after"]

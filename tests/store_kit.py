@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from flowkit import Run, RunStatus
-from flowkit._history import Event, RunCompleted, RunStarted, TimerFired
+from flowkit.events import Event, RunCompleted, RunStarted, TimerFired
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.base import Notify, Update
 from flowkit.stores.codec import AESGCMCodec

@@ -17,7 +17,8 @@ from store_kit import K1, K2, PG, SECRET, T0, codec, fresh_database, secret_run
 
 import flowkit
 from flowkit import RetryPolicy, Run, RunStatus, Singleton, WorkflowCtx, workflow
-from flowkit._history import (
+from flowkit.errors import WorkflowFailedError
+from flowkit.events import (
     ErrorInfo,
     Event,
     RunCompleted,
@@ -28,7 +29,6 @@ from flowkit._history import (
     StepCompleted,
     StepFailed,
 )
-from flowkit.errors import WorkflowFailedError
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Admission, Store, Update
 from flowkit.stores.codec import STRING_PREFIX, AESGCMCodec, CodecError, CodecStore

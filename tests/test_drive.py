@@ -16,7 +16,7 @@ import flowkit
 from flowkit import Event, Run, RunStatus, WorkflowCtx, workflow
 from flowkit._definition import definition_of
 from flowkit._drive import Drive, WorkerConfig
-from flowkit._history import RunStarted
+from flowkit.events import RunStarted
 from flowkit.stores import MemoryStore
 from flowkit_testing import VirtualClock
 

@@ -15,7 +15,7 @@ from singleton_kit import JITTER, RETRY, get, inp, make_lane, types
 from flowkit import ADMITTED_TAG, Engine, Run, RunStatus
 from flowkit import _gate as gate
 from flowkit._definition import definition_of
-from flowkit._history import (
+from flowkit.events import (
     RunRetried,
     RunStarted,
     SingletonAdmitted,

@@ -13,7 +13,7 @@ from flowkit import (
     Engine,
     RunStatus,
 )
-from flowkit._history import RunCompleted
+from flowkit.events import RunCompleted
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Notify, Update
 from flowkit_testing import TestEnv

@@ -29,7 +29,7 @@ from flowkit import (
     Run,
     RunStatus,
 )
-from flowkit._history import RunStarted
+from flowkit.events import RunStarted
 from flowkit.stores import Admission, MemoryStore, SqlStore
 from flowkit_testing import FaultPlan, InstanceCrashed, TestEnv
 

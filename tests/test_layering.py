@@ -32,7 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "replay": ("flowkit._replay",),
     "engine": ("flowkit._bus", "flowkit._gate", "flowkit._drive", "flowkit._worker"),
     "client": ("flowkit._engine",),
-    "tools": ("flowkit.cli", "flowkit.otel", "flowkit.ui"),
+    "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
 }
 ORDER = list(LAYERS)
 # what a layer must never import although it comes later in ORDER

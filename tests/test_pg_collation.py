@@ -21,7 +21,7 @@ from singleton_kit import holders, inp, make_lane
 from store_kit import collated_database
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
-from flowkit._history import RunCompleted, RunStarted, SingletonReleased
+from flowkit.events import RunCompleted, RunStarted, SingletonReleased
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.base import Notify, Update
 from flowkit.stores.sql._postgres import LOCK_ROWS_SQL, PgStatements

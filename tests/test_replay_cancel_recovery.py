@@ -22,7 +22,7 @@ from singleton_kit import history, holders, inp, make_lane
 
 import flowkit
 from flowkit import Engine, RetryPolicy, RunStatus, WorkflowCtx, workflow
-from flowkit._history import StepFailed
+from flowkit.events import StepFailed
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit_testing import TestEnv
 

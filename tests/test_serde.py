@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from pydantic import Field, TypeAdapter
 
 from flowkit import _history, _serde
-from flowkit._history import StepCompleted, event_from_json, event_to_json, step_completed
+from flowkit._history import step_completed
 from flowkit.errors import SerializationError
+from flowkit.events import StepCompleted, event_from_json, event_to_json
 
 
 class Color(enum.Enum):

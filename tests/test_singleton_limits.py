@@ -14,7 +14,7 @@ import pytest
 
 from flowkit import Run, RunStatus
 from flowkit import singleton as sg
-from flowkit._history import RunStarted
+from flowkit.events import RunStarted
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
 from flowkit.stores.base import Admission, Notify
 

@@ -21,7 +21,7 @@ from flowkit import (
     WorkflowFailedError,
     workflow,
 )
-from flowkit._history import RunCompleted
+from flowkit.events import RunCompleted
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Notify, Update
 from flowkit_testing import TestEnv

@@ -18,7 +18,7 @@ from syrupy.assertion import SnapshotAssertion
 from syrupy.filters import props
 
 from flowkit import History, RetryPolicy, Singleton, WorkflowCtx, workflow
-from flowkit._history import (
+from flowkit.events import (
     ErrorInfo,
     RunStarted,
     SingletonGated,

@@ -26,10 +26,10 @@ from store_kit import (
     stats,
 )
 
-from flowkit._history import RunCompleted
 from flowkit.errors import (
     RunNotFoundError,
 )
+from flowkit.events import RunCompleted
 from flowkit.stores.base import Notify, QueueCap, Update
 from flowkit.stores.sql import (
     SqlStore,

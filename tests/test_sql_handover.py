@@ -31,7 +31,7 @@ from store_kit import (
 )
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
-from flowkit._history import RunCompleted, RunStarted
+from flowkit.events import RunCompleted, RunStarted
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Admission, Notify, Update
 from flowkit.stores.sql import (

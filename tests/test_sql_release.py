@@ -20,7 +20,7 @@ import pytest
 from store_kit import fresh_database
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
-from flowkit._history import Event, RunCompleted, RunStarted, SingletonReleased
+from flowkit.events import Event, RunCompleted, RunStarted, SingletonReleased
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import CommitResult, Notify, Update
 from flowkit.stores.sql import SqlStore

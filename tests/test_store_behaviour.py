@@ -21,13 +21,13 @@ from store_kit import (
 )
 
 from flowkit import ADMITTED_TAG, History
-from flowkit._history import RunCompleted
 from flowkit.errors import (
     LeaseLostError,
     RunIdTakenError,
     RunNotFoundError,
     SingletonQueueFullError,
 )
+from flowkit.events import RunCompleted
 from flowkit.stores.base import ConflictError, Notify, QueueCap, Store, Update
 from flowkit.stores.sql import (
     SqlStore,

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from store_kit import KINDS, T0, TAG, S, database_url, first_events, fresh_database, mk, put
 
 from flowkit import Engine, History, Run
-from flowkit._history import RunCompleted, SingletonGated, TimerFired
+from flowkit.events import RunCompleted, SingletonGated, TimerFired
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Admission, Notify, Update
 from flowkit.stores.codec import CodecStore

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .._history import Event
 from .._run import InboxSignal, Run, RunStatus
 from ..errors import ConflictError
+from ..events import Event
 from ..singleton import check_limit
 
 

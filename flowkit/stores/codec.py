@@ -18,7 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from .._history import (
+from .._run import Run, RunStatus
+from ..errors import CodecError
+from ..events import (
     ErrorInfo,
     Event,
     RunCompleted,
@@ -28,8 +30,6 @@ from .._history import (
     StepCompleted,
     StepFailed,
 )
-from .._run import Run, RunStatus
-from ..errors import CodecError
 from .base import (
     UNSET,
     Admission,

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import singleton as _sg
-from .._history import Event
 from .._run import ADMITTED_TAG, Run, RunStatus
 from ..errors import ConflictError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
+from ..events import Event
 from .base import (
     Admission,
     AdmittedAt,

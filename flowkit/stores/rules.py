@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import singleton as _sg
-from .._history import Event, SingletonAdmitted
 from .._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..errors import ConflictError, LeaseLostError
+from ..events import Event, SingletonAdmitted
 from .base import UNSET, Admission, Notify, Update
 
 

@@ -1,5 +1,6 @@
-"""Checks of singleton admission (DESIGN §4): ``try_admit_singleton``, notify-on-release and
-admission at creation (``create_run`` with an ``Admission``, stores with ``admits_on_create``)."""
+"""Checks of singleton admission (docs/singleton.md): ``try_admit_singleton``, notify-on-release
+and admission at creation (``create_run`` with an ``Admission``, stores with
+``admits_on_create``)."""
 
 from __future__ import annotations
 
@@ -652,9 +653,7 @@ async def check_admission_is_recorded_with_the_marker(factory: StoreFactory) -> 
 
     async def admitted_events(run_id: str) -> list[tuple[str, float]]:
         return [
-            (e.key, e.at)
-            for e in await s.load_events(run_id)
-            if isinstance(e, SingletonAdmitted)
+            (e.key, e.at) for e in await s.load_events(run_id) if isinstance(e, SingletonAdmitted)
         ]
 
     await put(s, mk("h", key="k", t=T0))
@@ -673,9 +672,7 @@ async def check_admission_is_recorded_with_the_marker(factory: StoreFactory) -> 
     )
     if res.handed:
         expect_eq(await admitted_events("w"), [("k", T0 + 3)], "the hand-off's record")
-        expect_eq(
-            list(res.handed[0].events), await s.load_events("w"), "the hand-off's events"
-        )
+        expect_eq(list(res.handed[0].events), await s.load_events("w"), "the hand-off's events")
     else:  # woken: it admits itself
         expect(await s.try_admit_singleton("w", TAG, WF, 1, T0 + 5, admitted_at=T0 + 4), "w")
         expect_eq(await admitted_events("w"), [("k", T0 + 4)], "w's admission record")

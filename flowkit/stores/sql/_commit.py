@@ -8,9 +8,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..._history import Event
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import ConflictError, RunNotFoundError
+from ...events import Event
 from ..base import CommitResult, HandOff, Update
 from ..rules import admitted_event, apply_update, check_commit, claimable, plan_release
 from . import _runs as runs

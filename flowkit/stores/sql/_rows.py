@@ -13,8 +13,8 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..._history import Event, SingletonAdmitted, event_from_json, event_to_json
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ...events import Event, SingletonAdmitted, event_from_json, event_to_json
 from ._schema import runs
 
 RUN_COLS = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..._history import Event
 from ..._run import Run
+from ...events import Event
 from ._connection import Conn
 from ._rows import changed_values, column_params, event_params, to_event, to_run
 from ._statements import Statements

@@ -13,9 +13,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from ... import singleton as _sg
-from ..._history import Event
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
+from ...events import Event
 from ..base import (
     Admission,
     AdmittedAt,

@@ -1,0 +1,224 @@
+"""How the ``flowkit`` command prints: rich in a terminal, plain and one line per row when
+piped (control characters escaped), and the readable timeline of a run's events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import _serde
+from ._run import Run, RunStatus
+from .events import (
+    Event,
+    RunCompleted,
+    RunFailed,
+    RunRetried,
+    RunStarted,
+    SignalReceived,
+    SingletonAdmitted,
+    SingletonGated,
+    SingletonReleased,
+    StepCompleted,
+    StepFailed,
+    TimerStarted,
+)
+
+VALUE_WIDTH = 80
+"""Values (inputs, results, payloads) longer than this are cut in the timeline; ``--json``
+prints them whole."""
+
+STATUS_STYLE = {
+    RunStatus.PENDING: "cyan",
+    RunStatus.RUNNING: "blue",
+    RunStatus.SUSPENDED: "cyan",
+    RunStatus.BLOCKED: "bold yellow",
+    RunStatus.CANCELLING: "yellow",
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "bold red",
+    RunStatus.CANCELLED: "magenta",
+}
+
+
+def _control_escapes() -> dict[int, str]:
+    """Every character that ends or rewrites a line on a terminal or in ``str.splitlines``
+    (C0 and C1 controls, DEL, the Unicode line and paragraph separators), as an escape."""
+    table = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+    table.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+    return table
+
+
+_ESCAPES = _control_escapes()
+_ESCAPES_BUT_NEWLINE = {c: e for c, e in _ESCAPES.items() if c != 0x0A}
+
+
+def _escape(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` on one line: newlines, tabs and other control characters as ``\\n``, ``\\t``,
+    ``\\xNN`` (a pydantic ``ValidationError`` or a traceback in an error message, a newline in
+    a run id or a key). ``keep_newlines`` keeps ``\\n`` (rich output lays them out itself)."""
+    if keep_newlines:
+        return text.replace("\r\n", "\n").translate(_ESCAPES_BUT_NEWLINE)
+    return text.translate(_ESCAPES)
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+class Out:
+    """Rich output in a terminal; plain, unwrapped text when stdout is a pipe or a file."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.rich = console.is_terminal
+
+    def line(self, *parts: str | tuple[str, str]) -> None:
+        """One line; a ``(text, style)`` part is styled in a terminal. Never parses markup.
+        Piped, a newline inside a part is escaped, so that the line stays one line."""
+        if self.rich:
+            self.console.print(
+                Text.assemble(*(_rich_part(p, keep_newlines=True) for p in parts)),
+                highlight=False,
+            )
+        else:
+            text = "".join(p if isinstance(p, str) else p[0] for p in parts)
+            self.console.out(_escape(text), highlight=False)  # no markup, emoji or wrapping
+
+    def table(
+        self,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str | tuple[str, str]]],
+        *,
+        title: str | None = None,
+        caption: str | None = None,
+    ) -> None:
+        """A table in a terminal; piped, a header line and exactly one whitespace-aligned line
+        per row, newlines inside a cell escaped (no title, no caption: the output stays easy to
+        grep and cut)."""
+        if self.rich:
+            table = Table(title=title, caption=caption, header_style="bold")
+            for col in columns:
+                table.add_column(col, overflow="fold")
+            for row in rows:
+                table.add_row(*(Text(*_rich_part(c, keep_newlines=True)) for c in row))
+            self.console.print(table)
+            return
+        cells = [list(columns)] + [
+            [_escape(c if isinstance(c, str) else c[0]) or "-" for c in row] for row in rows
+        ]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+        for r in cells:
+            text = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            self.console.out(text, highlight=False)
+
+
+def _rich_part(part: str | tuple[str, str], *, keep_newlines: bool) -> tuple[str, str]:
+    """A ``(text, style)`` part with its control characters escaped (a stored value must not
+    move the cursor or change the terminal's colours)."""
+    text, style = (part, "") if isinstance(part, str) else part
+    return (_escape(text, keep_newlines=keep_newlines), style)
+
+
+def _status(status: RunStatus) -> tuple[str, str]:
+    return (str(status), STATUS_STYLE.get(status, ""))
+
+
+def _fmt_time(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _value(value: Any, width: int | None = VALUE_WIDTH) -> str:
+    return _cut(_serde.dumps(value).decode(), width)
+
+
+def _cut(text: str, width: int | None = VALUE_WIDTH) -> str:
+    if width is not None and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    """``12.3 s``, ``4 min 12 s``, ``3 h 5 min``, ``2 d 7 h``."""
+    s = abs(seconds)
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60)} s"
+    if s < 86400:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60)} min"
+    return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+
+
+def _lease_expired(run: Run, now: float) -> bool:
+    """Whether an active run is leased to an instance that stopped renewing the lease: the
+    worker that executes it is probably gone, and the next poll of any worker recovers it."""
+    return run.status.active and run.lease_owner is not None and not run.leased(now)
+
+
+def _lease_left(run: Run, now: float) -> str:
+    """How long the lease still holds, or since when it does not: ``expires in 12.3 s``,
+    ``expired 4.0 s ago``, against ``now``."""
+    if run.lease_expires is None:
+        return "no expiry"
+    left = run.lease_expires - now
+    return f"expires in {_duration(left)}" if left > 0 else f"expired {_duration(left)} ago"
+
+
+def _lease(run: Run, now: float) -> str:
+    """An active run's lease as ``owner (expires in ...)``; empty when nobody holds one."""
+    if not run.status.active or run.lease_owner is None:
+        return ""
+    return f"{run.lease_owner} ({_lease_left(run, now)})"
+
+
+def _describe(ev: Event, t0: float) -> str:
+    """The readable part of one event (the timeline's last column)."""
+    match ev:
+        case RunStarted():
+            tags = [t for t in ev.tags if not t.startswith("flowkit:")]
+            return f"{ev.workflow} v{ev.version} input {_value(ev.input)}" + (
+                f" tags {', '.join(tags)}" if tags else ""
+            )
+        case SingletonGated():
+            again = f", re-check at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else ""
+            return f"key {ev.key}{again}"
+        case SingletonAdmitted() | SingletonReleased():
+            return f"key {ev.key}"
+        case StepCompleted():
+            digest = f" (args {ev.args_digest})" if ev.args_digest else ""
+            return f"{ev.name}{digest} attempt {ev.attempt} -> {_value(ev.result)}"
+        case StepFailed():
+            digest = f" (args {ev.args_digest})" if ev.args_digest else ""
+            then = f"; retry at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else "; final"
+            cancelled = " (cancelled)" if ev.cancelled else ""
+            message = _cut(_escape(ev.error.message))
+            return f"{ev.name}{digest} attempt {ev.attempt} {ev.error.type}: {message}{then}" + (
+                cancelled
+            )
+        case TimerStarted():
+            return f"{ev.purpose.replace('_', ' ')} until +{ev.fire_at - t0:.3f}s"
+        case SignalReceived():
+            return f"{ev.name} payload {_value(ev.payload)}"
+        case RunCompleted():
+            return f"output {_value(ev.output)}"
+        case RunFailed():
+            return f"{ev.error.type}: {ev.error.message}"
+        case RunRetried():
+            return f"attempt {ev.attempt}"
+        case _:
+            return ""
+
+
+EVENT_STYLE = {
+    "run_completed": "green",
+    "run_failed": "bold red",
+    "step_failed": "red",
+    "run_cancelled": "magenta",
+    "cancel_requested": "magenta",
+    "signal_received": "cyan",
+}
