@@ -49,6 +49,12 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     b.close()
 
 
+@pytest.fixture
+def store(backend: Backend) -> object:
+    """The store of ``backend`` (a test module may define its own ``store`` instead)."""
+    return backend.store
+
+
 @pytest.fixture(params=["sqlite", PG])
 def sql_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """SqlStore on a SQLite file, then on PostgreSQL."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from cli_kit import flowkit
 
 from flowkit import Engine, History, Run, RunCancelledError, SystemClock
 from flowkit.cli import main
@@ -56,21 +57,6 @@ WF_SOURCE = textwrap.dedent(
             return "never"
     """
 )
-
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def flowkit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flowkit.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp,
-        # this checkout's flowkit, not the one the virtualenv has installed (editable, elsewhere)
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}"},
-    )
 
 
 @pytest.fixture
@@ -375,7 +361,6 @@ async def test_an_encrypted_store_is_read_and_signalled_with_its_codec_keys(
     prints its payloads in clear and encrypts the signals it sends; without, it shows the
     envelopes; a key file without the right key, or a broken one, is a one-line error."""
     import base64
-    import os
 
     from flowkit.stores import AESGCMCodec, CodecStore
 

@@ -5,8 +5,6 @@ divergence report. A newline inside a message is printed as ``\\n``."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -14,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from cli_kit import flowkit
 
 from flowkit import Engine, SystemClock, WorkflowFailedError
 from flowkit.stores import SqlStore
@@ -71,21 +70,6 @@ WF_SOURCE = textwrap.dedent(
 )
 
 BAD = {"id": 7, "cents": "lots"}  # two validation errors: a message of seven lines
-
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def flowkit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flowkit.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp,
-        # this checkout's flowkit, not the one the virtualenv has installed (editable, elsewhere)
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}"},
-    )
 
 
 def rows(stdout: str) -> list[str]:

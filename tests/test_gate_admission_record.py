@@ -6,37 +6,15 @@ the admission cannot leave a holder whose history shows the admission at its rec
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from singleton_kit import events_of, get, inp, make_lane, types
 
 from flowkit import Engine, RunStatus
-from flowkit.stores import MemoryStore, SqlStore
+from flowkit.stores import MemoryStore
 from flowkit.stores.base import Update
 from flowkit_testing import InstanceCrashed, Rule, TestEnv
-
-try:
-    from pg import fresh_database
-except ImportError:  # tests/ imported as a package
-    from tests.pg import fresh_database
-
-PG = pytest.param("postgres", marks=pytest.mark.postgres)
-
-
-@pytest.fixture(params=["memory", "sqlite", PG])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    if request.param == "sqlite":
-        s = SqlStore(f"sqlite:///{tmp_path / 'f.db'}")
-    else:
-        s = SqlStore(fresh_database(request.getfixturevalue("pg_server")))
-    yield s
-    s.close()
 
 
 async def _admitted_at(env: TestEnv, run_id: str) -> float:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,27 +21,7 @@ from singleton_kit import history, holders, inp, make_lane
 import flowkit
 from flowkit import Engine, RetryPolicy, RunStatus, WorkflowCtx, workflow
 from flowkit.events import StepFailed
-from flowkit.stores import MemoryStore, SqlStore
 from flowkit_testing import TestEnv
-
-try:
-    from pg import fresh_database
-except ImportError:  # tests/ imported as a package
-    from tests.pg import fresh_database
-
-
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'cancel.db'}"
-    else:
-        url = fresh_database(request.getfixturevalue("pg_server"))
-    sql = SqlStore(url)
-    yield sql
-    sql.close()
 
 
 @workflow(name="hold")

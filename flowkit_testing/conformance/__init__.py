@@ -26,12 +26,35 @@ from ._appends import (
     check_append_events_respects_namespaces,
     check_refused_append_events_writes_nothing,
 )
+from ._commits import (
+    check_commit_applies_update,
+    check_commit_lease_fencing,
+    check_consumed_signal_conflict_writes_nothing,
+    check_event_seqs_gap_free,
+    check_expect_status_conflict_writes_nothing,
+)
 from ._competing import (
     check_competing_admissions,
     check_competing_claims,
     check_competing_commits,
     check_competing_create_admissions,
     check_competing_create_run,
+)
+from ._leases import (
+    check_cancelling_is_sticky,
+    check_claim_exclusive,
+    check_claimable_rules,
+    check_release_leases,
+    check_renew_lease,
+    check_terminal_commit_clears_bookkeeping,
+)
+from ._on_create import (
+    check_admission_is_recorded_with_the_marker,
+    check_create_admission_is_fifo_behind_waiters,
+    check_create_admission_of_an_existing_id_writes_nothing,
+    check_create_admission_respects_the_queue_cap,
+    check_create_admits_on_a_free_key,
+    check_create_gates_behind_holders,
 )
 from ._registry import (
     CHECKS,
@@ -42,48 +65,35 @@ from ._registry import (
     sort_checks,
 )
 from ._runs import (
-    check_cancelling_is_sticky,
-    check_claim_exclusive,
-    check_claimable_rules,
-    check_commit_applies_update,
-    check_commit_lease_fencing,
-    check_consumed_signal_conflict_writes_nothing,
     check_create_run_idempotent,
     check_create_run_writes_its_events,
-    check_deliver_signal_wakes_waiter,
-    check_due_runs_and_next_due_at,
-    check_event_seqs_gap_free,
-    check_expect_status_conflict_writes_nothing,
     check_id_ties_by_code_point,
     check_list_runs_order_and_filters,
-    check_microsecond_timestamps,
-    check_namespace_scoping,
-    check_next_due_after,
-    check_payloads_round_trip,
     check_queue_cap_rejection_writes_nothing,
-    check_release_leases,
-    check_renew_lease,
-    check_signal_peek_fifo,
-    check_terminal_commit_clears_bookkeeping,
 )
 from ._singleton import (
     check_admission_fifo_keeps_holders,
-    check_admission_is_recorded_with_the_marker,
     check_admission_marker_persisted,
     check_admission_rejects_a_limit_below_one,
     check_admission_respects_limit,
     check_admission_skips_cancelling_and_terminal,
     check_admission_ties_by_code_point,
-    check_create_admission_is_fifo_behind_waiters,
-    check_create_admission_of_an_existing_id_writes_nothing,
-    check_create_admission_respects_the_queue_cap,
-    check_create_admits_on_a_free_key,
-    check_create_gates_behind_holders,
     check_denial_parks_waiter,
     check_notify_hands_the_slot_over,
     check_notify_wakes_oldest_waiters,
 )
 from ._support import ConformanceError, PairFactory, StoreFactory
+from ._values import (
+    check_microsecond_timestamps,
+    check_namespace_scoping,
+    check_payloads_round_trip,
+)
+from ._waits import (
+    check_deliver_signal_wakes_waiter,
+    check_due_runs_and_next_due_at,
+    check_next_due_after,
+    check_signal_peek_fifo,
+)
 
 sort_checks()
 

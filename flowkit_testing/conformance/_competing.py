@@ -9,8 +9,8 @@ from flowkit.errors import LeaseLostError
 from flowkit.events import RunCompleted, TimerFired
 from flowkit.stores.base import Notify, Store, Update
 
+from ._on_create import admission, claimed, create
 from ._registry import check
-from ._singleton import admission, claimed, create
 from ._support import (
     T0,
     WF,

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeAlias
 
 from flowkit import Run, RunStatus
-from flowkit.events import Event, RunStarted
+from flowkit.events import Event, RunStarted, TimerFired
 from flowkit.stores.base import Store
 
 T0 = 1_767_225_600.0
@@ -179,6 +179,11 @@ async def expect_unchanged(
         [e.model_dump() for e in before[1]],
         f"{what} must write nothing, but the history changed",
     )
+
+
+def fired(at: float, pos: str = "0") -> TimerFired:
+    """A ``timer_fired`` record at ``pos``."""
+    return TimerFired(pos=pos, at=at)
 
 
 __all__ = [
