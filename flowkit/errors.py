@@ -220,10 +220,32 @@ class ConflictError(FlowkitError):
 
 class CodecError(FlowkitError):
     """A stored payload cannot be decoded: encrypted with a key id the codec does not have,
-    tampered with, or not encoded at all. ``key_id`` names the key when it is known."""
+    tampered with, moved from another run or field, or not encoded at all. ``key_id`` names
+    the key when it is known; ``run_id`` and ``field`` (``"input"``, ``"event 4
+    step_completed.result"``...) the value, when ``CodecStore`` read it."""
 
-    def __init__(self, message: str, *, key_id: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        key_id: str | None = None,
+        run_id: str | None = None,
+        field: str | None = None,
+    ) -> None:
         self.key_id = key_id
+        self.run_id = run_id
+        self.field = field
+        super().__init__(message)
+
+
+class EncryptedStoreError(CodecError):
+    """A plain store (not wrapped by a ``CodecStore``) was asked to write a payload, or to
+    claim a run, in a database whose payloads are encrypted (a ``CodecStore`` marked it): the
+    payload would be stored in clear and wedge the run. Nothing is written. ``marker`` is what
+    the database records about its codec (e.g. ``"aesgcm kid=2025-01"``)."""
+
+    def __init__(self, message: str, *, marker: str) -> None:
+        self.marker = marker
         super().__init__(message)
 
 
@@ -259,6 +281,7 @@ class NotAFlowkitDatabaseError(FlowkitError):
 __all__ = [
     "CodecError",
     "ConflictError",
+    "EncryptedStoreError",
     "FlowkitError",
     "HistoryError",
     "InvalidInputError",

@@ -34,7 +34,7 @@ def test_codec_round_trip_and_random_nonces() -> None:
     values = [SECRET, 0, 1.0, -2.5, True, None, [], {}, {"a": [1, {"b": "é"}]}, "x" * 10_000]
     for v in values:
         enc = c.encode(v)
-        assert set(enc) == {"$codec", "kid", "data"} and enc["kid"] == "k1"
+        assert set(enc) == {"$codec", "v", "kid", "data"} and enc["kid"] == "k1" and enc["v"] == 2
         got = c.decode(enc)
         assert got == v and type(got) is type(v)
     a, b = c.encode(SECRET), c.encode(SECRET)
