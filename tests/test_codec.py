@@ -80,7 +80,7 @@ async def test_key_rotation_through_the_store(tmp_path: Path) -> None:
         assert (await v3.get_run("after")) is not None
         with pytest.raises(CodecError, match="key id 'k1'") as ei:
             await v3.get_run("before")
-        assert ei.value.key_id == "k1"
+        assert ei.value.key_id == "k1" and ei.value.missing_key
         with pytest.raises(CodecError, match="'k1'"):
             await v3.list_runs()
     finally:

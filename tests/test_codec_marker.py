@@ -59,6 +59,7 @@ async def test_a_plain_store_refuses_payloads_on_an_encrypted_database(
 
         def refused(ei: pytest.ExceptionInfo[EncryptedStoreError]) -> None:
             assert ei.value.marker == "aesgcm kid=2025-01"
+            assert ei.value.missing_key  # this process lacks the keys: not the run's fault
             assert isinstance(ei.value, CodecError) and isinstance(ei.value, FlowkitError)
             assert "encrypted (aesgcm kid=2025-01)" in str(ei.value)
             assert "--codec-keys" in str(ei.value)

@@ -197,6 +197,7 @@ async def test_pasting_another_runs_ciphertext_fails_authentication(tmp_path: Pa
         with pytest.raises(CodecError, match="failed authentication") as ei:
             await store.get_run("alice")
         assert (ei.value.run_id, ei.value.field, ei.value.key_id) == ("alice", "input", "k1")
+        assert not ei.value.missing_key  # the value is bad, not this process's keys
         assert "'alice'" in str(ei.value) and "4111" not in str(ei.value)
         with pytest.raises(CodecError):
             await store.list_runs()

@@ -148,6 +148,7 @@ class AESGCMCodec:
                 f"payload was encrypted with key id {kid!r}, which this codec does not have "
                 f"(known key ids: {', '.join(map(repr, self._keys))})",
                 key_id=kid,
+                missing_key=True,
             )
         from cryptography.exceptions import InvalidTag
 

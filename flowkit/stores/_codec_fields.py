@@ -61,7 +61,11 @@ class CodecFields:
         except CodecError as exc:  # name the value: which run, which field
             field = "/".join(ctx[1:])
             raise CodecError(
-                f"run {ctx[0]!r}, {field}: {exc}", key_id=exc.key_id, run_id=ctx[0], field=field
+                f"run {ctx[0]!r}, {field}: {exc}",
+                key_id=exc.key_id,
+                run_id=ctx[0],
+                field=field,
+                missing_key=exc.missing_key,
             ) from None
         except Exception as exc:  # a custom codec's own failure: still one typed error
             raise _failed(ctx, f"cannot decode: {type(exc).__name__}: {exc}") from exc
