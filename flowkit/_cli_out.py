@@ -132,8 +132,28 @@ def _fmt_time(t: float | None) -> str:
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+def encrypted(value: Any) -> str | None:
+    """How a value a ``CodecStore`` encoded is shown without its keys (``<encrypted aesgcm
+    kid=k1>``), or ``None`` when ``value`` is not encoded. (The ``"$codec"`` envelope, or in a
+    string field (error messages, digests) the ``"$codec:"`` prefix and the envelope.)"""
+    if isinstance(value, str) and value.startswith("$codec:"):
+        try:
+            value = _serde.loads(value[len("$codec:") :])
+        except Exception:
+            return "<encrypted>"
+    if isinstance(value, dict) and isinstance(value.get("$codec"), str) and "data" in value:
+        kid = value.get("kid")
+        return f"<encrypted {value['$codec']}" + (f" kid={kid}>" if isinstance(kid, str) else ">")
+    return None
+
+
+def _text(text: str | None) -> str | None:
+    """A string field as shown: ``<encrypted ...>`` when a codec encoded it."""
+    return encrypted(text) or text
+
+
 def _value(value: Any, width: int | None = VALUE_WIDTH) -> str:
-    return _cut(_serde.dumps(value).decode(), width)
+    return encrypted(value) or _cut(_serde.dumps(value).decode(), width)
 
 
 def _cut(text: str, width: int | None = VALUE_WIDTH) -> str:
@@ -190,13 +210,13 @@ def _describe(ev: Event, t0: float) -> str:
         case SingletonAdmitted() | SingletonReleased():
             return f"key {ev.key}"
         case StepCompleted():
-            digest = f" (args {ev.args_digest})" if ev.args_digest else ""
+            digest = f" (args {_text(ev.args_digest)})" if ev.args_digest else ""
             return f"{ev.name}{digest} attempt {ev.attempt} -> {_value(ev.result)}"
         case StepFailed():
-            digest = f" (args {ev.args_digest})" if ev.args_digest else ""
+            digest = f" (args {_text(ev.args_digest)})" if ev.args_digest else ""
             then = f"; retry at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else "; final"
             cancelled = " (cancelled)" if ev.cancelled else ""
-            message = _cut(_escape(ev.error.message))
+            message = _cut(_escape(_text(ev.error.message) or ""))
             return f"{ev.name}{digest} attempt {ev.attempt} {ev.error.type}: {message}{then}" + (
                 cancelled
             )
@@ -207,7 +227,7 @@ def _describe(ev: Event, t0: float) -> str:
         case RunCompleted():
             return f"output {_value(ev.output)}"
         case RunFailed():
-            return f"{ev.error.type}: {ev.error.message}"
+            return f"{ev.error.type}: {_text(ev.error.message)}"
         case RunRetried():
             return f"attempt {ev.attempt}"
         case _:

@@ -31,6 +31,7 @@ from ._cli_out import (
     _lease_left,
     _status,
     _value,
+    encrypted,
 )
 from ._clock import SystemClock
 from ._definition import definition_of
@@ -63,6 +64,18 @@ def _open_store(url: str) -> Any:
         missing = isinstance(exc, NotAFlowkitDatabaseError) and exc.missing
         raise CliError(f"{exc}{' (set --db or FLOWKIT_DB)' if missing else ''}") from None
     return SqlStore(url)
+
+
+async def _plain_marker(store: Any) -> str | None:
+    """The encryption marker of a database read without its keys (``None``: in clear, or
+    read through a ``CodecStore``)."""
+    from .stores.codec import CodecStore
+
+    read = getattr(store, "codec_marker", None)
+    if read is None or isinstance(store, CodecStore):
+        return None
+    marker: str | None = await read()
+    return marker
 
 
 async def _get_run(store: Any, run_id: str) -> Run:
@@ -181,10 +194,14 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
     if tags:
         out.line(f"  tags    {', '.join(tags)}")
     out.line(f"  input   {_value(run.input, None)}")
+    marker = await _plain_marker(store)
+    if marker is not None:
+        out.line(f"  payloads encrypted ({marker}): pass --codec-keys FILE to read them")
     if run.status is RunStatus.COMPLETED:
         out.line(f"  output  {_value(run.output, None)}")
     if run.error:
-        text = f"{run.error.get('type')}: {run.error.get('message')}"
+        message = run.error.get("message")
+        text = f"{run.error.get('type')}: {encrypted(message) or message}"
         if out.rich:  # a multi-line message (a ValidationError) under its first line
             text = text.replace("\r\n", "\n").replace("\n", "\n" + " " * len("  error   "))
         out.line("  error   ", (text, "red"))

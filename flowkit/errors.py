@@ -220,11 +220,39 @@ class ConflictError(FlowkitError):
 
 class CodecError(FlowkitError):
     """A stored payload cannot be decoded: encrypted with a key id the codec does not have,
-    tampered with, or not encoded at all. ``key_id`` names the key when it is known."""
+    tampered with, moved from another run or field, or not encoded at all. ``key_id`` names
+    the key when it is known; ``run_id`` and ``field`` (``"input"``,
+    ``"event/step_completed/3/result"``...) the value, when ``CodecStore`` read it.
+    ``missing_key``: the fault is this process's, not the value's (a key id it does not have,
+    or no keys at all: ``EncryptedStoreError``); deploying the key fixes it, so a worker
+    should leave the run for a process that has it rather than fail it. Otherwise the stored
+    value itself is bad (tampered, moved, corrupted) and no key will read it."""
 
-    def __init__(self, message: str, *, key_id: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        key_id: str | None = None,
+        run_id: str | None = None,
+        field: str | None = None,
+        missing_key: bool = False,
+    ) -> None:
         self.key_id = key_id
+        self.run_id = run_id
+        self.field = field
+        self.missing_key = missing_key
         super().__init__(message)
+
+
+class EncryptedStoreError(CodecError):
+    """A plain store (not wrapped by a ``CodecStore``) was asked to write a payload, or to
+    claim a run, in a database whose payloads are encrypted (a ``CodecStore`` marked it): the
+    payload would be stored in clear and wedge the run. Nothing is written. ``marker`` is what
+    the database records about its codec (e.g. ``"aesgcm kid=2025-01"``)."""
+
+    def __init__(self, message: str, *, marker: str) -> None:
+        self.marker = marker
+        super().__init__(message, missing_key=True)
 
 
 class SchemaVersionError(FlowkitError):
@@ -259,6 +287,7 @@ class NotAFlowkitDatabaseError(FlowkitError):
 __all__ = [
     "CodecError",
     "ConflictError",
+    "EncryptedStoreError",
     "FlowkitError",
     "HistoryError",
     "InvalidInputError",

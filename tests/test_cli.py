@@ -376,6 +376,12 @@ async def test_an_encrypted_store_is_read_and_signalled_with_its_codec_keys(
         await engine.start("cli-approval", "order-9", "enc-2")
         await wait_for(engine, "enc-2", lambda r: "approve" in r.waiting_signals)
 
+        # without the keys: refused (the database is marked encrypted), nothing written
+        plain = flowkit(tmp_path, "--db", url, "signal", "enc-2", "approve", '{"by": "eve"}')
+        assert plain.returncode == 2
+        err = one_line_error(plain)
+        assert "encrypted (aesgcm kid=new)" in err and "--codec-keys" in err
+        assert await store.peek_signal("enc-2", "approve") is None
         sent = flowkit(
             tmp_path, "--db", url, "--codec-keys", str(keys), "signal", "enc-2", "approve",
             '{"by": "cy"}',
@@ -391,8 +397,13 @@ async def test_an_encrypted_store_is_read_and_signalled_with_its_codec_keys(
     hist = flowkit(tmp_path, "--db", url, "--codec-keys", str(keys), "history", "enc-1", "--json")
     assert History.from_json(hist.stdout)[1].result == 42  # type: ignore[attr-defined]
     sealed = flowkit(tmp_path, "--db", url, "show", "enc-1")
-    assert sealed.returncode == 0 and "$codec" in sealed.stdout
-    assert "output  42" not in sealed.stdout
+    assert sealed.returncode == 0 and "input   <encrypted aesgcm kid=new>" in sealed.stdout
+    assert "output  <encrypted aesgcm kid=new>" in sealed.stdout
+    assert "payloads encrypted (aesgcm kid=new): pass --codec-keys" in sealed.stdout
+    assert "output  42" not in sealed.stdout and "payloads encrypted" not in clear.stdout
+    timeline = flowkit(tmp_path, "--db", url, "history", "enc-1")
+    assert timeline.returncode == 0 and "(args <encrypted aesgcm kid=new>)" in timeline.stdout
+    assert "-> <encrypted aesgcm kid=new>" in timeline.stdout
 
     only_old = tmp_path / "old.json"
     only_old.write_text(json.dumps({"old": b64["old"]}))

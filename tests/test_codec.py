@@ -34,7 +34,7 @@ def test_codec_round_trip_and_random_nonces() -> None:
     values = [SECRET, 0, 1.0, -2.5, True, None, [], {}, {"a": [1, {"b": "é"}]}, "x" * 10_000]
     for v in values:
         enc = c.encode(v)
-        assert set(enc) == {"$codec", "kid", "data"} and enc["kid"] == "k1"
+        assert set(enc) == {"$codec", "v", "kid", "data"} and enc["kid"] == "k1" and enc["v"] == 2
         got = c.decode(enc)
         assert got == v and type(got) is type(v)
     a, b = c.encode(SECRET), c.encode(SECRET)
@@ -80,7 +80,7 @@ async def test_key_rotation_through_the_store(tmp_path: Path) -> None:
         assert (await v3.get_run("after")) is not None
         with pytest.raises(CodecError, match="key id 'k1'") as ei:
             await v3.get_run("before")
-        assert ei.value.key_id == "k1"
+        assert ei.value.key_id == "k1" and ei.value.missing_key
         with pytest.raises(CodecError, match="'k1'"):
             await v3.list_runs()
     finally:

@@ -107,9 +107,9 @@ FLOWKIT_TESTING = [
 ]  # fmt: skip
 FLOWKIT_STORES = [
     "AESGCMCodec", "Admission", "AdmitsOnCreate", "AppendsEvents", "Codec", "CodecError",
-    "CodecStore", "CommitResult", "ConflictError", "HandOff", "InboxSignal", "MemoryStore",
-    "NextDueAfter", "Notify", "QueueCap", "RecordsAdmission", "ReleasesLeases", "SqlStore",
-    "Store", "Update",
+    "CodecStore", "CommitResult", "ConflictError", "EncryptedStoreError", "HandOff",
+    "InboxSignal", "MemoryStore", "NextDueAfter", "Notify", "QueueCap", "RecordsAdmission",
+    "ReleasesLeases", "SqlStore", "Store", "Update",
 ]  # fmt: skip
 
 

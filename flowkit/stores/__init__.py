@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CodecError, ConflictError
+from ..errors import CodecError, ConflictError, EncryptedStoreError
 from .base import (
     Admission,
     AdmitsOnCreate,
@@ -61,6 +61,7 @@ __all__ = [
     "CodecStore",
     "CommitResult",
     "ConflictError",
+    "EncryptedStoreError",
     "HandOff",
     "InboxSignal",
     "MemoryStore",

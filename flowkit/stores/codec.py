@@ -3,33 +3,26 @@
 ``CodecStore(inner, codec)`` encodes every payload (run inputs, outputs and error messages,
 the payloads of events and signals) before it reaches ``inner`` and decodes it on the way out;
 what the store queries on stays in clear. Encoded values stay JSON values (a string field
-holds ``"$codec:" + <compact JSON>``). ``AESGCMCodec`` encrypts with AES-GCM and rotates keys.
-Which fields, and how: docs/stores.md, "CodecStore: encrypting payloads"."""
+holds ``"$codec:" + <compact JSON>``). ``AESGCMCodec`` encrypts with AES-GCM and rotates keys;
+each value is bound to its run and field (the codec's ``context``), a step's arguments' digest
+is encrypted too, and the inner store is told that its writes come through here
+(``bind_codec``: the encryption marker). Which fields, and how: docs/stores.md, "CodecStore:
+encrypting payloads"."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import logging
-import os
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
-
-import orjson
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .._run import Run, RunStatus
-from ..errors import CodecError
+from ..errors import CodecError, EncryptedStoreError
 from ..events import (
-    ErrorInfo,
     Event,
-    RunCompleted,
-    RunFailed,
-    RunStarted,
-    SignalReceived,
-    StepCompleted,
-    StepFailed,
 )
+from ._codec_aesgcm import AESGCMCodec
+from ._codec_fields import STRING_PREFIX, CodecFields
 from .base import (
     UNSET,
     Admission,
@@ -42,18 +35,18 @@ from .base import (
     records_admission,
 )
 
-STRING_PREFIX = "$codec:"
-"""Marks an encoded value stored in a string-typed field (error messages)."""
-
-_ERROR_TEXT_FIELDS = ("message", "cause_message")
-
-
 log = logging.getLogger("flowkit")
 
 
 @runtime_checkable
 class Codec(Protocol):
-    """Turns a JSON value into another JSON value and back: ``decode(encode(v)) == v``."""
+    """Turns a JSON value into another JSON value and back: ``decode(encode(v)) == v``.
+
+    Optional: ``binds_context = True`` and a keyword ``context`` (a tuple of str: the run id,
+    then the field) on both methods: ``CodecStore`` then passes each value's place, and a
+    value decoded with another context than it was encoded with should raise ``CodecError``
+    (``AESGCMCodec`` binds it as associated data). ``marker``: a short str describing the
+    codec (no secret), recorded in the store's metadata (see ``CodecStore``)."""
 
     def encode(self, value: Any) -> Any:
         """The stored form of the JSON value ``value`` (itself a JSON value)."""
@@ -62,124 +55,6 @@ class Codec(Protocol):
     def decode(self, value: Any) -> Any:
         """The original JSON value of a stored form; ``CodecError`` when it cannot."""
         ...
-
-
-# -- AES-GCM ------------------------------------------------------------------------------
-
-
-class AESGCMCodec:
-    """AES-GCM with key ids and rotation.
-
-    ``keys`` maps key ids to 16, 24 or 32 byte keys (AES-128/192/256), oldest first: a
-    ``Mapping`` (insertion order) or a sequence of ``(key_id, key)`` pairs. Values are encrypted
-    with the *last* key and decrypted with whichever key their envelope names, so rotating is:
-    append a new key, deploy, and drop an old key only once nothing encrypted with it is read
-    any more. Each value is stored as
-    ``{"$codec": "aesgcm", "kid": <key id>, "data": <base64 of nonce + ciphertext + tag>}`` with
-    a fresh random 12-byte nonce; the key id is bound as associated data.
-
-    ``accept_plaintext=True`` reads values that are not envelopes as they are (for wrapping a
-    store that already holds plaintext payloads); by default they raise ``CodecError``."""
-
-    NAME = "aesgcm"
-    NONCE_SIZE = 12
-    KEY_SIZES = (16, 24, 32)
-
-    def __init__(
-        self,
-        keys: Mapping[str, bytes] | Sequence[tuple[str, bytes]],
-        *,
-        accept_plaintext: bool = False,
-    ) -> None:
-        try:
-            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        except ImportError as exc:  # pragma: no cover - depends on the installation
-            raise ImportError(
-                "AESGCMCodec needs the 'cryptography' package (pip install 'flowkit[crypto]')"
-            ) from exc
-        pairs = list(keys.items()) if isinstance(keys, Mapping) else list(keys)
-        if not pairs:
-            raise ValueError("AESGCMCodec needs at least one key")
-        self._keys: dict[str, Any] = {}
-        for pair in pairs:
-            if isinstance(pair, str | bytes) or len(pair) != 2:
-                raise ValueError("keys must be a mapping or a sequence of (key_id, key) pairs")
-            kid, key = pair
-            if not isinstance(kid, str) or not kid:
-                raise ValueError(f"a key id must be a non-empty str, got {kid!r}")
-            if kid in self._keys:
-                raise ValueError(f"duplicate key id {kid!r}")
-            if not isinstance(key, bytes | bytearray) or len(key) not in self.KEY_SIZES:
-                size = len(key) if isinstance(key, bytes | bytearray) else type(key).__name__
-                raise ValueError(
-                    f"key {kid!r} must be 16, 24 or 32 bytes (AES-128/192/256), got {size}"
-                )
-            self._keys[kid] = AESGCM(bytes(key))
-        self.current_key_id: str = pairs[-1][0]
-        self.accept_plaintext = accept_plaintext
-
-    @property
-    def key_ids(self) -> tuple[str, ...]:
-        """The key ids this codec can decrypt with, oldest first."""
-        return tuple(self._keys)
-
-    def __repr__(self) -> str:  # never shows key material
-        return f"AESGCMCodec(key_ids={list(self._keys)!r}, current={self.current_key_id!r})"
-
-    @staticmethod
-    def _aad(kid: str) -> bytes:
-        return b"flowkit.codec.aesgcm/1:" + kid.encode()
-
-    def encode(self, value: Any) -> Any:
-        kid = self.current_key_id
-        plaintext = orjson.dumps(value)
-        # A fresh random nonce per value. os.urandom is deliberate: this is cryptographic
-        # material, not engine scheduling randomness (which comes from the injected RNG), and
-        # it never influences replay: decoding returns the same value whatever the nonce.
-        nonce = os.urandom(self.NONCE_SIZE)
-        sealed = self._keys[kid].encrypt(nonce, plaintext, self._aad(kid))
-        return {
-            "$codec": self.NAME,
-            "kid": kid,
-            "data": base64.b64encode(nonce + sealed).decode("ascii"),
-        }
-
-    def decode(self, value: Any) -> Any:
-        if not (isinstance(value, dict) and value.get("$codec") == self.NAME):
-            if self.accept_plaintext:
-                return value
-            raise CodecError(
-                f"stored payload is not AES-GCM encoded ({type(value).__name__}); pass "
-                "accept_plaintext=True to read payloads written without the codec"
-            )
-        kid = value.get("kid")
-        data = value.get("data")
-        if not isinstance(kid, str) or not isinstance(data, str):
-            raise CodecError("malformed AES-GCM envelope (kid/data missing)")
-        aead = self._keys.get(kid)
-        if aead is None:
-            raise CodecError(
-                f"payload was encrypted with key id {kid!r}, which this codec does not have "
-                f"(known key ids: {', '.join(map(repr, self._keys))})",
-                key_id=kid,
-            )
-        from cryptography.exceptions import InvalidTag
-
-        try:
-            raw = base64.b64decode(data, validate=True)
-            if len(raw) < self.NONCE_SIZE + 16:
-                raise ValueError("too short")
-            plaintext = aead.decrypt(raw[: self.NONCE_SIZE], raw[self.NONCE_SIZE :], self._aad(kid))
-        except (InvalidTag, ValueError, binascii.Error):
-            raise CodecError(
-                f"payload encrypted with key id {kid!r} failed authentication: it was "
-                "tampered with or corrupted",
-                key_id=kid,
-            ) from None
-        try:
-            return orjson.loads(plaintext)
-        except orjson.JSONDecodeError as exc:  # authenticated, so only a foreign writer
-            raise CodecError(f"decrypted payload is not JSON: {exc}", key_id=kid) from None
 
 
 # -- the store wrapper ----------------------------------------------------------------------
@@ -212,7 +87,7 @@ class _NextDueAfterFn(Protocol):
     ) -> float | None: ...
 
 
-class CodecStore:
+class CodecStore(CodecFields):
     """A store that encodes payloads with ``codec`` before they reach ``inner`` (module doc).
 
     ``try_admit_singleton``, ``scoped``, ``watch`` and ``next_due_after`` exist only when
@@ -225,7 +100,13 @@ class CodecStore:
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
     ``Update.events``. Either, called on a wrapper whose ``inner`` lacks the capability,
     raises ``TypeError`` and sends nothing. ``records_admission`` (``singleton_admitted``
-    written with the marker) and ``release_leases`` are ``inner``'s too."""
+    written with the marker) and ``release_leases`` are ``inner``'s too.
+
+    When ``inner`` has ``bind_codec`` (``MemoryStore``, ``SqlStore``), the wrapper calls
+    ``inner.bind_codec(marker)`` at construction: writes through that store object come
+    encoded, and it records ``marker`` (the codec's ``marker``, else its class name) in its
+    metadata on its first write. A store object no ``CodecStore`` bound then refuses to write
+    payloads in clear to that database (``EncryptedStoreError``)."""
 
     try_admit_singleton: _AdmitFn
     scoped: _ScopedFn
@@ -242,6 +123,14 @@ class CodecStore:
             raise TypeError(f"codec must have encode() and decode(), got {codec!r}")
         self.inner = inner
         self.codec = codec
+        self._binds = bool(getattr(codec, "binds_context", False))
+        marker = getattr(codec, "marker", None)
+        self.marker: str = (
+            marker if isinstance(marker, str) and marker else type(codec).__qualname__
+        )
+        bind = getattr(inner, "bind_codec", None)
+        if callable(bind):
+            bind(self.marker)
         if getattr(inner, "try_admit_singleton", None) is not None:
             self.try_admit_singleton = self._try_admit_singleton
         if getattr(inner, "scoped", None) is not None:
@@ -277,6 +166,11 @@ class CodecStore:
         ns = getattr(self.inner, "namespace", None)
         return ns if isinstance(ns, str) else None
 
+    async def codec_marker(self) -> str | None:
+        """The marker ``inner`` holds (``None`` when none is recorded yet or it keeps none)."""
+        read = getattr(self.inner, "codec_marker", None)
+        return None if read is None else cast("str | None", await read())
+
     def close(self) -> None:
         """Close ``inner`` when it can be closed (``SqlStore.close``)."""
         close = getattr(self.inner, "close", None)
@@ -307,103 +201,6 @@ class CodecStore:
             )
         )
 
-    # -- value encoding -------------------------------------------------------------------
-    def _enc(self, value: Any) -> Any:
-        return None if value is None else self.codec.encode(value)
-
-    def _dec(self, value: Any) -> Any:
-        return None if value is None else self.codec.decode(value)
-
-    def _enc_text(self, value: Any) -> Any:
-        if value is None:
-            return None
-        return STRING_PREFIX + orjson.dumps(self.codec.encode(value)).decode()
-
-    def _dec_text(self, value: Any) -> Any:
-        if isinstance(value, str) and value.startswith(STRING_PREFIX):
-            try:
-                stored = orjson.loads(value[len(STRING_PREFIX) :])
-            except orjson.JSONDecodeError:
-                raise CodecError("corrupt encoded string payload") from None
-            return self.codec.decode(stored)
-        return self._dec(value)  # not encoded: the codec decides (plaintext or error)
-
-    @staticmethod
-    def _map_error(error: Any, text: Callable[[Any], Any]) -> Any:
-        """Apply ``text`` to the free-text fields of a run's error (type names stay clear)."""
-        if error is None:
-            return None
-        if not isinstance(error, dict):
-            return text(error)
-        out = dict(error)
-        for k in _ERROR_TEXT_FIELDS:
-            if k in out:
-                out[k] = text(out[k])
-        return out
-
-    def _enc_error(self, error: Any) -> Any:
-        return self._map_error(error, self._enc_text)
-
-    def _dec_error(self, error: Any) -> Any:
-        return self._map_error(error, self._dec_text)
-
-    def _enc_info(self, info: ErrorInfo) -> ErrorInfo:
-        return info.model_copy(
-            update={
-                "message": self._enc_text(info.message),
-                "cause_message": self._enc_text(info.cause_message),
-            }
-        )
-
-    def _dec_info(self, info: ErrorInfo) -> ErrorInfo:
-        message = self._dec_text(info.message)
-        cause = self._dec_text(info.cause_message)
-        if not isinstance(message, str) or not (cause is None or isinstance(cause, str)):
-            raise CodecError("decoded error message is not a string")
-        return info.model_copy(update={"message": message, "cause_message": cause})
-
-    def _run_out(self, run: Run) -> Run:
-        return dataclasses.replace(
-            run,
-            input=self._dec(run.input),
-            output=self._dec(run.output),
-            error=self._dec_error(run.error),
-        )
-
-    def _run_in(self, run: Run) -> Run:
-        return dataclasses.replace(
-            run,
-            input=self._enc(run.input),
-            output=self._enc(run.output),
-            error=self._enc_error(run.error),
-        )
-
-    def _maybe_run_out(self, run: Run | None) -> Run | None:
-        return None if run is None else self._run_out(run)
-
-    @staticmethod
-    def _map_event(
-        ev: Event, value: Callable[[Any], Any], info: Callable[[ErrorInfo], ErrorInfo]
-    ) -> Event:
-        """Apply ``value`` to the event's payload field (``info`` to its error), if any."""
-        if isinstance(ev, RunStarted):
-            return ev.model_copy(update={"input": value(ev.input)})
-        if isinstance(ev, StepCompleted):
-            return ev.model_copy(update={"result": value(ev.result)})
-        if isinstance(ev, SignalReceived):
-            return ev.model_copy(update={"payload": value(ev.payload)})
-        if isinstance(ev, RunCompleted):
-            return ev.model_copy(update={"output": value(ev.output)})
-        if isinstance(ev, StepFailed | RunFailed):
-            return ev.model_copy(update={"error": info(ev.error)})
-        return ev
-
-    def _event_in(self, ev: Event) -> Event:
-        return self._map_event(ev, self._enc, self._enc_info)
-
-    def _event_out(self, ev: Event) -> Event:
-        return self._map_event(ev, self._dec, self._dec_info)
-
     # -- the contract (see flowkit.stores.base.Store) --------------------------------------
     async def create_run(
         self,
@@ -417,11 +214,14 @@ class CodecStore:
         if admission is not None:  # only to an inner store that takes it
             if not self.admits_on_create:
                 raise TypeError(f"{self.inner!r} does not admit on create (admits_on_create)")
-            gated = tuple(self._event_in(e) for e in admission.gated)
-            admitted = tuple(self._event_in(e) for e in admission.admitted)
+            gated = tuple(self._event_in(e, run.id) for e in admission.gated)
+            admitted = tuple(self._event_in(e, run.id) for e in admission.admitted)
             extra["admission"] = dataclasses.replace(admission, gated=gated, admitted=admitted)
         stored, created = await self.inner.create_run(
-            self._run_in(run), [self._event_in(e) for e in events], queue_cap=queue_cap, **extra
+            self._run_in(run),
+            [self._event_in(e, run.id) for e in events],
+            queue_cap=queue_cap,
+            **extra,
         )
         return self._run_out(stored), bool(created)
 
@@ -440,7 +240,7 @@ class CodecStore:
         return [self._run_out(r) for r in found]
 
     async def load_events(self, run_id: str) -> list[Event]:
-        return [self._event_out(e) for e in await self.inner.load_events(run_id)]
+        return [self._event_out(e, run_id) for e in await self.inner.load_events(run_id)]
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
         return self._maybe_run_out(await self.inner.claim(run_id, owner, now, lease_expires))
@@ -455,18 +255,25 @@ class CodecStore:
     async def commit(
         self, run_id: str, owner: str | None, now: float, update: Update
     ) -> CommitResult:
+        ctx = (run_id,)
         encoded = dataclasses.replace(
             update,
-            events=[self._event_in(e) for e in update.events],
-            output=update.output if update.output is UNSET else self._enc(update.output),
-            error=update.error if update.error is UNSET else self._enc_error(update.error),
+            events=[self._event_in(e, run_id) for e in update.events],
+            output=(
+                update.output
+                if update.output is UNSET
+                else self._enc(update.output, (run_id, "output"))
+            ),
+            error=update.error if update.error is UNSET else self._enc_error(update.error, ctx),
         )
         res: CommitResult = await self.inner.commit(run_id, owner, now, encoded)
         handed: list[HandOff] = []
         for h in res.handed:  # committed already: a waiter we cannot decode is not our error
             try:
                 handed.append(
-                    HandOff(self._run_out(h.run), tuple(self._event_out(e) for e in h.events))
+                    HandOff(
+                        self._run_out(h.run), tuple(self._event_out(e, h.run.id) for e in h.events)
+                    )
                 )
             except Exception:
                 log.warning(
@@ -482,7 +289,7 @@ class CodecStore:
         if not self.appends_events:  # only to an inner store that has it
             raise TypeError(f"{self.inner!r} does not append events (appends_events)")
         seqs = await self.inner.append_events(
-            run_id, owner, now, [self._event_in(e) for e in events]
+            run_id, owner, now, [self._event_in(e, run_id) for e in events]
         )
         return None if seqs is None else tuple(seqs)
 
@@ -496,14 +303,22 @@ class CodecStore:
         return due
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
-        run = await self.inner.deliver_signal(run_id, name, self._enc(payload), now)
+        encoded = self._enc(payload, (run_id, "signal", name))
+        run = await self.inner.deliver_signal(run_id, name, encoded, now)
         return self._run_out(run)
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
         sig = await self.inner.peek_signal(run_id, name)
         if sig is None:
             return None
-        return InboxSignal(sig.id, sig.name, self._dec(sig.payload))
+        return InboxSignal(sig.id, sig.name, self._dec(sig.payload, (run_id, "signal", sig.name)))
 
 
-__all__ = ["STRING_PREFIX", "AESGCMCodec", "Codec", "CodecError", "CodecStore"]
+__all__ = [
+    "STRING_PREFIX",
+    "AESGCMCodec",
+    "Codec",
+    "CodecError",
+    "CodecStore",
+    "EncryptedStoreError",
+]

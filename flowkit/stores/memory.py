@@ -17,6 +17,14 @@ from .. import singleton as _sg
 from .._run import ADMITTED_TAG, Run, RunStatus
 from ..errors import ConflictError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ..events import Event
+from ._codec_mark import (
+    CODEC_META_KEY,
+    CodecMark,
+    events_carry_payload,
+    refuse,
+    run_carries_payload,
+    update_carries_payload,
+)
 from .base import (
     Admission,
     AdmittedAt,
@@ -46,6 +54,7 @@ class _Data:
     # (workflow, tag) -> ids of active runs carrying it: admission reads only its own key
     by_tag: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
+    meta: dict[str, str] = field(default_factory=dict)  # (the encryption marker)
     signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
 
@@ -61,10 +70,31 @@ class MemoryStore:
     def __init__(self, namespace: str | None = None, *, _data: _Data | None = None) -> None:
         self.namespace = namespace
         self._d = _data if _data is not None else _Data()
+        self._mark = CodecMark()
 
     def scoped(self, namespace: str) -> MemoryStore:
         """A view over the same data that reads and writes only ``namespace``."""
         return MemoryStore(namespace, _data=self._d)
+
+    # -- the encryption marker (flowkit.stores._codec_mark) ------------------------------
+    def bind_codec(self, marker: str) -> None:
+        """Called by a ``CodecStore`` wrapping this object: its payloads come encoded, and
+        ``marker`` is recorded in the store's metadata on the first write through it."""
+        self._mark.bind(marker)
+
+    async def codec_marker(self) -> str | None:
+        """The marker a ``CodecStore`` recorded (``None``: payloads are stored in clear)."""
+        return self._d.meta.get(CODEC_META_KEY)
+
+    def _guard(self) -> str | None:
+        """Record the bound marker; on a plain store, the marker its payload writes must
+        respect (``None``: payloads are stored in clear here)."""
+        mark = self._mark
+        if mark.bound is not None:
+            self._d.meta.setdefault(CODEC_META_KEY, mark.bound)
+            mark.settled = True
+            return None
+        return self._d.meta.get(CODEC_META_KEY)
 
     # -- helpers -----------------------------------------------------------------------
     def _visible(self, run: Run) -> bool:
@@ -143,6 +173,10 @@ class MemoryStore:
         queue_cap: QueueCap | None = None,
         admission: Admission | None = None,
     ) -> tuple[Run, bool]:
+        if not self._mark.settled and (found := self._guard()) is not None:
+            gated = admission.gated if admission is not None else ()
+            if run_carries_payload(run, [*events, *gated]):
+                raise refuse(found, f"create run {run.id!r} with a payload")
         existing = self._d.runs.get(run.id)
         if existing is not None:
             if not self._visible(existing):
@@ -196,6 +230,8 @@ class MemoryStore:
         return list(self._d.events.get(run_id, ()))
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
+        if not self._mark.settled and (found := self._guard()) is not None:
+            raise refuse(found, f"claim run {run_id!r} (running it needs its payloads)")
         run = self._d.runs.get(run_id)
         if run is None or not self._visible(run) or not claimable(run, now):
             return None
@@ -233,6 +269,12 @@ class MemoryStore:
     async def commit(
         self, run_id: str, owner: str | None, now: float, update: Update
     ) -> CommitResult:
+        if (
+            not self._mark.settled
+            and (found := self._guard()) is not None
+            and update_carries_payload(update)
+        ):
+            raise refuse(found, f"commit a payload to run {run_id!r}")
         run = self._get(run_id)
         check_commit(run, owner, now, update)
         inbox = self._d.inbox.get(run_id, [])
@@ -262,6 +304,12 @@ class MemoryStore:
     async def append_events(
         self, run_id: str, owner: str, now: float, events: Sequence[Event]
     ) -> tuple[int, ...] | None:
+        if (
+            not self._mark.settled
+            and (found := self._guard()) is not None
+            and events_carry_payload(events)
+        ):
+            raise refuse(found, f"append a payload to run {run_id!r}")
         run = self._d.runs.get(run_id)
         if (
             run is None
@@ -307,6 +355,8 @@ class MemoryStore:
         return best
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
+        if not self._mark.settled and (found := self._guard()) is not None and payload is not None:
+            raise refuse(found, f"deliver signal {name!r} with a payload to run {run_id!r}")
         run = self._get(run_id)
         sig = InboxSignal(next(self._d.signal_ids), name, payload)
         self._d.inbox.setdefault(run_id, []).append(sig)

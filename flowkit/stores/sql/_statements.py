@@ -132,6 +132,12 @@ class Statements:
             f"SELECT id, name, payload{self.TEXT} FROM flowkit_signals"
             f" WHERE run_id = {p('id')} AND name = {p('name')} ORDER BY id LIMIT 1"
         )
+        # the encryption marker (``flowkit.stores._codec_mark``): read, and recorded once
+        self.get_meta = f"SELECT value FROM flowkit_meta WHERE key = {p('key')}"
+        self.put_meta = (
+            f"INSERT INTO flowkit_meta (key, value) VALUES ({p('key')}, {p('value')})"
+            " ON CONFLICT (key) DO NOTHING"
+        )
         self.consume_signal = (
             f"DELETE FROM flowkit_signals WHERE id = {p('sid')} AND run_id = {p('id')}"
         )

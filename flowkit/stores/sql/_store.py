@@ -16,6 +16,12 @@ from ... import singleton as _sg
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ...events import Event
+from .._codec_mark import (
+    CodecMark,
+    events_carry_payload,
+    run_carries_payload,
+    update_carries_payload,
+)
 from ..base import (
     Admission,
     AdmittedAt,
@@ -31,6 +37,7 @@ from ._commit import Commits, wake_if_free
 from ._connection import RETURNING, ROWCOUNT, ROWS, Conn
 from ._database import Database, check
 from ._group_commit import GroupCommit, Op
+from ._marker import CodecMarked
 from ._rows import (
     LAST_SEQ,
     dumps,
@@ -51,12 +58,16 @@ def _always(_result: Any) -> bool:
     return True
 
 
+def _not_none(value: Any) -> bool:
+    return value is not None
+
+
 def _hit(row: Any) -> bool:
     """``Op.single``: the whole call when its conditional write matched its row."""
     return row is not None
 
 
-class SqlStore:
+class SqlStore(CodecMarked):
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract): ``sqlite:///path/to/file.db`` (several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts); the schema is
@@ -87,6 +98,7 @@ class SqlStore:
         self.namespace = namespace
         self._sql = self._db.statements(namespace)
         self._commits = Commits(self._sql, self._gc)
+        self._mark = CodecMark()
 
     @classmethod
     def check(cls, url: str) -> None:
@@ -148,6 +160,10 @@ class SqlStore:
         queue_cap: QueueCap | None = None,
         admission: Admission | None = None,
     ) -> tuple[Run, bool]:
+        if not self._mark.settled:
+            gated = admission.gated if admission is not None else ()
+            what = f"create run {run.id!r} with a payload"
+            await self._plain(what, run_carries_payload, run, [*events, *gated])
         if self.namespace is not None and run.namespace is None:
             run = dataclasses.replace(run, namespace=self.namespace)
         if queue_cap is not None or admission is not None:
@@ -296,6 +312,8 @@ class SqlStore:
         return await self._gc.read(op)
 
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
+        if not self._mark.settled:
+            await self._plain(f"claim run {run_id!r} (running it needs its payloads)", bool, True)
         params = self._sql.params(id=run_id, owner=owner, until=lease_expires, now=now)
         first = (self._sql.claim, params, RETURNING)
         return await self._gc.write(Op(self._run_or_none, first, run_id, single=_always))
@@ -317,6 +335,8 @@ class SqlStore:
     async def commit(
         self, run_id: str, owner: str | None, now: float, update: Update
     ) -> CommitResult:
+        if not self._mark.settled:
+            await self._plain(f"commit a payload to run {run_id!r}", update_carries_payload, update)
         return await self._gc.write(self._commits.op(run_id, owner, now, update))
 
     async def append_events(
@@ -327,6 +347,8 @@ class SqlStore:
         n = len(events)
         if not n:
             return None
+        if not self._mark.settled:
+            await self._plain(f"append a payload to run {run_id!r}", events_carry_payload, events)
         sql = self._sql
         stmt, whole, counted = sql.append(n)
         params: dict[str, Any] = {"id": run_id, "owner": owner}
@@ -404,6 +426,9 @@ class SqlStore:
         return None if row is None else due_time(to_run(row))
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
+        if not self._mark.settled:
+            what = f"deliver signal {name!r} with a payload to run {run_id!r}"
+            await self._plain(what, _not_none, payload)
         sql = self._sql
         params = self._sql.params(id=run_id, name=name, now=now, payload=dumps(payload))
         both = sql.CTE_WRITES
