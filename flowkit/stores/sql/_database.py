@@ -232,7 +232,7 @@ class Database:
     @property
     def io(self) -> threading.RLock:
         """The lock of the current thread's connection: one transaction at a time on it."""
-        return self._here().io  # type: ignore[return-value]
+        return self._here().io
 
     @property
     def counts(self) -> collections.Counter[str]:
@@ -312,10 +312,15 @@ class Database:
             bound,
         )
         job.timer = None
-        job.finish((StoreUnavailableError(
-            f"the flowkit database {self.shown_url} did not answer within {bound:g} s "
-            "(stall_timeout): the call was abandoned; a write may still have committed"
-        ), None))
+        job.finish(
+            (
+                StoreUnavailableError(
+                    f"the flowkit database {self.shown_url} did not answer within {bound:g} s "
+                    "(stall_timeout): the call was abandoned; a write may still have committed"
+                ),
+                None,
+            )
+        )
 
     @property
     def shown_url(self) -> str:

@@ -238,8 +238,10 @@ class GroupCommit:
         q.busy = True
 
         def done(exc: BaseException | None, value: Any) -> None:
+            live: list[Op[Any]]
+            outcomes: list[Outcome]
             if exc is not None:  # abandoned (or a bug): every call gets the error
-                live, outcomes = ops, [(exc, None)] * len(ops)
+                live, outcomes = ops, [(exc, None) for _ in ops]
             else:
                 live, outcomes = value
             self._hand_out(live, outcomes)
