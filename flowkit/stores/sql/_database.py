@@ -248,7 +248,7 @@ class Database:
     def _lane(self, kind: str) -> Lane:
         with self._lanes_lock:
             lane = self._lanes.get(kind)
-            if lane is None:
+            if lane is None or not lane.usable:
                 lane = self._lanes[kind] = Lane(f"flowkit-{kind}", self.stats.part(), thread=True)
                 lane.start(self._serve)
             return lane

@@ -22,6 +22,10 @@ Outcome = tuple[BaseException | None, Any]
 
 QUEUED, STARTED, DONE = 0, 1, 2
 
+IDLE_EXIT = 60.0
+"""Seconds without a job after which a lane's thread closes its connection and exits (a
+store nobody closes leaves no thread behind; the next call starts a fresh lane)."""
+
 
 class Stats(Mapping[str, int]):
     """``Database.stats``: the counters of every lane (each thread counts into its own
@@ -128,6 +132,11 @@ class Lane:
         assert self.thread is not None
         self.thread.start()
 
+    @property
+    def usable(self) -> bool:
+        """Still taking jobs (not retired, stopped or exited for idleness)."""
+        return not (self.retired or self.stopping)
+
     def put(self, job: Job) -> bool:
         """Queue ``job``; ``False`` when this lane was retired or stopped meanwhile."""
         with self.cond:
@@ -158,11 +167,13 @@ class Lane:
 
     def _main(self) -> None:
         self._on_thread(self)
+        self._on_thread = _no_setup  # (holds nothing of the database from now on)
         try:
             while True:
                 with self.cond:
                     while not self.jobs and not (self.stopping or self.retired):
-                        self.cond.wait()
+                        if not self.cond.wait(IDLE_EXIT) and not self.jobs:
+                            self.stopping = True  # idle: a fresh lane serves the next call
                     if self.retired or not self.jobs:
                         break
                     job = self.jobs.popleft()
