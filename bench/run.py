@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _results
 import dbos_bench
 import handover_bench
+import latency_bench
 import lock_bench
 import replay_bench
 import singleton_bench
@@ -50,6 +51,7 @@ def main() -> int:
             "replay": lambda: replay_bench.main(args.smoke),
             "sqlite_lock_wait": lambda: lock_bench.main(args.smoke, Path(tmp)),
             "timer_lateness": lambda: timer_bench.main(args.smoke, pg_url, Path(tmp)),
+            "latency": lambda: latency_bench.main(args.smoke, pg_url),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

@@ -118,14 +118,17 @@ async def test_a_dropped_connection_is_replaced_and_the_call_retried(
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
 
     def kill() -> None:
-        conn = s._db.conn
-        assert conn is not None
+        conns = s._db.connections()  # (the write lane's and the read lane's)
+        assert len(conns) == 2
         with engine.connect() as admin:
-            admin.exec_driver_sql(f"SELECT pg_terminate_backend({conn.dbapi.info.backend_pid})")
+            for conn in conns:
+                pid = conn.dbapi.info.backend_pid
+                admin.exec_driver_sql(f"SELECT pg_terminate_backend({pid})")
         time.sleep(0.05)
 
     try:
         await put(s, mk("r"))
+        assert (await s.get_run("r")) is not None  # (the read lane's connection opens)
         kill()
         assert (await s.get_run("r")) is not None  # a read
         kill()

@@ -341,14 +341,28 @@ async def test_a_cancelled_caller_in_the_queue_writes_nothing(gc_backend: Backen
     assert a is not None and a.lease_owner is None
 
 
-def test_a_sequential_write_runs_at_once_without_yielding(tmp_path: Path) -> None:
+def test_a_sequential_write_goes_to_the_write_lane_at_once(tmp_path: Path) -> None:
+    """A write nothing could join is not held for a flush: it is on the write lane (the I/O
+    thread) as soon as it is issued, and the loop is free while it runs. An in-memory
+    database (one per connection) has no I/O thread: there it completes without yielding."""
     store = SqlStore(f"sqlite:///{tmp_path / 'seq.db'}", group_commit=True)
+    memory = SqlStore("sqlite://", group_commit=True)
 
     async def main() -> None:
         await put(store, mk("r"))
         loop = asyncio.get_running_loop()
         assert not getattr(loop, "_ready", [1])  # nothing else is ready to run
         coro = store.claim("r", "w", T0, T0 + 30)
+        fut = coro.send(None)  # (it yields: the loop waits for the I/O thread)
+        q = store._gc._queues[loop]
+        assert q.busy and not q.pending and not q.scheduled  # sent, no flush scheduled
+        await asyncio.wait([fut])
+        with pytest.raises(StopIteration) as sent:
+            coro.send(None)
+        assert sent.value.value is not None and sent.value.value.lease_owner == "w"
+
+        await put(memory, mk("r"))
+        coro = memory.claim("r", "w", T0, T0 + 30)
         with pytest.raises(StopIteration) as done:  # completed within its first step
             coro.send(None)
         assert done.value.value is not None and done.value.value.lease_owner == "w"
@@ -357,6 +371,7 @@ def test_a_sequential_write_runs_at_once_without_yielding(tmp_path: Path) -> Non
         asyncio.run(main())
     finally:
         store.close()
+        memory.close()
 
 
 @pytest.mark.parametrize("check", list(CHECKS))

@@ -102,6 +102,14 @@ class Conn:
             else:
                 self.fairy.close()
 
+    def discard(self) -> None:
+        """Close for good, never back to the pool (an abandoned connection: its state is
+        unknown)."""
+        with contextlib.suppress(Exception):
+            self.cur.close()
+        with contextlib.suppress(Exception):
+            self.fairy.invalidate()
+
     def broken(self) -> bool:
         c = self.dbapi
         return bool(getattr(c, "closed", False) or getattr(c, "broken", False))

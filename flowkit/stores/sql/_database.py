@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from ...errors import NotAFlowkitDatabaseError, StoreUnavailableError, UnsupportedDatabaseError
 from . import _wakeup
 from ._connection import Conn, log
+from ._iothread import DONE, QUEUED, Job, Lane, Stats
 from ._postgres import PgConn, PgStatements
 from ._schema import ensure_schema
 from ._sqlite import READ_ONLY, SqliteConn, SqliteStatements, setup_engine
@@ -144,12 +145,50 @@ def _nothing() -> None:
     pass
 
 
+STALL_TIMEOUT = 10.0
+"""Seconds a store call may stay stuck on its connection before it is abandoned (the
+default of ``SqlStore(stall_timeout=...)`` and of the URL's ``flowkit_stall_timeout``): well
+below the default lease TTL (30 s), so a worker learns of a stalled database while its leases
+still hold."""
+
+_STALL_PARAM = "flowkit_stall_timeout"
+
+
+def _take_stall_timeout(url: str) -> tuple[str, float | None]:
+    """``url`` without flowkit's own ``flowkit_stall_timeout`` query option, and its value
+    (seconds; ``0``/``none``: never abandon) when it was there."""
+    try:
+        u = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        return url, None  # (``create_engine`` says what is wrong)
+    if _STALL_PARAM not in u.query:
+        return url, None
+    raw = u.query[_STALL_PARAM]
+    text = raw if isinstance(raw, str) else raw[-1]
+    rest = u.difference_update_query([_STALL_PARAM])
+    if text.lower() in ("", "0", "none", "off"):
+        return rest.render_as_string(hide_password=False), 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise UnsupportedDatabaseError(f"{_STALL_PARAM} must be a number of seconds") from None
+    if not value >= 0:
+        raise UnsupportedDatabaseError(f"{_STALL_PARAM} must be a number of seconds")
+    return rest.render_as_string(hide_password=False), value
+
+
 class Database:
     """One engine, shared by a ``SqlStore`` and its scoped views; the schema is checked (and
-    created) once, on the first use. The store's calls run on its one ``Conn`` (``connection``),
-    one at a time (``io``). ``stats`` counts transactions, statements and batches."""
+    created) once, on the first use. The async face runs the store's calls on I/O threads
+    (``_iothread.Lane``: one for writes, one for reads, each with its own ``Conn``); calls made
+    without a running loop or without group commit run inline on the caller's thread, on the
+    inline lane's connection, one at a time (``io``). ``conn`` and ``io`` are those of the lane
+    the current thread serves. ``stats`` counts transactions, statements and batches."""
 
-    def __init__(self, url: str, *, wakeups: bool = True) -> None:
+    def __init__(
+        self, url: str, *, wakeups: bool = True, stall_timeout: float | None = None
+    ) -> None:
+        url, from_url = _take_stall_timeout(url)
         self.engine = create_engine(url)
         self.dialect = self.engine.dialect.name
         self.kind = DIALECTS[self.dialect]
@@ -160,10 +199,128 @@ class Database:
         # the wake-up watchers, one hub per event loop (``_wakeup``)
         self._hubs: dict[asyncio.AbstractEventLoop, _wakeup.Hub] = {}
         self._hub_lock = threading.Lock()
-        self.stats: collections.Counter[str] = collections.Counter()
-        self.io = threading.RLock()  # the one Conn, one transaction at a time
-        self.conn: Conn | None = None
+        self.stats = Stats()
+        if stall_timeout is None:
+            stall_timeout = STALL_TIMEOUT if from_url is None else from_url
+        if not stall_timeout >= 0:
+            raise ValueError("stall_timeout must be a number of seconds (0: never abandon)")
+        self.stall_timeout = float(stall_timeout)  # 0: never abandon a call
+        # an in-memory SQLite database is one per connection (per thread): it runs inline
+        memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
+        self.threaded = not memory  # whether the async face uses the I/O threads
+        self.read_lane = True  # reads on a lane of their own (not behind write batches)
+        self._local = threading.local()
+        self._inline = Lane("flowkit-inline", self.stats.part(), thread=False)
+        self._lanes: dict[str, Lane] = {}
+        self._lanes_lock = threading.Lock()
         self.dbapi_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+
+    # -- the lanes: the current thread's connection, the I/O threads ---------------------------
+    def _here(self) -> Lane:
+        lane: Lane | None = getattr(self._local, "lane", None)
+        return self._inline if lane is None else lane
+
+    @property
+    def conn(self) -> Conn | None:
+        """The connection of the lane the current thread serves (``None``: not open yet)."""
+        return self._here().conn
+
+    @conn.setter
+    def conn(self, c: Conn | None) -> None:
+        self._here().conn = c
+
+    @property
+    def io(self) -> threading.RLock:
+        """The lock of the current thread's connection: one transaction at a time on it."""
+        return self._here().io
+
+    @property
+    def counts(self) -> collections.Counter[str]:
+        """The current thread's part of ``stats``, to count into."""
+        return self._here().counts
+
+    def connections(self) -> list[Conn]:
+        """Every open connection of the store (tests)."""
+        with self._lanes_lock:
+            lanes = [self._inline, *self._lanes.values()]
+        return [lane.conn for lane in lanes if lane.conn is not None]
+
+    def _lane(self, kind: str) -> Lane:
+        with self._lanes_lock:
+            lane = self._lanes.get(kind)
+            if lane is None or not lane.usable:
+                lane = self._lanes[kind] = Lane(f"flowkit-{kind}", self.stats.part(), thread=True)
+                lane.start(self._serve)
+            return lane
+
+    def _serve(self, lane: Lane) -> None:
+        """(on a lane's thread) The thread serves ``lane``: ``conn``, ``io`` are its."""
+        self._local.lane = lane
+
+    def submit(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Callable[[], Any],
+        on_done: Callable[[BaseException | None, Any], None],
+        *,
+        read: bool = False,
+        fut: asyncio.Future[Any] | None = None,
+    ) -> None:
+        """Run ``fn()`` on the write lane (``read``: the read lane), then ``on_done(exc,
+        value)`` on ``loop``. Without I/O threads (an in-memory database) both run now."""
+        job = Job(fn, loop, on_done, fut)
+        if not self.threaded:
+            try:
+                out: tuple[BaseException | None, Any] = (None, fn())
+            except Exception as exc:
+                out = (exc, None)
+            job.finish(out)
+            return
+        kind = "read" if read and self.read_lane else "write"
+        while not self._lane(kind).put(job):
+            pass  # (retired or stopped meanwhile: a fresh lane takes it)
+        if self.stall_timeout:
+            job.timer = loop.call_later(self.stall_timeout, self._check, job)
+
+    def _check(self, job: Job) -> None:
+        """(on the job's loop) Abandon ``job`` if it has been running on its connection for
+        ``stall_timeout``: its caller gets ``StoreUnavailableError`` now, its lane is retired
+        and a fresh one runs what was queued behind it."""
+        lane = job.lane
+        assert lane is not None
+        bound = self.stall_timeout
+        with lane.cond:
+            if job.state == DONE:
+                return
+            left = bound if job.state == QUEUED else job.started + bound - job.loop.time()
+            if left > 0 or lane.current is not job:
+                job.timer = job.loop.call_later(max(left, 0.001), self._check, job)
+                return
+            job.state = DONE  # abandoned: the thread discards what the call returns
+            moved = lane.retire()
+        with self._lanes_lock:
+            kind = next((k for k, v in self._lanes.items() if v is lane), None)
+            if kind is not None:
+                del self._lanes[kind]
+        for queued in moved:
+            target = self._lane(kind or "write")
+            while not target.put(queued):
+                target = self._lane(kind or "write")
+        log.warning(
+            "a call to the flowkit database %s stalled for %.1f s: its connection is abandoned",
+            self.shown_url,
+            bound,
+        )
+        job.timer = None
+        job.finish(
+            (
+                StoreUnavailableError(
+                    f"the flowkit database {self.shown_url} did not answer within {bound:g} s "
+                    "(stall_timeout): the call was abandoned; a write may still have committed"
+                ),
+                None,
+            )
+        )
 
     @property
     def shown_url(self) -> str:
@@ -208,10 +365,15 @@ class Database:
             self._hubs.clear()
         for hub in hubs:
             hub.stop()
-        with self.io:
-            if self.conn is not None:
-                self.conn.close()
-                self.conn = None
+        with self._lanes_lock:
+            lanes = list(self._lanes.values())
+            self._lanes.clear()
+        for lane in lanes:
+            lane.stop(self.stall_timeout or None)
+        with self._inline.io:
+            c, self._inline.conn = self._inline.conn, None
+            if c is not None:
+                c.close()
         self.engine.dispose()
 
     # -- wake-ups across processes (``_wakeup``) ----------------------------------------------
@@ -265,7 +427,7 @@ class Database:
             raise StoreUnavailableError(
                 f"cannot connect to the flowkit database {self.shown_url}: {exc.orig}"
             ) from exc
-        c = self.conn = self.kind.conn(fairy, self.stats)
+        c = self.conn = self.kind.conn(fairy, self.counts)
         return c
 
     def drop(self, c: Conn) -> None:
@@ -335,7 +497,7 @@ class Database:
             for attempt in (0, 1):
                 c = self.connection()
                 c.statements = 0
-                self.stats["read_tx"] += 1
+                self.counts["read_tx"] += 1
                 try:
                     return fn(c)
                 except Exception as exc:
@@ -370,7 +532,7 @@ class Database:
                     if attempt == 0 and self.terminated(c, exc):
                         continue
                     raise self.failed(c, exc) from exc
-                stats = self.stats
+                stats = self.counts
                 stats["statements"] += 1
                 stats["write_tx"] += 1
                 stats["single"] += 1

@@ -100,81 +100,181 @@ def _finish(outcome: Outcome) -> Outcome:
     return outcome
 
 
+class _Queue:
+    """One event loop's writes: ``pending`` wait for the next batch; ``busy``: a batch (or a
+    lone call) of this loop is on the write lane; ``scheduled``: a flush is scheduled."""
+
+    __slots__ = ("busy", "pending", "scheduled")
+
+    def __init__(self) -> None:
+        self.pending: list[Op[Any]] = []
+        self.busy = False
+        self.scheduled = False
+
+
 class GroupCommit:
     """The write calls of the store objects on one ``Database``. ``enabled`` (the store's
-    ``group_commit``): concurrent calls share transactions; without, every call runs at once
-    in a transaction of its own and never yields to the event loop (``TestEnv`` needs that)."""
+    ``group_commit``): concurrent calls share transactions, run on the database's I/O
+    threads, *pipelined* (while one batch is on the write lane, the writes issued meanwhile
+    gather for the next); without, every call runs at once on the caller's thread in a
+    transaction of its own and never yields to the event loop (``TestEnv`` needs that)."""
 
     def __init__(self, db: Database, *, enabled: bool = True) -> None:
         self.db = db
         self.enabled = enabled
-        self.stats = db.stats
-        # the calls waiting for a scheduled flush, per event loop (each loop touches only its
-        # own list; the connection itself is shared under ``db.io``)
-        self._queues: dict[asyncio.AbstractEventLoop, list[Op[Any]]] = {}
+        # the writes of each event loop (each loop touches only its own ``_Queue``)
+        self._queues: dict[asyncio.AbstractEventLoop, _Queue] = {}
+
+    @property
+    def stats(self) -> Any:
+        """The current thread's counters (``Database.counts``)."""
+        return self.db.counts
 
     # -- the async face -----------------------------------------------------------------------
     async def read(self, fn: Callable[[Conn], T]) -> T:
-        return self.db.run_read(fn)
+        """``fn`` on a connection outside a write transaction: on the read lane (inline
+        without group commit). Cancelling the caller skips it if it has not started."""
+        db = self.db
+        if not self.enabled:
+            return db.run_read(fn)
+        return await self.call(lambda: db.run_read(fn), read=True)
+
+    async def call(self, fn: Callable[[], T], *, read: bool = True) -> T:
+        """``fn()`` on an I/O thread (the read lane, or the write lane), inline without
+        group commit; the caller awaits it and may be cancelled."""
+        if not self.enabled:
+            return fn()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def done(exc: BaseException | None, value: Any) -> None:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(exc)
+
+        self.db.submit(loop, fn, done, read=read, fut=fut)
+        return await fut
 
     async def write(self, op: Op[T]) -> T:
         """Run ``op`` in a write transaction and return its result once it is committed.
-        While other coroutines of this event loop are ready to run, the call is queued and a
-        flush is scheduled behind them (``loop.call_soon``): every write they issue before it
-        runs joins the same transaction. A call nothing could join runs at once."""
-        if self.enabled:
-            loop = asyncio.get_running_loop()
-            queue = self._queues.get(loop)
-            if queue is not None:  # a flush is scheduled: join it
-                op.fut = loop.create_future()
-                queue.append(op)
-                return cast(T, await op.fut)
+        The call joins its loop's pending batch. While other coroutines of the loop are
+        ready to run, the flush is scheduled behind them (``loop.call_soon``), so every write
+        they issue joins; while a batch of the loop is on the write lane, the next one
+        gathers until it returns. A call nothing could join goes at once."""
+        if not self.enabled:
+            return self.run_write(op)
+        loop = asyncio.get_running_loop()
+        q = self._queues.get(loop)
+        if q is None:
+            q = self._queues[loop] = _Queue()
+        op.fut = loop.create_future()
+        q.pending.append(op)
+        if not (q.busy or q.scheduled):
             if others_ready(loop):
-                op.fut = loop.create_future()
-                self._queues[loop] = [op]
-                loop.call_soon(self._flush, loop)
-                return cast(T, await op.fut)
-        return self.run_write(op)
+                q.scheduled = True
+                loop.call_soon(self._flush, loop, q)
+            else:
+                self._flush(loop, q)
+        return cast(T, await op.fut)
+
+    async def direct(self, fn: Callable[[], T]) -> T:
+        """``fn()`` (a lone write statement, ``Database.returning_now``) on the write lane as
+        a batch of its own: the loop's next writes gather behind it."""
+        if not self.enabled:
+            return fn()
+        loop = asyncio.get_running_loop()
+        q = self._queues.get(loop)
+        if q is None:
+            q = self._queues[loop] = _Queue()
+        fut: asyncio.Future[T] = loop.create_future()
+        q.busy = True
+
+        def done(exc: BaseException | None, value: Any) -> None:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(exc)
+            self._next(loop, q)
+
+        self.db.submit(loop, fn, done)
+        return await fut
 
     def idle(self) -> bool:
-        """Nothing could join a write issued now: no group commit, or none scheduled on this
-        event loop and no other coroutine ready to run (what ``write`` checks)."""
+        """Nothing could join a write issued now: no group commit, or no batch of this event
+        loop pending or on the write lane and no other coroutine ready to run."""
         if not self.enabled:
             return True
         loop = asyncio.get_running_loop()
-        return loop not in self._queues and not others_ready(loop)
+        q = self._queues.get(loop)
+        if q is not None and (q.busy or q.scheduled or q.pending):
+            return False
+        return not others_ready(loop)
 
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        ops = [op for op in self._queues.pop(loop, ()) if not op.fut.cancelled()]
+    def _flush(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        q.scheduled = False
+        ops = [op for op in q.pending if not op.fut.cancelled()]
+        q.pending = []
         if not ops:
+            self._next(loop, q)
             return
+        later: list[Op[Any]] = []
         if self.db.pg and any(op.releasing for op in ops):
             # A one-statement release hands its slot over in one round trip with the other
             # single-statement calls; calls that need more round trips must not hold its
-            # handover up: they commit on their own right after its callers resumed (once: a
-            # stream of releases cannot keep postponing them).
+            # handover up: they commit as the next batch, right after its callers were
+            # handed their results (once: a stream of releases cannot keep postponing them).
             later = [op for op in ops if op.single is None]
             if later:
-                try:
-                    self._run(loop, [op for op in ops if op.single is not None])
-                finally:
-                    loop.call_soon(self._run, loop, later)
-                return
-        self._run(loop, ops)
+                ops = [op for op in ops if op.single is not None]
+        self._send(loop, q, ops, later)
 
-    def _run(self, loop: asyncio.AbstractEventLoop, ops: list[Op[Any]]) -> None:
-        """Run ``ops`` as one group commit and hand out their outcomes."""
+    def _send(
+        self, loop: asyncio.AbstractEventLoop, q: _Queue, ops: list[Op[Any]], later: list[Op[Any]]
+    ) -> None:
+        """``ops`` as one group commit on the write lane; then ``later`` as the next."""
+        q.busy = True
+
+        def done(exc: BaseException | None, value: Any) -> None:
+            live: list[Op[Any]]
+            outcomes: list[Outcome]
+            if exc is not None:  # abandoned (or a bug): every call gets the error
+                live, outcomes = ops, [(exc, None) for _ in ops]
+            else:
+                live, outcomes = value
+            self._hand_out(live, outcomes)
+            if later:
+                self._send(loop, q, later, [])
+            else:
+                self._next(loop, q)
+
+        self.db.submit(loop, lambda: self._run(ops), done)
+
+    def _next(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        """A batch of ``loop`` returned: the writes issued meanwhile go now, as the next."""
+        q.busy = False
+        if q.scheduled:
+            return
+        if q.pending:
+            self._flush(loop, q)
+        elif self._queues.get(loop) is q:
+            del self._queues[loop]
+
+    def _run(self, ops: list[Op[Any]]) -> tuple[list[Op[Any]], list[Outcome]]:
+        """(on the write lane) ``ops`` as one group commit, but for the calls whose callers
+        gave up before it started: the calls run and their outcomes."""
         ops = [op for op in ops if not op.fut.cancelled()]
         if not ops:
-            return
+            return ops, []
         try:
-            outcomes = self.run_batch(ops)
+            return ops, self.run_batch(ops)
         except Exception as failure:  # pragma: no cover - a bug: never leave a caller waiting
-            outcomes = [(failure, None)] * len(ops)
-        except BaseException:
-            for op in ops:
-                op.fut.cancel()
-            raise
+            return ops, [(failure, None)] * len(ops)
+
+    @staticmethod
+    def _hand_out(ops: list[Op[Any]], outcomes: list[Outcome]) -> None:
         # callers resume in the order their futures complete: the calls that serialize on a
         # singleton key (a release handing its slot over, an admission) first
         done = sorted(zip(ops, outcomes, strict=True), key=lambda pair: not pair[0].locks)

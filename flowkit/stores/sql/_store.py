@@ -74,7 +74,11 @@ class SqlStore(CodecMarked):
     created on first use. ``namespace`` scopes it like ``MemoryStore(namespace)``.
     ``group_commit``: concurrent writes of one event loop share transactions (``False``: each
     runs at once and never yields, as ``TestEnv`` needs); ``wakeups``: ``watch`` listens for
-    other processes' wake-ups. Both are shared with the scoped views. See docs/stores.md."""
+    other processes' wake-ups; ``stall_timeout``: seconds a call may stay stuck on its
+    connection before it is abandoned with ``StoreUnavailableError`` (default 10; ``0``:
+    never; also the URL's ``flowkit_stall_timeout``). All are shared with the scoped views.
+    With group commit the calls run on I/O threads and the event loop never waits for the
+    database. See docs/stores.md."""
 
     admits_on_create = True
     records_admission = True
@@ -87,10 +91,11 @@ class SqlStore(CodecMarked):
         namespace: str | None = None,
         group_commit: bool = True,
         wakeups: bool = True,
+        stall_timeout: float | None = None,
         _view_of: SqlStore | None = None,
     ) -> None:
         if _view_of is None:
-            self._db = Database(url, wakeups=wakeups)
+            self._db = Database(url, wakeups=wakeups, stall_timeout=stall_timeout)
             self._gc = GroupCommit(self._db, enabled=group_commit)
         else:
             self._db, self._gc = _view_of._db, _view_of._gc
@@ -298,8 +303,13 @@ class SqlStore(CodecMarked):
         q = q.order_by(r.created_at, sa.literal_column(self._sql.BY_ID))  # (code points)
         if limit is not None:
             q = q.limit(limit)
-        with self._db.tx(write=False) as conn:
-            out = [run_from_mapping(row) for row in conn.execute(q)]
+        db = self._db
+
+        def read() -> list[Run]:
+            with db.tx(write=False) as conn:
+                return [run_from_mapping(row) for row in conn.execute(q)]
+
+        out = await self._gc.call(read)
         return out if tag is None else [run for run in out if tag in run.tags]
 
     async def load_events(self, run_id: str) -> list[Event]:
@@ -371,7 +381,8 @@ class SqlStore(CodecMarked):
             return tuple(range(last - n + 1, last + 1))
 
         if whole and self._gc.idle():  # (a step of a run alone: the common case)
-            row = self._db.returning_now(stmt, params)
+            db = self._db
+            row = await self._gc.direct(lambda: db.returning_now(stmt, params))
             if row is None:
                 return None
             last = int(row[-1])
