@@ -41,6 +41,7 @@ from .base import (
     Update,
     records_admission,
 )
+from .limits import check_json, payload_limit
 
 STRING_PREFIX = "$codec:"
 """Marks an encoded value stored in a string-typed field (error messages)."""
@@ -309,6 +310,7 @@ class CodecStore:
 
     # -- value encoding -------------------------------------------------------------------
     def _enc(self, value: Any) -> Any:
+        check_json("a payload", value, payload_limit(self))  # (docs/stores.md, "Limits")
         return None if value is None else self.codec.encode(value)
 
     def _dec(self, value: Any) -> Any:

@@ -16,6 +16,7 @@ from ... import singleton as _sg
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ...events import Event
+from .. import limits as _limits
 from ..base import (
     Admission,
     AdmittedAt,
@@ -76,8 +77,17 @@ class SqlStore:
         namespace: str | None = None,
         group_commit: bool = True,
         wakeups: bool = True,
+        max_payload_bytes: int | None = None,
         _view_of: SqlStore | None = None,
     ) -> None:
+        if namespace is not None:
+            _limits.check_identifier("namespace", namespace, _limits.MAX_NAMESPACE_LENGTH)
+        if max_payload_bytes is None:  # (a view: its store's)
+            max_payload_bytes = (
+                _view_of.max_payload_bytes if _view_of else _limits.DEFAULT_MAX_PAYLOAD_BYTES
+            )
+        self.max_payload_bytes: int = max_payload_bytes
+        """The largest payload it keeps, in bytes of JSON (docs/stores.md, "Limits")."""
         if _view_of is None:
             self._db = Database(url, wakeups=wakeups)
             self._gc = GroupCommit(self._db, enabled=group_commit)
@@ -148,6 +158,7 @@ class SqlStore:
         queue_cap: QueueCap | None = None,
         admission: Admission | None = None,
     ) -> tuple[Run, bool]:
+        _limits.check_run(run, events, self.max_payload_bytes)
         if self.namespace is not None and run.namespace is None:
             run = dataclasses.replace(run, namespace=self.namespace)
         if queue_cap is not None or admission is not None:
@@ -257,6 +268,9 @@ class SqlStore:
         return run
 
     async def get_run(self, run_id: str) -> Run | None:
+        if not _limits.storable(run_id):  # (no such run: PostgreSQL refuses to look NUL up)
+            return None
+
         def op(c: Conn) -> Run | None:
             row = c.one(self._sql.get_run, self._sql.params(id=run_id))
             return None if row is None else to_run(row)
@@ -287,6 +301,9 @@ class SqlStore:
         return out if tag is None else [run for run in out if tag in run.tags]
 
     async def load_events(self, run_id: str) -> list[Event]:
+        if not _limits.storable(run_id):
+            raise RunNotFoundError(run_id)
+
         def op(c: Conn) -> list[Event]:
             evs = runs.history(self._sql, c, run_id)
             if evs is None:
@@ -317,6 +334,7 @@ class SqlStore:
     async def commit(
         self, run_id: str, owner: str | None, now: float, update: Update
     ) -> CommitResult:
+        _limits.check_update(update, self.max_payload_bytes)
         return await self._gc.write(self._commits.op(run_id, owner, now, update))
 
     async def append_events(
@@ -327,6 +345,7 @@ class SqlStore:
         n = len(events)
         if not n:
             return None
+        _limits.check_events(events, self.max_payload_bytes)
         sql = self._sql
         stmt, whole, counted = sql.append(n)
         params: dict[str, Any] = {"id": run_id, "owner": owner}
@@ -404,6 +423,7 @@ class SqlStore:
         return None if row is None else due_time(to_run(row))
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
+        _limits.check_signal(name, payload, self.max_payload_bytes)
         sql = self._sql
         params = self._sql.params(id=run_id, name=name, now=now, payload=dumps(payload))
         both = sql.CTE_WRITES
@@ -424,6 +444,8 @@ class SqlStore:
         return await self._gc.write(Op(rest, (stmt, params, RETURNING), run_id, single=single))
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
+        if not (_limits.storable(run_id) and _limits.storable(name)):
+            return None
         sql = self._sql
 
         def op(c: Conn) -> Any:
