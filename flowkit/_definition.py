@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from . import _annotations
+from . import _annotations, _limits
 
 _DEF_ATTR = "__flowkit_workflow__"
 T = TypeVar("T", bound=type)
@@ -207,6 +207,10 @@ def _declare(
         raise TypeError("@workflow decorates a class")
     if singleton is not None and not isinstance(singleton, Singleton):
         raise ValueError("singleton= takes a flowkit.Singleton(...)")
+    for what, value in (("name", name or klass.__name__), ("version", str(version))):
+        problem = _limits.identifier_problem(value, _limits.MAX_WORKFLOW_NAME_LENGTH)
+        if problem is not None:  # (no store could keep its runs)
+            raise ValueError(f"@workflow {what} {problem}")
     defn = WorkflowDefinition(
         cls=klass,
         name=name or klass.__name__,

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from . import _gate as gate
 from ._clock import Clock
 from ._definition import WorkflowDefinition
+from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from ._replay import (
     Activation,
     Cancelled,
@@ -59,6 +60,8 @@ class WorkerConfig:
     blocked_retry: float = 60.0  # seconds before a blocked run replays its code again
     # False leaves handover to the waiters' re-check timer (benchmarks, diagnostics)
     notify_on_release: bool = True
+    # the largest payload an activation records (``Engine(max_payload_bytes=...)``)
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
 
 class Seat(Protocol):
@@ -99,6 +102,10 @@ class _Host:
 
     def now(self) -> float:
         return self._d.clock.now()
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._d.config.max_payload_bytes
 
     async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
         d = self._d

@@ -18,7 +18,7 @@ from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
 from ._history import History
-from ._run import MAX_ID_LENGTH, RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._worker import Worker, WorkerConfig
 from .errors import (
     InvalidInputError,
@@ -33,6 +33,7 @@ from .errors import (
     WorkflowNotFoundError,
 )
 from .events import CancelRequested, RunRetried, RunStarted
+from .stores import limits
 from .stores.base import AdmitsOnCreate, ConflictError, Store, Update
 
 T = TypeVar("T")
@@ -88,8 +89,13 @@ class Engine:
         blocked_retry: float = 60.0,
         bus: Bus | None = None,
         notify_on_release: bool = True,
+        max_payload_bytes: int | None = None,
     ) -> None:
         rng = rng or random.Random()
+        if instance_id is not None:
+            limits.check_identifier("instance_id", instance_id, limits.MAX_NAMESPACE_LENGTH)
+        if namespace is not None:
+            limits.check_identifier("namespace", namespace, limits.MAX_NAMESPACE_LENGTH)
         self.config = WorkerConfig(
             store=store,
             clock=clock or SystemClock(),
@@ -101,6 +107,10 @@ class Engine:
             max_concurrency=max_concurrency,
             blocked_retry=blocked_retry,
             notify_on_release=notify_on_release,
+            # (None: what the store keeps; docs/stores.md, "Limits")
+            max_payload_bytes=limits.payload_limit(store)
+            if max_payload_bytes is None
+            else max_payload_bytes,
         )
         self.namespace = namespace
         self.is_worker = worker
@@ -120,6 +130,7 @@ class Engine:
     max_concurrency = _Setting[int]()
     blocked_retry = _Setting[float]()
     notify_on_release = _Setting[bool]()
+    max_payload_bytes = _Setting[int]()
 
     # -- registration ------------------------------------------------------------------
     def register(self, wf: Any) -> None:
@@ -211,14 +222,11 @@ class Engine:
         refused (input the current code rejects, a store without singleton admission)."""
         defn = self._resolve(workflow)
         if run_id is not None:
-            if not isinstance(run_id, str) or not run_id:
-                raise ValueError("run_id must be a non-empty string")
-            if len(run_id) > MAX_ID_LENGTH:
-                raise ValueError(
-                    f"run_id is {len(run_id)} characters long; at most {MAX_ID_LENGTH} are kept"
-                )
+            limits.check_identifier("run_id", run_id, limits.MAX_RUN_ID_LENGTH, defn.name)
         if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
             raise TypeError("tags must be a sequence of strings")
+        for t in tags:
+            limits.check_identifier("tag", t, limits.MAX_TAG_LENGTH, defn.name)
         try:
             input_json, clean, key = self._admissible(defn, input, tags)
         except (InvalidInputError, UnsupportedStoreError):
@@ -281,7 +289,9 @@ class Engine:
         except ValidationError as exc:
             raise InvalidInputError(defn.name, str(exc)) from None
         try:
-            input_json = _serde.to_json(value, defn.input_adapter, what="workflow input")
+            input_json = _serde.to_json(
+                value, defn.input_adapter, "workflow input", self.config.max_payload_bytes
+            )
         except SerializationError as exc:
             raise InvalidInputError(defn.name, str(exc)) from None
         clean = [
@@ -296,10 +306,14 @@ class Engine:
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it."""
-        if not isinstance(name, str) or not name:
-            raise ValueError("signal name must be a non-empty string")
-        data = _serde.to_json(payload, what=f"payload of signal {name!r}")
+        limits.check_identifier("signal name", name, limits.MAX_SIGNAL_NAME_LENGTH)
         run = await self._get(run_id)
+        try:
+            data = _serde.to_json(
+                payload, what=f"payload of signal {name!r}", max_bytes=self.max_payload_bytes
+            )
+        except SerializationError as exc:
+            raise InvalidInputError(run.workflow, str(exc)) from None
         if run.status.terminal:
             raise RunStateError(run_id, run.status, f"signal {name!r} cannot be delivered")
         now = self.clock.now()
@@ -482,6 +496,8 @@ class Engine:
         raise WorkflowFailedError(run.id, err, cause)
 
     async def _get(self, run_id: str) -> Run:
+        if not limits.storable(run_id):  # (no store holds such an id)
+            raise RunNotFoundError(run_id)
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFoundError(run_id)

@@ -13,10 +13,11 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
+from . import _limits
 from ._clock import Clock
 from ._definition import WorkflowDefinition
 from ._eager import start_next
-from ._run import MAX_ID_LENGTH, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._run import SINGLETON_TAG_PREFIX, Run, RunStatus
 from .errors import InvalidInputError, UnsupportedStoreError
 from .events import (
     CancelRequested,
@@ -100,12 +101,9 @@ def singleton_key(defn: WorkflowDefinition, value: Any, store: Store) -> str | N
         raise InvalidInputError(
             defn.name, f"singleton key() must return a non-empty str, got {key!r}"
         )
-    if len(key) > MAX_ID_LENGTH:
-        raise InvalidInputError(
-            defn.name,
-            f"singleton key() returned {len(key)} characters ({key[:40]!r}...); "
-            f"every store keeps at most {MAX_ID_LENGTH}",
-        )
+    problem = _limits.identifier_problem(key, _limits.MAX_SINGLETON_KEY_LENGTH)
+    if problem is not None:
+        raise InvalidInputError(defn.name, f"singleton key() returned a key that {problem}")
     return key
 
 

@@ -7,6 +7,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._limits import MAX_RUN_ID_LENGTH
+
 
 class RunStatus(enum.StrEnum):
     """Lifecycle of a run. ``completed``, ``failed`` and ``cancelled`` are terminal."""
@@ -36,8 +38,8 @@ SINGLETON_TAG_PREFIX = "singleton:"
 ADMITTED_TAG = "flowkit:singleton:admitted"
 RESERVED_TAG_PREFIX = "flowkit:"
 # The longest run id and singleton key (in characters) every store keeps: PostgreSQL's
-# columns are VARCHAR(255), and the engine rejects longer ones before writing anything.
-MAX_ID_LENGTH = 255
+# columns are VARCHAR(255). All the limits: ``flowkit._limits`` (``flowkit.stores.limits``).
+MAX_ID_LENGTH = MAX_RUN_ID_LENGTH
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import orjson
 import pydantic_core
 from pydantic import TypeAdapter
 
-from . import _annotations
+from . import _annotations, _limits
 from .errors import SerializationError
 
 JSON = Any
@@ -187,18 +187,23 @@ def _plain_types(adapter: TypeAdapter[Any]) -> tuple[type, ...]:
     return got[1]
 
 
-def plain_for(value: Any, adapter: TypeAdapter[Any]) -> bool:
+def plain_for(
+    value: Any, adapter: TypeAdapter[Any], max_bytes: int = _limits.DEFAULT_MAX_PAYLOAD_BYTES
+) -> bool:
     """``value`` is its own JSON form under ``adapter`` (exact types only: a ``bool`` is not
-    an ``int`` here, nor an ``IntEnum``), and orjson can write it."""
+    an ``int`` here, nor an ``IntEnum``), orjson can write it, every store keeps it exactly
+    and it is surely within ``max_bytes`` of JSON."""
     t = type(value)
     if t not in _plain_types(adapter):
         return False
     if t is int:
-        return bool(-(2**63) <= value < 2**64)  # (orjson's range)
+        return bool(-(2**63) <= value < 2**64 and max_bytes >= 32)  # (orjson's range)
     if t is float:
-        return math.isfinite(value)  # (pydantic writes inf and nan as null)
+        return math.isfinite(value) and max_bytes >= 32  # (to_json refuses inf and nan)
     if t is str:
-        return bool(value.isascii())  # (else orjson must look: a lone surrogate cannot be written)
+        # (not ASCII: orjson must look, a lone surrogate cannot be written; NUL: refused;
+        # an escape is at most 6 bytes a character)
+        return bool(value.isascii() and "\x00" not in value and len(value) * 6 + 2 <= max_bytes)
     return True
 
 
@@ -207,18 +212,42 @@ def plain_json(value: Any) -> bool:
     return plain_for(value, ANY_ADAPTER)
 
 
-def to_json(value: Any, adapter: TypeAdapter[Any] = ANY_ADAPTER, what: str = "value") -> JSON:
-    """Convert ``value`` to JSON types, or raise ``SerializationError`` naming ``what``."""
-    if plain_for(value, adapter):
+def to_json(
+    value: Any,
+    adapter: TypeAdapter[Any] = ANY_ADAPTER,
+    what: str = "value",
+    max_bytes: int = _limits.DEFAULT_MAX_PAYLOAD_BYTES,
+) -> JSON:
+    """Convert ``value`` to JSON types, or raise ``SerializationError`` naming ``what``: when
+    it is not serializable, holds NaN, ±inf or a string with NUL anywhere (no store keeps them
+    exactly), or its JSON is over ``max_bytes`` (docs/stores.md, "Limits")."""
+    if plain_for(value, adapter, max_bytes):
         return value
     try:
         data = adapter.dump_python(value, mode="json")
-        orjson.dumps(data)
+        raw = orjson.dumps(data)
     except Exception as exc:
         raise SerializationError(
             f"{what} is not serializable ({type(value).__qualname__}): {exc}. "
             "Return pydantic models, dataclasses or JSON types."
         ) from exc
+    problem = _limits.size_problem(len(raw), max_bytes)
+    if problem is None and _limits.suspicious(raw):
+        # NaN and inf come out of pydantic (or orjson) as null: look for them in the Python
+        # form; NUL is in the JSON form itself
+        problem = _limits.value_problem(data)
+        if problem is None:
+            try:
+                problem = _limits.value_problem(adapter.dump_python(value, mode="python"))
+            except Exception:  # (the JSON form came out: no float of it is lost there)
+                problem = None
+        if problem is not None:
+            problem = (
+                f"holds {problem}, which no store keeps exactly (NaN and inf are no JSON "
+                'numbers, PostgreSQL cannot store NUL): docs/stores.md "Limits"'
+            )
+    if problem is not None:
+        raise SerializationError(f"{what} ({type(value).__qualname__}) {problem}")
     return data
 
 

@@ -39,12 +39,15 @@ class FlowkitError(Exception):
 
 
 class InvalidInputError(FlowkitError, ValueError):
-    """Raised by ``Engine.start`` when the input does not validate; nothing is written."""
+    """Raised by ``Engine.start`` when the input does not validate, and by any call given an
+    identifier or payload no store keeps (docs/stores.md, "Limits"); nothing is written.
+    ``workflow`` is ``None`` where the caller named no workflow (a store's own check)."""
 
-    def __init__(self, workflow: str, detail: str) -> None:
+    def __init__(self, workflow: str | None, detail: str) -> None:
         self.workflow = workflow
         self.detail = detail
-        super().__init__(f"invalid input for workflow {workflow!r}: {detail}")
+        where = "" if workflow is None else f" for workflow {workflow!r}"
+        super().__init__(f"invalid input{where}: {detail}")
 
 
 class SingletonQueueFullError(FlowkitError):

@@ -105,7 +105,7 @@ async def test_unserializable_input_and_signal_payload_write_nothing() -> None:
         assert await eng.list_runs() == []
         await env.start("any-input", {"ok": True}, "r1")
         before = await env.history("r1")
-        with pytest.raises(flowkit.SerializationError):
+        with pytest.raises(flowkit.InvalidInputError):  # (the caller's input, as at start)
             await eng.signal("r1", "go", object())
         with pytest.raises(ValueError):
             await eng.signal("r1", "", 1)

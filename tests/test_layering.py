@@ -22,6 +22,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._clock",
         "flowkit._eager",
         "flowkit._annotations",
+        "flowkit._limits",
         "flowkit._run",
         "flowkit._serde",
         "flowkit.singleton",

@@ -112,14 +112,25 @@ FLOWKIT_STORES = [
     "ReleasesLeases", "SqlStore", "Store", "Update",
 ]  # fmt: skip
 
+FLOWKIT_STORES_LIMITS = [
+    "DEFAULT_MAX_PAYLOAD_BYTES", "MAX_ERROR_TEXT_LENGTH", "MAX_EVENT_NAME_LENGTH",
+    "MAX_NAMESPACE_LENGTH", "MAX_RUN_ID_LENGTH", "MAX_SIGNAL_NAME_LENGTH",
+    "MAX_SINGLETON_KEY_LENGTH", "MAX_TAG_LENGTH", "MAX_UPDATE_NAME_LENGTH",
+    "MAX_WORKFLOW_NAME_LENGTH", "PAYLOAD_FIELDS", "check_events", "check_identifier",
+    "check_json", "check_run", "check_signal", "check_tag", "check_update", "error_text",
+    "payload_limit", "storable",
+]  # fmt: skip
+
 
 def test_the_public_names_are_exactly_these_and_sorted() -> None:
     import flowkit.stores
+    import flowkit.stores.limits
 
     for module, names in (
         (flowkit, FLOWKIT),
         (flowkit_testing, FLOWKIT_TESTING),
         (flowkit.stores, FLOWKIT_STORES),
+        (flowkit.stores.limits, FLOWKIT_STORES_LIMITS),
     ):
         assert module.__all__ == names, module.__name__
         # (isort's order, as ruff keeps it: CONSTANTS, then Classes, then functions)

@@ -160,6 +160,11 @@ SAMPLES: list[Any] = [
     "7",
     "é",
     "\ud800",  # (a lone surrogate: not UTF-8, orjson refuses it)
+    "a\x00b",  # (NUL: PostgreSQL cannot store it; refused everywhere)
+    "\x00",
+    {"k\x00": 1},
+    [1, [math.nan]],
+    {"a": -math.inf},
     1.5,
     -0.0,
     math.inf,
@@ -173,13 +178,29 @@ SAMPLES: list[Any] = [
 ]
 
 
+def _unstorable(value: Any) -> bool:
+    """NaN, ±inf or a string with NUL anywhere in ``value`` (keys included)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_unstorable(v) for v in value)
+    return False
+
+
 def slow_to_json(value: Any, adapter: TypeAdapter[Any]) -> Any:
-    """``_serde.to_json`` without its fast path."""
+    """``_serde.to_json`` without its fast path: pydantic's JSON form, refused when orjson
+    cannot write it or it holds what no store keeps exactly (NaN, inf, NUL)."""
     try:
         data = adapter.dump_python(value, mode="json")
         orjson.dumps(data)
     except Exception as exc:
         raise SerializationError(str(exc)) from exc
+    if _unstorable(data) or _unstorable(adapter.dump_python(value, mode="python")):
+        raise SerializationError("NaN, inf or NUL")
     return data
 
 

@@ -208,7 +208,12 @@ class Activation:
                 )
             )
         try:
-            data = _serde.to_json(body.result(), self.defn.output_adapter, what="workflow output")
+            data = _serde.to_json(
+                body.result(),
+                self.defn.output_adapter,
+                what="workflow output",
+                max_bytes=self.st.max_payload_bytes,
+            )
         except SerializationError as err:
             return Failed(error_info(err))
         return Completed(data)

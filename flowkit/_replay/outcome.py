@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _limits
 from ..errors import NonDeterminismError, StepFailedError
 from ..events import ErrorInfo
 
@@ -56,14 +57,22 @@ Outcome = Completed | Failed | Cancelled | Suspended | Diverged | Evicted
 def error_info(
     exc: BaseException, step: str | None = None, attempts: int | None = None
 ) -> ErrorInfo:
-    """``exc`` as a history records it (a ``StepFailedError`` with its cause)."""
+    """``exc`` as a history records it (a ``StepFailedError`` with its cause). Its texts are
+    made storable (``flowkit._limits.error_text``: NUL escaped, cut when very long), so that
+    no exception message can make a run unrecordable."""
+    text = _limits.error_text
     if isinstance(exc, StepFailedError):
         return ErrorInfo(
             type="StepFailedError",
-            message=str(exc),
-            step=exc.step,
+            message=text(str(exc)),
+            step=text(exc.step),
             attempts=exc.attempts,
-            cause_type=exc.error_type,
-            cause_message=exc.message,
+            cause_type=text(exc.error_type),
+            cause_message=text(exc.message),
         )
-    return ErrorInfo(type=type(exc).__name__, message=str(exc), step=step, attempts=attempts)
+    return ErrorInfo(
+        type=text(type(exc).__name__),
+        message=text(str(exc)),
+        step=None if step is None else text(step),
+        attempts=attempts,
+    )

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .. import _serde
+from .. import _limits, _serde
 from .._definition import WorkflowDefinition
 from .._run import InboxSignal
 from ..errors import ConflictError, LeaseLostError, NonDeterminismError
@@ -61,6 +61,11 @@ class ActivationState:
         self.run_id = run_id
         self.attempt = attempt
         self.host = host
+        # the largest payload (a step result, the output) this activation may record: its
+        # host's (a worker's ``max_payload_bytes``), else the default
+        self.max_payload_bytes: int = getattr(
+            host, "max_payload_bytes", _limits.DEFAULT_MAX_PAYLOAD_BYTES
+        )
         self.replay_only = replay_only
         self.replay_stopped_at: str | None = None
         self.events = list(events)

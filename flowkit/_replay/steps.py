@@ -126,12 +126,15 @@ async def run_step(
             else:
                 # a plain result is its own JSON form and comes back unchanged (as replay
                 # returns it)
-                plain = _serde.plain_for(result, adapter)
+                limit = st.max_payload_bytes
+                plain = _serde.plain_for(result, adapter, limit)
                 try:
                     data = (
                         result
                         if plain
-                        else _serde.to_json(result, adapter, what=f"result of step {name!r}")
+                        else _serde.to_json(
+                            result, adapter, what=f"result of step {name!r}", max_bytes=limit
+                        )
                     )
                 except SerializationError as exc:
                     info = error_info(exc, name, attempt)

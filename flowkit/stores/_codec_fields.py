@@ -27,6 +27,7 @@ from ..events import (
     StepCompleted,
     StepFailed,
 )
+from .limits import check_json, payload_limit
 
 STRING_PREFIX = "$codec:"
 """Marks an encoded value stored in a string-typed field (error messages, digests)."""
@@ -71,6 +72,7 @@ class CodecFields:
             raise _failed(ctx, f"cannot decode: {type(exc).__name__}: {exc}") from exc
 
     def _enc(self, value: Any, ctx: Ctx) -> Any:
+        check_json("a payload", value, payload_limit(self))  # (docs/stores.md, "Limits")
         return None if value is None else self._encode(value, ctx)
 
     def _dec(self, value: Any, ctx: Ctx) -> Any:

@@ -17,6 +17,7 @@ from .. import singleton as _sg
 from .._run import ADMITTED_TAG, Run, RunStatus
 from ..errors import ConflictError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ..events import Event
+from . import limits as _limits
 from ._codec_mark import (
     CODEC_META_KEY,
     CodecMark,
@@ -67,14 +68,24 @@ class MemoryStore:
     appends_events = True
     """``append_events`` records a running step (``flowkit.stores.base.AppendsEvents``)."""
 
-    def __init__(self, namespace: str | None = None, *, _data: _Data | None = None) -> None:
+    def __init__(
+        self,
+        namespace: str | None = None,
+        *,
+        max_payload_bytes: int = _limits.DEFAULT_MAX_PAYLOAD_BYTES,
+        _data: _Data | None = None,
+    ) -> None:
+        if namespace is not None:
+            _limits.check_identifier("namespace", namespace, _limits.MAX_NAMESPACE_LENGTH)
         self.namespace = namespace
+        self.max_payload_bytes = max_payload_bytes
+        """The largest payload it keeps, in bytes of JSON (docs/stores.md, "Limits")."""
         self._d = _data if _data is not None else _Data()
         self._mark = CodecMark()
 
     def scoped(self, namespace: str) -> MemoryStore:
         """A view over the same data that reads and writes only ``namespace``."""
-        return MemoryStore(namespace, _data=self._d)
+        return MemoryStore(namespace, max_payload_bytes=self.max_payload_bytes, _data=self._d)
 
     # -- the encryption marker (flowkit.stores._codec_mark) ------------------------------
     def bind_codec(self, marker: str) -> None:
@@ -177,6 +188,7 @@ class MemoryStore:
             gated = admission.gated if admission is not None else ()
             if run_carries_payload(run, [*events, *gated]):
                 raise refuse(found, f"create run {run.id!r} with a payload")
+        _limits.check_run(run, events, self.max_payload_bytes)
         existing = self._d.runs.get(run.id)
         if existing is not None:
             if not self._visible(existing):
@@ -277,6 +289,7 @@ class MemoryStore:
             raise refuse(found, f"commit a payload to run {run_id!r}")
         run = self._get(run_id)
         check_commit(run, owner, now, update)
+        _limits.check_update(update, self.max_payload_bytes)
         inbox = self._d.inbox.get(run_id, [])
         if update.consume_signal is not None:
             idx = next((i for i, s in enumerate(inbox) if s.id == update.consume_signal), None)
@@ -319,6 +332,7 @@ class MemoryStore:
             or not events
         ):
             return None
+        _limits.check_events(events, self.max_payload_bytes)
         if now > run.updated_at:  # (status and tags unchanged: no index to maintain)
             self._d.runs[run_id] = dataclasses.replace(run, updated_at=now)
         return self._append(run_id, events)
@@ -357,6 +371,7 @@ class MemoryStore:
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
         if not self._mark.settled and (found := self._guard()) is not None and payload is not None:
             raise refuse(found, f"deliver signal {name!r} with a payload to run {run_id!r}")
+        _limits.check_signal(name, payload, self.max_payload_bytes)
         run = self._get(run_id)
         sig = InboxSignal(next(self._d.signal_ids), name, payload)
         self._d.inbox.setdefault(run_id, []).append(sig)

@@ -48,6 +48,12 @@ from ._leases import (
     check_renew_lease,
     check_terminal_commit_clears_bookkeeping,
 )
+from ._limits import (
+    check_identifier_limits,
+    check_payload_size_limit,
+    check_signal_name_limits,
+    check_unstorable_values_refused,
+)
 from ._on_create import (
     check_admission_is_recorded_with_the_marker,
     check_create_admission_is_fifo_behind_waiters,
@@ -193,18 +199,22 @@ __all__ = [
     "check_event_seqs_gap_free",
     "check_expect_status_conflict_writes_nothing",
     "check_id_ties_by_code_point",
+    "check_identifier_limits",
     "check_list_runs_order_and_filters",
     "check_microsecond_timestamps",
     "check_namespace_scoping",
     "check_next_due_after",
     "check_notify_hands_the_slot_over",
     "check_notify_wakes_oldest_waiters",
+    "check_payload_size_limit",
     "check_payloads_round_trip",
     "check_queue_cap_rejection_writes_nothing",
     "check_refused_append_events_writes_nothing",
     "check_release_leases",
     "check_renew_lease",
+    "check_signal_name_limits",
     "check_signal_peek_fifo",
     "check_terminal_commit_clears_bookkeeping",
+    "check_unstorable_values_refused",
     "run_all",
 ]

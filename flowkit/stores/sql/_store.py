@@ -16,6 +16,7 @@ from ... import singleton as _sg
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ...events import Event
+from .. import limits as _limits
 from .._codec_mark import (
     CodecMark,
     events_carry_payload,
@@ -92,8 +93,17 @@ class SqlStore(CodecMarked):
         group_commit: bool = True,
         wakeups: bool = True,
         stall_timeout: float | None = None,
+        max_payload_bytes: int | None = None,
         _view_of: SqlStore | None = None,
     ) -> None:
+        if namespace is not None:
+            _limits.check_identifier("namespace", namespace, _limits.MAX_NAMESPACE_LENGTH)
+        if max_payload_bytes is None:  # (a view: its store's)
+            max_payload_bytes = (
+                _view_of.max_payload_bytes if _view_of else _limits.DEFAULT_MAX_PAYLOAD_BYTES
+            )
+        self.max_payload_bytes: int = max_payload_bytes
+        """The largest payload it keeps, in bytes of JSON (docs/stores.md, "Limits")."""
         if _view_of is None:
             self._db = Database(url, wakeups=wakeups, stall_timeout=stall_timeout)
             self._gc = GroupCommit(self._db, enabled=group_commit)
@@ -169,6 +179,7 @@ class SqlStore(CodecMarked):
             gated = admission.gated if admission is not None else ()
             what = f"create run {run.id!r} with a payload"
             await self._plain(what, run_carries_payload, run, [*events, *gated])
+        _limits.check_run(run, events, self.max_payload_bytes)
         if self.namespace is not None and run.namespace is None:
             run = dataclasses.replace(run, namespace=self.namespace)
         if queue_cap is not None or admission is not None:
@@ -278,6 +289,9 @@ class SqlStore(CodecMarked):
         return run
 
     async def get_run(self, run_id: str) -> Run | None:
+        if not _limits.storable(run_id):  # (no such run: PostgreSQL refuses to look NUL up)
+            return None
+
         def op(c: Conn) -> Run | None:
             row = c.one(self._sql.get_run, self._sql.params(id=run_id))
             return None if row is None else to_run(row)
@@ -313,6 +327,9 @@ class SqlStore(CodecMarked):
         return out if tag is None else [run for run in out if tag in run.tags]
 
     async def load_events(self, run_id: str) -> list[Event]:
+        if not _limits.storable(run_id):
+            raise RunNotFoundError(run_id)
+
         def op(c: Conn) -> list[Event]:
             evs = runs.history(self._sql, c, run_id)
             if evs is None:
@@ -347,6 +364,7 @@ class SqlStore(CodecMarked):
     ) -> CommitResult:
         if not self._mark.settled:
             await self._plain(f"commit a payload to run {run_id!r}", update_carries_payload, update)
+        _limits.check_update(update, self.max_payload_bytes)
         return await self._gc.write(self._commits.op(run_id, owner, now, update))
 
     async def append_events(
@@ -359,6 +377,7 @@ class SqlStore(CodecMarked):
             return None
         if not self._mark.settled:
             await self._plain(f"append a payload to run {run_id!r}", events_carry_payload, events)
+        _limits.check_events(events, self.max_payload_bytes)
         sql = self._sql
         stmt, whole, counted = sql.append(n)
         params: dict[str, Any] = {"id": run_id, "owner": owner}
@@ -440,6 +459,7 @@ class SqlStore(CodecMarked):
         if not self._mark.settled:
             what = f"deliver signal {name!r} with a payload to run {run_id!r}"
             await self._plain(what, _not_none, payload)
+        _limits.check_signal(name, payload, self.max_payload_bytes)
         sql = self._sql
         params = self._sql.params(id=run_id, name=name, now=now, payload=dumps(payload))
         both = sql.CTE_WRITES
@@ -460,6 +480,8 @@ class SqlStore(CodecMarked):
         return await self._gc.write(Op(rest, (stmt, params, RETURNING), run_id, single=single))
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
+        if not (_limits.storable(run_id) and _limits.storable(name)):
+            return None
         sql = self._sql
 
         def op(c: Conn) -> Any:

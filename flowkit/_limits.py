@@ -1,0 +1,180 @@
+"""The limits every store keeps, in one place (public as ``flowkit.stores.limits``).
+
+Identifiers (run ids, names, keys, tags) are bounded in length and may not hold NUL or a lone
+surrogate (PostgreSQL cannot store NUL in text, nothing can write a lone surrogate as UTF-8).
+A payload (an input, output, step result or signal payload) is bounded in size, measured as
+its compact JSON in UTF-8, and may not hold NaN, ±inf or NUL anywhere: none of them survives
+every store exactly. The engine checks before it writes; stores check again as a backstop
+(``flowkit.stores.limits``). docs/stores.md, "Limits", has the table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+
+from .errors import InvalidInputError, SerializationError
+
+MAX_RUN_ID_LENGTH = 255
+"""Characters of a run id (PostgreSQL's column is ``VARCHAR(255)``)."""
+MAX_SINGLETON_KEY_LENGTH = 255
+"""Characters of a singleton key (its tag is ``"singleton:" + key``)."""
+MAX_TAG_LENGTH = 255
+"""Characters of a tag given to ``engine.start``."""
+MAX_WORKFLOW_NAME_LENGTH = 255
+"""Characters of a workflow name (and of its version)."""
+MAX_NAMESPACE_LENGTH = 255
+"""Characters of a namespace (and of an engine's instance id)."""
+MAX_SIGNAL_NAME_LENGTH = 255
+"""Characters of a signal name."""
+MAX_UPDATE_NAME_LENGTH = 255
+"""Characters of an update name."""
+MAX_EVENT_NAME_LENGTH = 255
+"""Characters of a published event's name (and of an ``event_set`` key)."""
+MAX_ERROR_TEXT_LENGTH = 16384
+"""Characters of an error message a history keeps; a longer one is cut (``error_text``)."""
+DEFAULT_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+"""The default largest payload: 4 MiB of compact JSON (``max_payload_bytes`` of the bundled
+stores and ``Engine``)."""
+
+
+def _encodable(s: str) -> bool:
+    """``s`` can be written as UTF-8 (it holds no lone surrogate)."""
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def text_problem(s: str) -> str | None:
+    """What in the string ``s`` no store can keep (NUL: PostgreSQL refuses it; a lone
+    surrogate: not UTF-8), else ``None``."""
+    if "\x00" in s:
+        return "NUL ('\\x00')"
+    if not _encodable(s):
+        return "a lone surrogate"
+    return None
+
+
+def identifier_problem(value: Any, max_length: int) -> str | None:
+    """Why ``value`` is not a usable identifier (not a non-empty ``str`` of at most
+    ``max_length`` characters that every store can hold), else ``None``."""
+    if not isinstance(value, str) or not value:
+        return f"must be a non-empty string, got {value!r:.80}"
+    if len(value) > max_length:
+        return f"is {len(value)} characters long ({value[:40]!r}...); at most {max_length} are kept"
+    if value.isascii() and "\x00" not in value:  # (the usual case: one scan)
+        return None
+    problem = text_problem(value)
+    return None if problem is None else f"{value[:80]!r} holds {problem}, which no store keeps"
+
+
+def check_identifier(what: str, value: Any, max_length: int, workflow: str | None = None) -> None:
+    """``InvalidInputError`` (nothing written) naming ``what`` when ``value`` is not a usable
+    identifier (``identifier_problem``)."""
+    problem = identifier_problem(value, max_length)
+    if problem is not None:
+        raise InvalidInputError(workflow, f"{what} {problem}")
+
+
+def value_problem(value: Any, path: str = "$") -> str | None:
+    """Where ``value`` (nested lists, tuples and dicts, keys included) holds what no store
+    keeps exactly: NaN, ±inf, a string with NUL or a lone surrogate. ``None`` when nothing."""
+    t = type(value)
+    if t is str or isinstance(value, str):
+        problem = text_problem(value)
+        return None if problem is None else f"{problem} in a string at {path}"
+    if t is float or isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} at {path}"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str):
+                problem = text_problem(k)
+                if problem is not None:
+                    return f"{problem} in a key at {path}"
+            found = value_problem(v, f"{path}[{k!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple | set | frozenset):
+        for i, v in enumerate(value):
+            found = value_problem(v, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def suspicious(raw: bytes) -> bool:
+    """Whether JSON bytes orjson wrote may hide NaN or ±inf (written as ``null``) or hold NUL
+    (``\\u0000``): only then is the value walked (``value_problem``)."""
+    return b"null" in raw or b"\\u0000" in raw
+
+
+def size_problem(size: int, max_bytes: int) -> str | None:
+    """Why a payload of ``size`` bytes of JSON is refused, else ``None``."""
+    if size <= max_bytes:
+        return None
+    return (
+        f"is {size} bytes of JSON; the limit is {max_bytes} (max_payload_bytes, "
+        'docs/stores.md "Limits"): store large data elsewhere and pass a reference'
+    )
+
+
+def check_json(what: str, value: Any, max_bytes: int) -> None:
+    """``SerializationError`` naming ``what`` when the JSON value ``value`` (what a store is
+    about to write) is over ``max_bytes`` or holds NaN, ±inf, NUL or a lone surrogate: the
+    stores' backstop (the engine's own check is ``flowkit._serde.to_json``)."""
+    t = type(value)
+    if value is None or t is bool or t is int:
+        return
+    if t is str and value.isascii() and "\x00" not in value and len(value) * 6 + 2 <= max_bytes:
+        return
+    try:
+        raw = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise SerializationError(f"{what} is not JSON: {exc}") from exc
+    problem = size_problem(len(raw), max_bytes)
+    if problem is None and suspicious(raw):
+        problem = value_problem(value)
+        if problem is not None:
+            problem = f"holds {problem}, which no store keeps exactly"
+    if problem is not None:
+        raise SerializationError(f"{what} {problem}")
+
+
+def error_text(s: str) -> str:
+    """``s`` (an exception's message) as every store can keep it: NUL written ``\\x00``, a lone
+    surrogate as its escape, and cut to ``MAX_ERROR_TEXT_LENGTH`` characters: a message must
+    never make a run unrecordable."""
+    if len(s) > MAX_ERROR_TEXT_LENGTH:
+        cut = len(s) - MAX_ERROR_TEXT_LENGTH
+        s = f"{s[:MAX_ERROR_TEXT_LENGTH]}... ({cut} characters cut)"
+    if s.isascii():
+        return s.replace("\x00", "\\x00") if "\x00" in s else s
+    s = s.replace("\x00", "\\x00")
+    return s if _encodable(s) else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_ERROR_TEXT_LENGTH",
+    "MAX_EVENT_NAME_LENGTH",
+    "MAX_NAMESPACE_LENGTH",
+    "MAX_RUN_ID_LENGTH",
+    "MAX_SIGNAL_NAME_LENGTH",
+    "MAX_SINGLETON_KEY_LENGTH",
+    "MAX_TAG_LENGTH",
+    "MAX_UPDATE_NAME_LENGTH",
+    "MAX_WORKFLOW_NAME_LENGTH",
+    "check_identifier",
+    "check_json",
+    "error_text",
+    "identifier_problem",
+    "size_problem",
+    "suspicious",
+    "text_problem",
+    "value_problem",
+]
