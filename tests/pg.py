@@ -113,13 +113,17 @@ class PgServer:
 
     # -- pg_ctl ---------------------------------------------------------------------------------
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [*self.prefix, *args],
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=self.timeout,
-        )
+        try:
+            proc = subprocess.run(
+                [*self.prefix, *args],
+                cwd=self.root,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            extra = self.log.read_text()[-5000:] if self.log.exists() else ""
+            raise RuntimeError(f"{' '.join(args[:2])} timed out:\n{extra}") from exc
         if check and proc.returncode != 0:
             extra = self.log.read_text() if self.log.exists() else ""
             raise RuntimeError(
