@@ -1,10 +1,12 @@
-"""A throwaway PostgreSQL server for tests: ``with start_postgres() as url: ...``.
+"""Throwaway PostgreSQL servers for tests: ``with start_postgres() as url: ...``, a
+``PgServer`` a test can restart and stop (the chaos tests), and ``replicated_pair()``: a
+primary and a synchronous streaming-replication standby (the failover test).
 
-It runs ``initdb`` and ``pg_ctl`` from ``PATH`` or ``/usr/lib/postgresql/*/bin`` in a fresh
-directory under ``/tmp`` (as the ``postgres`` user when the tests run as root, since PostgreSQL
-refuses to run as root), listens only on a unix socket in that directory, and is stopped with
-``pg_ctl stop -m immediate`` afterwards. Durability is switched off unless asked for: it is a
-test server."""
+Each server runs ``initdb`` and ``pg_ctl`` from ``PATH`` or ``/usr/lib/postgresql/*/bin`` in a
+fresh directory under ``/tmp`` (as the ``postgres`` user when the tests run as root, since
+PostgreSQL refuses to run as root), listens only on a unix socket in that directory, and is
+stopped with ``pg_ctl stop -m immediate`` afterwards. Durability is switched off unless asked
+for: it is a test server."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,45 +55,97 @@ def _runner() -> tuple[list[str], int | None, int | None]:
     return [runuser, "-u", "postgres", "--"], pw.pw_uid, pw.pw_gid
 
 
-@contextlib.contextmanager
-def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[str]:
-    """Start a server; yield ``postgresql+psycopg://postgres@/postgres?host=<socket dir>``.
+class PgServer:
+    """One throwaway server in its own directory under ``/tmp`` (socket dir = that directory).
 
-    ``durable=True`` keeps PostgreSQL's default durability (``fsync``, ``synchronous_commit``,
-    ``full_page_writes`` on: every commit waits for its WAL flush), as a production server
-    runs; the benchmarks use it. Tests leave it off for speed."""
-    initdb, pg_ctl = find_binaries()
-    prefix, uid, gid = _runner()
-    # /tmp keeps the socket path short (unix socket paths are limited to ~107 bytes); the
-    # directory must be traversable by the postgres user.
-    root = Path(tempfile.mkdtemp(prefix="flowkit-pg-", dir="/tmp"))
-    data = root / "data"
-    log = root / "server.log"
-    started = False
-    try:
-        os.chmod(root, 0o755)
-        if uid is not None and gid is not None:
-            os.chown(root, uid, gid)
+    ``init()`` runs ``initdb`` (or ``basebackup_from`` a primary, for a standby), ``start()``,
+    ``stop(mode)``, ``restart(mode)`` and ``promote()`` run ``pg_ctl`` and wait for it;
+    ``destroy()`` stops the server and removes the directory. ``url`` is the SQLAlchemy URL,
+    ``socket_path`` the ``.s.PGSQL.<port>`` file (what a ``NetProxy`` forwards to).
+    ``durable=True`` keeps PostgreSQL's default durability; ``options`` are extra ``-c``
+    settings for the command line (they are not written into the data directory, so a standby
+    copied from this server does not inherit them)."""
 
-        def run(*args: str) -> None:
+    def __init__(
+        self,
+        *,
+        port: int = 5432,
+        durable: bool = False,
+        options: str = "",
+        timeout: float = 60.0,
+    ) -> None:
+        self.initdb, self.pg_ctl = find_binaries()
+        self.prefix, self._uid, self._gid = _runner()
+        self.port = port
+        self.durable = durable
+        self.options = options
+        self.timeout = timeout
+        # /tmp keeps the socket path short (unix socket paths are limited to ~107 bytes); the
+        # directory must be traversable by the postgres user.
+        self.root = Path(tempfile.mkdtemp(prefix="flowkit-pg-", dir="/tmp"))
+        os.chmod(self.root, 0o755)
+        if self._uid is not None and self._gid is not None:
+            os.chown(self.root, self._uid, self._gid)
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.running = False
+
+    # -- where it listens ---------------------------------------------------------------------
+    @property
+    def socket_dir(self) -> str:
+        return str(self.root)
+
+    @property
+    def socket_path(self) -> str:
+        return str(self.root / f".s.PGSQL.{self.port}")
+
+    @property
+    def url(self) -> str:
+        """``postgresql+psycopg://postgres@/postgres?host=<socket dir>`` (``&port=`` unless
+        5432)."""
+        url = f"postgresql+psycopg://postgres@/postgres?host={self.root}"
+        return url if self.port == 5432 else f"{url}&port={self.port}"
+
+    @property
+    def dsn(self) -> str:
+        """The libpq form of ``url`` (for plain psycopg connections)."""
+        return f"host={self.root} port={self.port} user=postgres dbname=postgres"
+
+    # -- pg_ctl ---------------------------------------------------------------------------------
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        try:
             proc = subprocess.run(
-                [*prefix, *args],
-                cwd=root,
+                [*self.prefix, *args],
+                cwd=self.root,
                 capture_output=True,
                 text=True,
-                timeout=timeout,
+                timeout=self.timeout,
             )
-            if proc.returncode != 0:
-                extra = log.read_text() if log.exists() else ""
-                raise RuntimeError(
-                    f"{' '.join(args[:2])} failed ({proc.returncode}):\n"
-                    f"{proc.stdout}\n{proc.stderr}\n{extra}"
-                )
+        except subprocess.TimeoutExpired as exc:
+            extra = self.log.read_text()[-5000:] if self.log.exists() else ""
+            raise RuntimeError(f"{' '.join(args[:2])} timed out:\n{extra}") from exc
+        if check and proc.returncode != 0:
+            extra = self.log.read_text() if self.log.exists() else ""
+            raise RuntimeError(
+                f"{' '.join(args[:2])} failed ({proc.returncode}):\n"
+                f"{proc.stdout}\n{proc.stderr}\n{extra}"
+            )
+        return proc
 
-        run(
-            initdb,
+    def _options(self) -> str:
+        options = (
+            f"-c listen_addresses='' -c unix_socket_directories={self.root} -c port={self.port} "
+        )
+        if not self.durable:
+            options += "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+        options += "-c max_connections=200 "
+        return options + self.options
+
+    def init(self) -> PgServer:
+        self._run(
+            self.initdb,
             "-D",
-            str(data),
+            str(self.data),
             "-U",
             "postgres",
             "--auth=trust",
@@ -98,22 +153,146 @@ def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[
             "--locale=C",
             "--no-sync",
         )
-        options = f"-c listen_addresses='' -c unix_socket_directories={root} "
-        if not durable:
-            options += "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-        options += "-c max_connections=200"
-        run(pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
-        started = True
-        yield f"postgresql+psycopg://postgres@/postgres?host={root}"
+        return self
+
+    def basebackup_from(self, primary: PgServer) -> PgServer:
+        """Make this server a streaming standby of ``primary`` (``pg_basebackup -R``: it
+        writes ``standby.signal`` and ``primary_conninfo`` over ``primary``'s socket)."""
+        basebackup = str(Path(os.path.realpath(self.initdb)).with_name("pg_basebackup"))
+        self._run(
+            basebackup,
+            "-D",
+            str(self.data),
+            "-h",
+            primary.socket_dir,
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            "--no-sync",
+        )
+        return self
+
+    def start(self) -> None:
+        ctl = self.pg_ctl
+        self._run(ctl, "-D", str(self.data), "-l", str(self.log), "-o", self._options(), "-w",
+                  "-t", str(int(self.timeout)), "start")  # fmt: skip
+        self.running = True
+
+    def stop(self, mode: str = "immediate") -> None:
+        self._run(self.pg_ctl, "-D", str(self.data), "stop", "-m", mode, "-w")
+        self.running = False
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m <mode> -w``: returns once the server accepts connections."""
+        self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.log), "-o", self._options(),
+                  "restart", "-m", mode, "-w", "-t", str(int(self.timeout)))  # fmt: skip
+        self.running = True
+
+    def promote(self) -> None:
+        """``pg_ctl promote -w``: a standby becomes a primary (read-write)."""
+        self._run(self.pg_ctl, "-D", str(self.data), "promote", "-w", "-t",
+                  str(int(self.timeout)))  # fmt: skip
+
+    def destroy(self) -> None:
+        if self.running or (self.data / "postmaster.pid").exists():
+            self._run(self.pg_ctl, "-D", str(self.data), "stop", "-m", "immediate", "-w",
+                      check=False)  # fmt: skip
+            self.running = False
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> PgServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+@contextlib.contextmanager
+def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[str]:
+    """Start a server; yield ``postgresql+psycopg://postgres@/postgres?host=<socket dir>``.
+
+    ``durable=True`` keeps PostgreSQL's default durability (``fsync``, ``synchronous_commit``,
+    ``full_page_writes`` on: every commit waits for its WAL flush), as a production server
+    runs; the benchmarks use it. Tests leave it off for speed."""
+    with started_server(timeout, durable=durable) as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def started_server(timeout: float = 60.0, *, durable: bool = False) -> Iterator[PgServer]:
+    """A ``PgServer``, initialized and started; destroyed afterwards."""
+    server = PgServer(durable=durable, timeout=timeout)
+    try:
+        server.init()
+        server.start()
+        yield server
     finally:
-        if started:
-            subprocess.run(
-                [*prefix, pg_ctl, "-D", str(data), "stop", "-m", "immediate", "-w"],
-                cwd=root,
-                capture_output=True,
-                timeout=timeout,
-            )
-        shutil.rmtree(root, ignore_errors=True)
+        server.destroy()
+
+
+# Commits wait for the standby (synchronous_commit=on with a named synchronous standby). Only
+# the primary's command line carries synchronous_standby_names: pg_basebackup copies the
+# configuration files, and a promoted standby that inherited it would wait forever for a
+# standby of its own.
+_PRIMARY_OPTIONS = "-c synchronous_commit=on -c synchronous_standby_names='*' -c wal_level=replica "
+_PRIMARY_OPTIONS += "-c max_wal_senders=5 -c wal_sender_timeout=5s"
+_STANDBY_OPTIONS = "-c synchronous_commit=on -c hot_standby=on -c wal_receiver_timeout=5s"
+
+
+@contextlib.contextmanager
+def replicated_pair(timeout: float = 60.0) -> Iterator[tuple[PgServer, PgServer]]:
+    """A primary (port 5432) and a synchronous streaming standby (port 5433) in separate
+    socket directories; yield ``(primary, standby)``, both running and the standby streaming.
+
+    ``initdb`` creates the primary (its default ``pg_hba.conf`` with ``--auth=trust`` lets
+    local replication connections in), ``pg_basebackup -R`` the standby, which replicates over
+    the primary's unix socket. A commit on the primary returns only once the standby has
+    it. ``multi_host_url(primary, standby)`` is the URL workers use."""
+    primary = PgServer(port=5432, options=_PRIMARY_OPTIONS, timeout=timeout)
+    standby = PgServer(port=5433, options=_STANDBY_OPTIONS, timeout=timeout)
+    try:
+        primary.init()
+        primary.start()
+        standby.basebackup_from(primary)
+        standby.start()
+        wait_streaming(primary, timeout)
+        yield primary, standby
+    finally:
+        standby.destroy()
+        primary.destroy()
+
+
+def wait_streaming(primary: PgServer, timeout: float = 60.0) -> None:
+    """Wait until the primary sees a synchronous standby streaming from it."""
+    engine = sa.create_engine(primary.url, poolclass=sa.pool.NullPool)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with engine.connect() as conn:
+                state = conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_replication"
+                    " WHERE state = 'streaming' AND sync_state = 'sync'"
+                ).scalar()
+            if state:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no synchronous standby within {timeout} s")
+            time.sleep(0.05)
+    finally:
+        engine.dispose()
+
+
+def multi_host_url(*servers: PgServer, database: str = "postgres") -> str:
+    """A SQLAlchemy URL naming every server, for libpq to try in order and keep the first
+    that accepts writes: ``postgresql+psycopg://postgres@/<db>?host=<dir1>:<port1>&host=
+    <dir2>:<port2>&target_session_attrs=read-write``. (SQLAlchemy turns repeated ``host=``
+    parameters into libpq's ``host=dir1,dir2 port=p1,p2``.)"""
+    hosts = "&".join(f"host={s.socket_dir}:{s.port}" for s in servers)
+    return f"postgresql+psycopg://postgres@/{database}?{hosts}&target_session_attrs=read-write"
 
 
 _counter = itertools.count()
