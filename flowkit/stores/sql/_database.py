@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -145,6 +146,11 @@ def _nothing() -> None:
     pass
 
 
+LANES = {"postgresql": {"write": 4, "read": 4}, "sqlite": {"write": 1, "read": 1}}
+"""How many I/O threads (each with a connection) a store runs at most, per kind: on
+PostgreSQL several write batches and several reads are in flight at once (their round trips
+overlap); SQLite has one writer per file anyway. Lanes start on demand and exit when idle."""
+
 STALL_TIMEOUT = 10.0
 """Seconds a store call may stay stuck on its connection before it is abandoned (the
 default of ``SqlStore(stall_timeout=...)`` and of the URL's ``flowkit_stall_timeout``): well
@@ -208,11 +214,14 @@ class Database:
         # an in-memory SQLite database is one per connection (per thread): it runs inline
         memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
         self.threaded = not memory  # whether the async face uses the I/O threads
-        self.read_lane = True  # reads on a lane of their own (not behind write batches)
+        self.read_lane = True  # reads on lanes of their own (not behind write batches)
+        # how many lanes of each kind at most (each with a connection: see ``LANES``)
+        self.max_lanes = dict(LANES["postgresql" if self.pg else "sqlite"])
         self._local = threading.local()
         self._inline = Lane("flowkit-inline", self.stats.part(), thread=False)
-        self._lanes: dict[str, Lane] = {}
+        self._lanes: dict[str, list[Lane]] = {"read": [], "write": []}
         self._lanes_lock = threading.Lock()
+        self._serial = itertools.count(1)
         self.dbapi_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
 
     # -- the lanes: the current thread's connection, the I/O threads ---------------------------
@@ -242,15 +251,25 @@ class Database:
     def connections(self) -> list[Conn]:
         """Every open connection of the store (tests)."""
         with self._lanes_lock:
-            lanes = [self._inline, *self._lanes.values()]
+            lanes = [self._inline, *(lane for ls in self._lanes.values() for lane in ls)]
         return [lane.conn for lane in lanes if lane.conn is not None]
 
-    def _lane(self, kind: str) -> Lane:
+    def lanes(self, kind: str) -> list[Lane]:
+        """The live lanes of ``kind`` (``"read"``/``"write"``; tests, benchmarks)."""
         with self._lanes_lock:
-            lane = self._lanes.get(kind)
-            if lane is None or not lane.usable:
-                lane = self._lanes[kind] = Lane(f"flowkit-{kind}", self.stats.part(), thread=True)
-                lane.start(self._serve)
+            return [lane for lane in self._lanes[kind] if lane.usable]
+
+    def _lane(self, kind: str) -> Lane:
+        """The lane of ``kind`` a job goes to: an idle one, else a new one while there are
+        fewer than ``max_lanes[kind]``, else the least loaded (it waits there)."""
+        with self._lanes_lock:
+            lanes = self._lanes[kind] = [lane for lane in self._lanes[kind] if lane.usable]
+            best = min(lanes, key=Lane.load, default=None)
+            if best is not None and (best.load() == 0 or len(lanes) >= self.max_lanes[kind]):
+                return best
+            lane = Lane(f"flowkit-{kind}-{next(self._serial)}", self.stats.part(), thread=True)
+            lanes.append(lane)
+            lane.start(self._serve)
             return lane
 
     def _serve(self, lane: Lane) -> None:
@@ -266,8 +285,9 @@ class Database:
         read: bool = False,
         fut: asyncio.Future[Any] | None = None,
     ) -> None:
-        """Run ``fn()`` on the write lane (``read``: the read lane), then ``on_done(exc,
-        value)`` on ``loop``. Without I/O threads (an in-memory database) both run now."""
+        """Run ``fn()`` on a write lane (``read``: a read lane; ``_lane`` picks which), then
+        ``on_done(exc, value)`` on ``loop``. Without I/O threads (an in-memory database) both
+        run now."""
         job = Job(fn, loop, on_done, fut)
         if not self.threaded:
             try:
@@ -299,9 +319,9 @@ class Database:
             job.state = DONE  # abandoned: the thread discards what the call returns
             moved = lane.retire()
         with self._lanes_lock:
-            kind = next((k for k, v in self._lanes.items() if v is lane), None)
+            kind = next((k for k, ls in self._lanes.items() if lane in ls), None)
             if kind is not None:
-                del self._lanes[kind]
+                self._lanes[kind].remove(lane)
         for queued in moved:
             target = self._lane(kind or "write")
             while not target.put(queued):
@@ -366,8 +386,8 @@ class Database:
         for hub in hubs:
             hub.stop()
         with self._lanes_lock:
-            lanes = list(self._lanes.values())
-            self._lanes.clear()
+            lanes = [lane for ls in self._lanes.values() for lane in ls]
+            self._lanes = {"read": [], "write": []}
         for lane in lanes:
             lane.stop(self.stall_timeout or None)
         with self._inline.io:

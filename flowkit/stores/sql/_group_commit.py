@@ -101,15 +101,21 @@ def _finish(outcome: Outcome) -> Outcome:
 
 
 class _Queue:
-    """One event loop's writes: ``pending`` wait for the next batch; ``busy``: a batch (or a
-    lone call) of this loop is on the write lane; ``scheduled``: a flush is scheduled."""
+    """One event loop's writes: ``pending`` wait for the next batch; ``flying``: its batches
+    (and lone calls) on the write lanes, at most ``limit`` (the database's write lanes);
+    ``busy``: that many, the next batch gathers; ``scheduled``: a flush is scheduled."""
 
-    __slots__ = ("busy", "pending", "scheduled")
+    __slots__ = ("flying", "limit", "pending", "scheduled")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.pending: list[Op[Any]] = []
-        self.busy = False
+        self.flying = 0
+        self.limit = max(1, limit)
         self.scheduled = False
+
+    @property
+    def busy(self) -> bool:
+        return self.flying >= self.limit
 
 
 class GroupCommit:
@@ -118,6 +124,11 @@ class GroupCommit:
     threads, *pipelined* (while one batch is on the write lane, the writes issued meanwhile
     gather for the next); without, every call runs at once on the caller's thread in a
     transaction of its own and never yields to the event loop (``TestEnv`` needs that)."""
+
+    SPLIT = 8
+    """With several write lanes: pending writes this many go at once while a lane is free,
+    without waiting for the rest of the ready coroutines, so that batches overlap instead of
+    the loop's runs moving in lockstep (the loop works on some while others' batches fly)."""
 
     def __init__(self, db: Database, *, enabled: bool = True) -> None:
         self.db = db
@@ -166,18 +177,25 @@ class GroupCommit:
         if not self.enabled:
             return self.run_write(op)
         loop = asyncio.get_running_loop()
-        q = self._queues.get(loop)
-        if q is None:
-            q = self._queues[loop] = _Queue()
+        q = self._queue(loop)
         op.fut = loop.create_future()
         q.pending.append(op)
-        if not (q.busy or q.scheduled):
+        if q.scheduled:
+            if q.limit > 1 and len(q.pending) >= self.SPLIT and not q.busy:
+                self._drain(loop, q)  # (the scheduled flush takes what comes after)
+        elif not q.busy:
             if others_ready(loop):
                 q.scheduled = True
                 loop.call_soon(self._flush, loop, q)
             else:
-                self._flush(loop, q)
+                self._drain(loop, q)
         return cast(T, await op.fut)
+
+    def _queue(self, loop: asyncio.AbstractEventLoop) -> _Queue:
+        q = self._queues.get(loop)
+        if q is None:
+            q = self._queues[loop] = _Queue(self.db.max_lanes["write"] if self.db.threaded else 1)
+        return q
 
     async def direct(self, fn: Callable[[], T]) -> T:
         """``fn()`` (a lone write statement, ``Database.returning_now``) on the write lane as
@@ -185,11 +203,9 @@ class GroupCommit:
         if not self.enabled:
             return fn()
         loop = asyncio.get_running_loop()
-        q = self._queues.get(loop)
-        if q is None:
-            q = self._queues[loop] = _Queue()
+        q = self._queue(loop)
         fut: asyncio.Future[T] = loop.create_future()
-        q.busy = True
+        q.flying += 1
 
         def done(exc: BaseException | None, value: Any) -> None:
             if not fut.done():
@@ -214,11 +230,18 @@ class GroupCommit:
         return not others_ready(loop)
 
     def _flush(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        """The scheduled flush: what is pending goes now if a write lane is free (else as
+        soon as one of the loop's batches returns)."""
         q.scheduled = False
+        if not q.busy:
+            self._drain(loop, q)
+
+    def _drain(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        """Send what is pending as one batch (``q`` is not ``busy``)."""
         ops = [op for op in q.pending if not op.fut.cancelled()]
         q.pending = []
         if not ops:
-            self._next(loop, q)
+            self._forget(loop, q)
             return
         later: list[Op[Any]] = []
         if self.db.pg and any(op.releasing for op in ops):
@@ -234,8 +257,9 @@ class GroupCommit:
     def _send(
         self, loop: asyncio.AbstractEventLoop, q: _Queue, ops: list[Op[Any]], later: list[Op[Any]]
     ) -> None:
-        """``ops`` as one group commit on the write lane; then ``later`` as the next."""
-        q.busy = True
+        """``ops`` as one group commit on a write lane; then ``later`` as the next, in the
+        same slot of the loop's ``limit`` (the writes issued meanwhile may go on another)."""
+        q.flying += 1
 
         def done(exc: BaseException | None, value: Any) -> None:
             live: list[Op[Any]]
@@ -246,6 +270,7 @@ class GroupCommit:
                 live, outcomes = value
             self._hand_out(live, outcomes)
             if later:
+                q.flying -= 1
                 self._send(loop, q, later, [])
             else:
                 self._next(loop, q)
@@ -254,12 +279,17 @@ class GroupCommit:
 
     def _next(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
         """A batch of ``loop`` returned: the writes issued meanwhile go now, as the next."""
-        q.busy = False
+        q.flying -= 1
         if q.scheduled:
             return
         if q.pending:
-            self._flush(loop, q)
-        elif self._queues.get(loop) is q:
+            self._drain(loop, q)
+        else:
+            self._forget(loop, q)
+
+    def _forget(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        """Drop the loop's queue once nothing of it is pending, scheduled or on a lane."""
+        if not (q.flying or q.pending or q.scheduled) and self._queues.get(loop) is q:
             del self._queues[loop]
 
     def _run(self, ops: list[Op[Any]]) -> tuple[list[Op[Any]], list[Outcome]]:

@@ -132,6 +132,10 @@ class Lane:
         assert self.thread is not None
         self.thread.start()
 
+    def load(self) -> int:
+        """The jobs queued or running on this lane (a hint, read without the lock)."""
+        return len(self.jobs) + (self.current is not None)
+
     @property
     def usable(self) -> bool:
         """Still taking jobs (not retired, stopped or exited for idleness)."""

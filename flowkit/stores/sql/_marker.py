@@ -4,6 +4,7 @@ reads it once per store object."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ class CodecMarked:
     _sql: Statements
     _gc: GroupCommit
     _mark: CodecMark
+    _marker_reads: dict[asyncio.AbstractEventLoop, asyncio.Task[str | None]]
 
     def bind_codec(self, marker: str) -> None:
         """Called by a ``CodecStore`` wrapping this object: its payloads come encoded, and
@@ -48,10 +50,26 @@ class CodecMarked:
             await self._gc.write(Op(op, None, ""))
             mark.settled = True
             return None
-        found = await self.codec_marker()
+        found = await self._read_marker()
         if found is None:
             mark.settled = True
         return found
+
+    async def _read_marker(self) -> str | None:
+        """``codec_marker()``, one read for the calls of a loop that want it at once (the
+        first calls of a fresh store, before the marker is settled)."""
+        loop = asyncio.get_running_loop()
+        task = self._marker_reads.get(loop)
+        if task is None:
+            task = self._marker_reads[loop] = loop.create_task(self.codec_marker())
+
+            def done(t: asyncio.Task[str | None]) -> None:
+                self._marker_reads.pop(loop, None)
+                if not t.cancelled():
+                    t.exception()  # (retrieved: its callers may all have been cancelled)
+
+            task.add_done_callback(done)
+        return await asyncio.shield(task)
 
     async def _plain(self, what: str, carries: Callable[..., bool], *args: Any) -> None:
         """Record the bound marker, or raise ``EncryptedStoreError`` (``refuse``) when this

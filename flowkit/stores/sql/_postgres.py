@@ -49,6 +49,11 @@ def has_pipeline(dbapi: Any) -> bool:
         return bool(psycopg.Pipeline.is_supported())
 
 
+BEGIN_SQL = "BEGIN"
+"""A write transaction's first statement: what psycopg sends (the server's default isolation,
+READ COMMITTED, which the store's transactions are written for)."""
+
+
 class PgConn(Conn):
     """PostgreSQL: reads in autocommit, queued statements sent in one pipeline with the next
     one that returns something (or the ``COMMIT``), the wake-up with the ``COMMIT``."""
@@ -226,9 +231,18 @@ class PgConn(Conn):
         self.statements = 0
         self.reset_tx()
         self.stats["write_tx"] += 1
-        self.dbapi.autocommit = False  # BEGIN goes out with the first statement
+        if self.can_pipeline:
+            # The connection stays in autocommit and the transaction's BEGIN is queued: it goes
+            # out with the first statements, in their round trip. (Left to psycopg, BEGIN is a
+            # round trip of its own, even in a pipeline, which it syncs right after BEGIN.)
+            self._later.append((BEGIN_SQL, None, None))
+        else:
+            self.dbapi.autocommit = False  # BEGIN goes out with the first statement
 
     def commit(self) -> None:
+        if self._later == [(BEGIN_SQL, None, None)] and not self.wakes:
+            self._later.clear()  # (nothing was sent: there is no transaction to commit)
+            return
         if self._later:  # the queued writes, the wake-up and COMMIT in one round trip
             stmts: list[tuple[str, Any]] = []
             if self.wakes:
