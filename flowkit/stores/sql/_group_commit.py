@@ -125,7 +125,7 @@ class GroupCommit:
     gather for the next); without, every call runs at once on the caller's thread in a
     transaction of its own and never yields to the event loop (``TestEnv`` needs that)."""
 
-    SPLIT = 8
+    SPLIT = 16
     """With several write lanes: pending writes this many go at once while a lane is free,
     without waiting for the rest of the ready coroutines, so that batches overlap instead of
     the loop's runs moving in lockstep (the loop works on some while others' batches fly)."""

@@ -133,8 +133,9 @@ class Lane:
         self.thread.start()
 
     def load(self) -> int:
-        """The jobs queued or running on this lane (a hint, read without the lock)."""
-        return len(self.jobs) + (self.current is not None)
+        """The jobs queued or running on this lane."""
+        with self.cond:
+            return len(self.jobs) + (self.current is not None)
 
     @property
     def usable(self) -> bool:
