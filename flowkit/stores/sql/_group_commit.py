@@ -121,8 +121,8 @@ class _Queue:
 class GroupCommit:
     """The write calls of the store objects on one ``Database``. ``enabled`` (the store's
     ``group_commit``): concurrent calls share transactions, run on the database's I/O
-    threads, *pipelined* (while one batch is on the write lane, the writes issued meanwhile
-    gather for the next); without, every call runs at once on the caller's thread in a
+    threads, *pipelined* (while the loop has a batch on each write lane, the writes issued
+    meanwhile gather for the next); without, every call runs at once on the caller's thread in a
     transaction of its own and never yields to the event loop (``TestEnv`` needs that)."""
 
     SPLIT = 16
@@ -143,7 +143,7 @@ class GroupCommit:
 
     # -- the async face -----------------------------------------------------------------------
     async def read(self, fn: Callable[[Conn], T]) -> T:
-        """``fn`` on a connection outside a write transaction: on the read lane (inline
+        """``fn`` on a connection outside a write transaction: on a read lane (inline
         without group commit). Cancelling the caller skips it if it has not started."""
         db = self.db
         if not self.enabled:
@@ -151,7 +151,7 @@ class GroupCommit:
         return await self.call(lambda: db.run_read(fn), read=True)
 
     async def call(self, fn: Callable[[], T], *, read: bool = True) -> T:
-        """``fn()`` on an I/O thread (the read lane, or the write lane), inline without
+        """``fn()`` on an I/O thread (a read lane, or a write lane), inline without
         group commit; the caller awaits it and may be cancelled."""
         if not self.enabled:
             return fn()
@@ -172,8 +172,8 @@ class GroupCommit:
         """Run ``op`` in a write transaction and return its result once it is committed.
         The call joins its loop's pending batch. While other coroutines of the loop are
         ready to run, the flush is scheduled behind them (``loop.call_soon``), so every write
-        they issue joins; while a batch of the loop is on the write lane, the next one
-        gathers until it returns. A call nothing could join goes at once."""
+        they issue joins (but ``SPLIT`` pending go at once while a write lane is free); while
+        the loop has a batch on every write lane, the next one gathers until one returns. A call nothing could join goes at once."""
         if not self.enabled:
             return self.run_write(op)
         loop = asyncio.get_running_loop()
@@ -198,7 +198,7 @@ class GroupCommit:
         return q
 
     async def direct(self, fn: Callable[[], T]) -> T:
-        """``fn()`` (a lone write statement, ``Database.returning_now``) on the write lane as
+        """``fn()`` (a lone write statement, ``Database.returning_now``) on a write lane as
         a batch of its own: the loop's next writes gather behind it."""
         if not self.enabled:
             return fn()
@@ -220,7 +220,7 @@ class GroupCommit:
 
     def idle(self) -> bool:
         """Nothing could join a write issued now: no group commit, or no batch of this event
-        loop pending or on the write lane and no other coroutine ready to run."""
+        loop pending, a write lane free and no other coroutine ready to run."""
         if not self.enabled:
             return True
         loop = asyncio.get_running_loop()
@@ -293,7 +293,7 @@ class GroupCommit:
             del self._queues[loop]
 
     def _run(self, ops: list[Op[Any]]) -> tuple[list[Op[Any]], list[Outcome]]:
-        """(on the write lane) ``ops`` as one group commit, but for the calls whose callers
+        """(on a write lane) ``ops`` as one group commit, but for the calls whose callers
         gave up before it started: the calls run and their outcomes."""
         ops = [op for op in ops if not op.fut.cancelled()]
         if not ops:
