@@ -4,6 +4,7 @@ reads it once per store object."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ class CodecMarked:
     _sql: Statements
     _gc: GroupCommit
     _mark: CodecMark
+    _mark_pending: asyncio.Future[str | None] | None = None
 
     def bind_codec(self, marker: str) -> None:
         """Called by a ``CodecStore`` wrapping this object: its payloads come encoded, and
@@ -37,7 +39,19 @@ class CodecMarked:
 
     async def _guard(self) -> str | None:
         """Record the bound marker (once per store object); on a plain store, the marker its
-        payload writes must respect (``None``: in clear; read once per store object)."""
+        payload writes must respect (``None``: in clear; read once per store object).
+        Concurrent first calls share one round trip and resume together, so the writes they
+        go on to issue still share one group commit."""
+        pending = self._mark_pending
+        if (
+            pending is None
+            or pending.done()
+            or pending.get_loop() is not asyncio.get_running_loop()
+        ):
+            pending = self._mark_pending = asyncio.ensure_future(self._settle_mark())
+        return await asyncio.shield(pending)
+
+    async def _settle_mark(self) -> str | None:
         mark = self._mark
         if mark.bound is not None:
             q, params = self._sql.put_meta, {"key": CODEC_META_KEY, "value": mark.bound}
