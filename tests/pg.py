@@ -52,9 +52,51 @@ def _runner() -> tuple[list[str], int | None, int | None]:
     return [runuser, "-u", "postgres", "--"], pw.pw_uid, pw.pw_gid
 
 
+class PgServer:
+    """A running throwaway server (``running_postgres``): its ``url``, and ``restart()`` /
+    ``stop()`` / ``start()`` through ``pg_ctl`` (as the ``postgres`` user when root)."""
+
+    def __init__(self, url: str, root: Path, pg_ctl: str, prefix: list[str], timeout: float):
+        self.url = url
+        self.root = root
+        self.data = root / "data"
+        self.log = root / "server.log"
+        self.socket = str(root / ".s.PGSQL.5432")
+        self._pg_ctl = pg_ctl
+        self._prefix = prefix
+        self._timeout = timeout
+        self.options = ""
+
+    def ctl(self, *args: str, check: bool = True) -> None:
+        """``pg_ctl -D <data> <args>``."""
+        proc = subprocess.run(
+            [*self._prefix, self._pg_ctl, "-D", str(self.data), *args],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=self._timeout,
+        )
+        if check and proc.returncode != 0:
+            extra = self.log.read_text() if self.log.exists() else ""
+            raise RuntimeError(
+                f"pg_ctl {' '.join(args[:1])} failed ({proc.returncode}):\n"
+                f"{proc.stdout}\n{proc.stderr}\n{extra}"
+            )
+
+    def start(self) -> None:
+        self.ctl("-l", str(self.log), "-o", self.options, "-w", "-t", "60", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self.ctl("stop", "-m", mode, "-w")
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m <mode>``: every session ended, the server back when it returns."""
+        self.ctl("-l", str(self.log), "-o", self.options, "-w", "-t", "60", "restart", "-m", mode)
+
+
 @contextlib.contextmanager
-def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[str]:
-    """Start a server; yield ``postgresql+psycopg://postgres@/postgres?host=<socket dir>``.
+def running_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[PgServer]:
+    """Start a server; yield it as a ``PgServer`` (``start_postgres`` yields only its URL).
 
     ``durable=True`` keeps PostgreSQL's default durability (``fsync``, ``synchronous_commit``,
     ``full_page_writes`` on: every commit waits for its WAL flush), as a production server
@@ -102,9 +144,13 @@ def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[
         if not durable:
             options += "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
         options += "-c max_connections=200"
-        run(pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+        server = PgServer(
+            f"postgresql+psycopg://postgres@/postgres?host={root}", root, pg_ctl, prefix, timeout
+        )
+        server.options = options
+        server.start()
         started = True
-        yield f"postgresql+psycopg://postgres@/postgres?host={root}"
+        yield server
     finally:
         if started:
             subprocess.run(
@@ -114,6 +160,18 @@ def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[
                 timeout=timeout,
             )
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def start_postgres(timeout: float = 60.0, *, durable: bool = False) -> Iterator[str]:
+    """Start a server; yield ``postgresql+psycopg://postgres@/postgres?host=<socket dir>``
+    (``running_postgres`` yields a ``PgServer`` that can also be restarted and stopped).
+
+    ``durable=True`` keeps PostgreSQL's default durability (``fsync``, ``synchronous_commit``,
+    ``full_page_writes`` on: every commit waits for its WAL flush), as a production server
+    runs; the benchmarks use it. Tests leave it off for speed."""
+    with running_postgres(timeout, durable=durable) as server:
+        yield server.url
 
 
 _counter = itertools.count()

@@ -266,8 +266,6 @@ class Database:
                     ensure_schema(conn)
             except Exception as exc:
                 err = self.wrap(None, exc)
-                if isinstance(err, StoreUnavailableError):
-                    err.args = (str(err) + self._read_only_hint(exc),)
                 if err is exc:
                     raise
                 raise err from exc
@@ -378,6 +376,8 @@ class Database:
         chained as its cause; other exceptions as they are."""
         err = _errors.translate(exc, self.shown_url)
         assert isinstance(err, Exception)
+        if isinstance(err, StoreUnavailableError):
+            err.args = (str(err) + self._read_only_hint(exc),)
         return err
 
     def attempts(self) -> Iterator[Attempt]:

@@ -190,9 +190,9 @@ class Attempt:
     0.5 s) and says ``False`` once the budget (``RETRY_BUDGET`` seconds since the call began)
     would be spent. (Store I/O, not engine logic: the real monotonic clock.)"""
 
-    def __init__(self, budget: float = RETRY_BUDGET) -> None:
+    def __init__(self, budget: float | None = None) -> None:
         self.n = 0
-        self.budget = budget
+        self.budget = RETRY_BUDGET if budget is None else budget
         self.started = time.monotonic()  # noqa: TID251 (store I/O, not engine logic)
         self._next = RETRY_FIRST
 
@@ -206,7 +206,7 @@ class Attempt:
         return True
 
 
-def attempts(budget: float = RETRY_BUDGET) -> Any:
+def attempts(budget: float | None = None) -> Any:
     """``for attempt in attempts():`` the tries of one call: the same ``Attempt`` each time,
     until the loop returns or raises (``Database.retryable`` decides and pauses)."""
     attempt = Attempt(budget)
