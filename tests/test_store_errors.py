@@ -177,7 +177,9 @@ def test_the_url_defaults_and_their_overrides() -> None:
     assert u.query["connect_timeout"] == "5" and u.query["keepalives"] == "1"
     assert u.query["tcp_user_timeout"] == "10000"
     assert "statement_timeout=30s" in str(u.query["options"]) and io == 35.0
-    given = "postgresql+psycopg://u@h/db?connect_timeout=2&statement_timeout=1500&options=-c%20x%3D1"
+    given = (
+        "postgresql+psycopg://u@h/db?connect_timeout=2&statement_timeout=1500&options=-c%20x%3D1"
+    )
     u, io = configure_url(sa.engine.make_url(given))
     assert u.query["connect_timeout"] == "2"
     assert "statement_timeout" not in u.query  # (translated: libpq would refuse it)
@@ -244,7 +246,7 @@ async def test_a_read_only_sqlite_database_fails_the_first_write_clearly(tmp_pat
     ro = SqlStore(f"sqlite:///file:{path}?mode=ro&uri=true")
     try:
         assert (await ro.get_run("a")) is not None
-        with pytest.raises(StoreUnavailableError, match="readonly.*must be writable") as got:
+        with pytest.raises(StoreUnavailableError, match=r"readonly.*must be writable") as got:
             await put(ro, mk("b"))
         assert isinstance(got.value.__cause__, sqlite3.OperationalError)
         assert await ro.get_run("b") is None
