@@ -150,6 +150,17 @@ async def test_a_stalled_link_fails_the_call_within_the_io_timeout(
             store.close()
 
 
+def _until_seen_dead(store: SqlStore) -> None:
+    """Wait until the reset reached the store's own connection (the proxy closes its sockets
+    asynchronously: a statement sent before the reset arrived may have been lost with it, and
+    then, rightly, fails: it might have committed)."""
+    deadline = time.monotonic() + 10
+    c = store._db.conn
+    while c is not None and not c.broken():
+        assert time.monotonic() < deadline, "the reset never reached the connection"
+        time.sleep(0.001)
+
+
 async def test_after_every_connection_is_reset_the_next_calls_succeed(db_url: str) -> None:
     with NetProxy(_socket_of(db_url)) as proxy:
         store = SqlStore(proxy.url_for(db_url))
@@ -166,6 +177,7 @@ async def test_after_every_connection_is_reset_the_next_calls_succeed(db_url: st
             ]
             for call in calls:
                 assert proxy.reset() >= 1
+                _until_seen_dead(store)
                 await call()  # no error: the dead connection was replaced before sending
             a = await store.get_run("a")
             assert a is not None and a.lease_owner == "w"
