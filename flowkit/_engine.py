@@ -186,6 +186,11 @@ class Engine:
         claim, claiming it, or executing it (and renewing its lease)."""
         return self._worker is not None and self._worker.executing(run_id)
 
+    def retry_due(self) -> float | None:
+        """The earliest instant at which this engine's worker tries a failed store call
+        again (``None``: no activation waits to): a due time for ``TestEnv``'s clock."""
+        return None if self._worker is None else self._worker.retry_due()
+
     def poke(self) -> None:
         """Have the worker poll the store now rather than at its next deadline (new work
         may be due); a no-op without a running worker."""
