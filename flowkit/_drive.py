@@ -2,22 +2,20 @@
 
 ``Drive`` does it for one worker; the worker keeps the loops and the bookkeeping of what runs
 where (``_worker.py``), and the gate is ``_gate.py``'s. All time comes from the configured
-clock, the only randomness (gate jitter) from its RNG."""
+clock, the only randomness (gate jitter, retry backoff) from its RNG. A failed store call is
+retried here from a fresh read (``Drive.run``; the rules are ``_recovery.py``'s)."""
 
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
 
 from pydantic import ValidationError
 
 from . import _gate as gate
-from ._clock import Clock
-from ._definition import WorkflowDefinition
-from ._recovery import MAX_STORE_FAILURES, Backoff, LeaseProof, is_transient
+from ._recovery import Backoff, LeaseProof, is_transient
 from ._replay import (
     Activation,
     Cancelled,
@@ -30,76 +28,14 @@ from ._replay import (
     error_info,
 )
 from ._run import Run, RunStatus
+from ._seat import Registry, Seat, Settled, WorkerConfig
 from .errors import InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
-from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Store, Update
+from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Update
 
 log = logging.getLogger("flowkit")
 
-Registry = dict[str, tuple[WorkflowDefinition, Any]]
-"""Workflow name → (definition, the registered instance whose ``run`` is the body)."""
-Settled = Callable[[str, Run | None], None]
-"""Told when a run settles (with its snapshot) or leaves this worker unsettled (``None``):
-``Engine.result``'s waiters listen (``Bus.settled``)."""
-
-
-@dataclass(eq=False)
-class WorkerConfig:
-    """What a worker and its activations run with (``Engine`` builds it from its arguments;
-    its attributes of the same names read and write these). It lives here, below the worker,
-    because every activation reads it."""
-
-    store: Store
-    clock: Clock
-    rng: random.Random
-    instance_id: str
-    registry: Registry
-    lease_ttl: float = 30.0
-    poll_interval: float | None = 1.0  # None: poll only when poked (``TestEnv``)
-    max_concurrency: int = 100
-    blocked_retry: float = 60.0  # seconds before a blocked run replays its code again
-    # False leaves handover to the waiters' re-check timer (benchmarks, diagnostics)
-    notify_on_release: bool = True
-    # activations of one run that may fail the same non-transient way in a row before the
-    # run is ended (failed or blocked: ``Drive._give_up``)
-    max_store_failures: int = MAX_STORE_FAILURES
-
-
-class Seat(Protocol):
-    """What an activation needs of the worker that runs it (``Worker``)."""
-
-    @property
-    def running(self) -> bool: ...
-
-    def room(self) -> int:
-        """Free activation places (``max_concurrency`` minus the runs here); negative: over."""
-        ...
-
-    def attach(self, run_id: str, act: Activation) -> None:
-        """``act`` executes ``run_id`` now (lease renewal, cancellation and eviction find it)."""
-        ...
-
-    def run_claimed(self, run: Run, events: Sequence[Event]) -> None: ...
-
-    def dispatch(self, run_id: str) -> None: ...
-
-    def again(self, run_id: str) -> None:
-        """Activate ``run_id`` once more when its current activation here has ended."""
-        ...
-
-    def wake_by(self, at: float) -> None: ...
-
-    def poke(self) -> None: ...
-
-    def track(self, run_id: str, proof: LeaseProof) -> None:
-        """The activation of ``run_id`` holds its lease as ``proof`` says: renewals extend it."""
-        ...
-
-    def executing(self, run_id: str) -> bool: ...
-
-    def resume(self, run_id: str) -> None:
-        """Execute ``run_id``, leased here already, from a fresh read (if it still is)."""
-        ...
+__all__ = ["Drive", "Registry", "Seat", "Settled", "WorkerConfig"]
 
 
 class _Host:
@@ -227,7 +163,7 @@ class Drive:
                 t.op,
                 type(err).__name__,
                 err,
-                exc_info=not is_transient(err),
+                exc_info=None if is_transient(err) else err,
             )
             at = round(self.clock.now() + backoff.pause(), 6)
             self.retry_at[run_id] = at
@@ -330,14 +266,16 @@ class Drive:
         log.error("run %s: %s; giving up", run_id, info.message)
         run = t.run
         if run is not None and isinstance(err, SerializationError | InvalidInputError):
-            t.op = "commit of the failed outcome"
-            try:
-                await self._settle(run, Failed(info), t.admitted, t.notify, (), t)
-                return
-            except (LeaseLostError, ConflictError):
-                return
-            except Exception:
-                log.exception("run %s: its failure cannot be recorded; blocking it", run_id)
+            # with the step records the failed commit carried, else without (they may be
+            # what the store refuses)
+            for pending in dict.fromkeys((tuple(t.pending), ())):
+                try:
+                    await self._settle(run, Failed(info), t.admitted, t.notify, pending, t)
+                    return
+                except (LeaseLostError, ConflictError):
+                    return
+                except Exception:
+                    log.warning("run %s: its failure cannot be recorded", run_id, exc_info=True)
         if not t.proof.live():
             return  # (nothing may be written: recovery takes the run)
         now = self.clock.now()
@@ -406,6 +344,7 @@ class Drive:
         """Commit the activation's outcome, together with its deferred step records."""
         now = self.clock.now()
         t.op = f"commit of the {type(outcome).__name__.lower()} outcome"
+        t.pending = list(pending)
         commit = self._committer(t)
         release: list[Event] = [*pending, *gate.Gate.released(run, admitted, now)]
         match outcome:
@@ -518,6 +457,7 @@ class _Try:
     admitted: bool = False
     notify: Notify | None = None
     releasing: Notify | None = None  # a commit releasing a slot is in flight
+    pending: list[Event] = field(default_factory=list)  # the outcome commit's step records
 
 
 def _clean(text: str, limit: int = 2000) -> str:

@@ -34,6 +34,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._bus",
         "flowkit._gate",
         "flowkit._recovery",
+        "flowkit._seat",
         "flowkit._drive",
         "flowkit._worker",
     ),
