@@ -246,8 +246,11 @@ class Drive:
         self._seat.attach(run.id, act)
         t.op = "recording the run's events"
         outcome = await act.run()
-        if isinstance(outcome, Evicted) and act.store_error is not None:
-            raise act.store_error
+        if isinstance(outcome, Evicted):
+            if act.store_error is not None:
+                raise act.store_error
+            if not proof.live() and self._seat.running:
+                log.warning("run %s: its lease can no longer be proven; dropped here", run.id)
         await self._settle(run, outcome, admitted, notify, act.pending, t)
 
     async def _give_up(self, run_id: str, t: _Try, err: Exception, tries: int) -> None:

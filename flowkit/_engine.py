@@ -120,6 +120,9 @@ class Engine:
     max_concurrency = _Setting[int]()
     blocked_retry = _Setting[float]()
     notify_on_release = _Setting[bool]()
+    # failures of a run's store writes, the same way in a row, before the run ends
+    # (docs/stores.md, "When the store fails")
+    max_store_failures = _Setting[int]()
 
     # -- registration ------------------------------------------------------------------
     def register(self, wf: Any) -> None:

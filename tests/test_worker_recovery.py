@@ -303,11 +303,12 @@ async def test_an_output_the_store_refuses_fails_the_run_with_that_error(store: 
 
 
 async def test_an_undecodable_history_blocks_the_run(store: Any) -> None:
-    """The history cannot be decoded (a tampered value, a missing key): after three tries the
-    run is ``blocked`` with the ``CodecError`` (an operator can fix the key; it retries after
-    ``blocked_retry``), not ``running`` forever."""
+    """The history cannot be decoded (a tampered value, a missing key): after
+    ``max_store_failures`` tries (2 here) the run is ``blocked`` with the ``CodecError`` (an
+    operator can fix the key; it retries after ``blocked_retry``), not ``running`` forever."""
     faulty = FaultyStore(store)
     async with TestEnv([Nap()], store=faulty) as env:
+        env.engines[0].max_store_failures = 2
         await env.start("recover-nap", 0, "n")
         faulty.fail(
             "load_events",
@@ -319,9 +320,9 @@ async def test_an_undecodable_history_blocks_the_run(store: Any) -> None:
         run = await env.get_run("n")
         assert run.status is RunStatus.BLOCKED, run
         assert run.error is not None and run.error["type"] == "CodecError"
-        assert "load_events failed 3 times in a row" in run.error["message"]
+        assert "load_events failed 2 times in a row" in run.error["message"]
         assert run.lease_owner is None
         calls = len(faulty.failed)
-        assert calls == 3
+        assert calls == 2
         await env.advance(10)  # blocked: nothing retries before blocked_retry
         assert len(faulty.failed) == calls
