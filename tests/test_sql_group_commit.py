@@ -352,7 +352,7 @@ def test_a_sequential_write_goes_to_the_write_lane_at_once(tmp_path: Path) -> No
     thread) as soon as it is issued, and the loop is free while it runs. An in-memory
     database (one per connection) has no I/O thread: there it completes without yielding."""
     store = SqlStore(f"sqlite:///{tmp_path / 'seq.db'}", group_commit=True)
-    memory = SqlStore("sqlite://", group_commit=True)
+    memory = SqlStore("sqlite:///:memory:", group_commit=True)
 
     async def main() -> None:
         await put(store, mk("r"))

@@ -158,7 +158,14 @@ def test_translate_gives_typed_errors_with_the_cause_chained(
 # -- typed errors out of the store ------------------------------------------------------------
 
 
-async def test_a_value_postgresql_cannot_hold_is_a_serialization_error(pg_url: str) -> None:
+async def test_a_value_postgresql_cannot_hold_is_a_serialization_error(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backstop behind the limits (``flowkit.stores.limits``, which refuse NUL before any
+    write): a value the database itself refuses is a ``SerializationError`` too."""
+    from flowkit.stores import limits
+
+    monkeypatch.setattr(limits, "check_run", lambda *args: None)
     store = SqlStore(pg_url)
     try:
         run = dataclasses.replace(mk("nul"), input={"text": "a\x00b"})  # refused by jsonb
