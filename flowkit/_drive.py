@@ -2,22 +2,20 @@
 
 ``Drive`` does it for one worker; the worker keeps the loops and the bookkeeping of what runs
 where (``_worker.py``), and the gate is ``_gate.py``'s. All time comes from the configured
-clock, the only randomness (gate jitter) from its RNG."""
+clock, the only randomness (gate jitter, retry backoff) from its RNG. A failed store call is
+retried here from a fresh read (``Drive.run``; the rules are ``_recovery.py``'s)."""
 
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
 
 from pydantic import ValidationError
 
 from . import _gate as gate
-from ._clock import Clock
-from ._definition import WorkflowDefinition
-from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
+from ._recovery import Backoff, LeaseProof, is_transient
 from ._replay import (
     Activation,
     Cancelled,
@@ -30,75 +28,25 @@ from ._replay import (
     error_info,
 )
 from ._run import Run, RunStatus
-from .errors import LeaseLostError
-from .events import Event, RunCancelled, RunCompleted, RunFailed
-from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Store, Update
+from ._seat import Registry, Seat, Settled, WorkerConfig
+from .errors import InvalidInputError, LeaseLostError, SerializationError
+from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
+from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Update
 
 log = logging.getLogger("flowkit")
 
-Registry = dict[str, tuple[WorkflowDefinition, Any]]
-"""Workflow name → (definition, the registered instance whose ``run`` is the body)."""
-Settled = Callable[[str, Run | None], None]
-"""Told when a run settles (with its snapshot) or leaves this worker unsettled (``None``):
-``Engine.result``'s waiters listen (``Bus.settled``)."""
-
-
-@dataclass(eq=False)
-class WorkerConfig:
-    """What a worker and its activations run with (``Engine`` builds it from its arguments;
-    its attributes of the same names read and write these). It lives here, below the worker,
-    because every activation reads it."""
-
-    store: Store
-    clock: Clock
-    rng: random.Random
-    instance_id: str
-    registry: Registry
-    lease_ttl: float = 30.0
-    poll_interval: float | None = 1.0  # None: poll only when poked (``TestEnv``)
-    max_concurrency: int = 100
-    blocked_retry: float = 60.0  # seconds before a blocked run replays its code again
-    # False leaves handover to the waiters' re-check timer (benchmarks, diagnostics)
-    notify_on_release: bool = True
-    # the largest payload an activation records (``Engine(max_payload_bytes=...)``)
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-
-
-class Seat(Protocol):
-    """What an activation needs of the worker that runs it (``Worker``)."""
-
-    @property
-    def running(self) -> bool: ...
-
-    def room(self) -> int:
-        """Free activation places (``max_concurrency`` minus the runs here); negative: over."""
-        ...
-
-    def attach(self, run_id: str, act: Activation) -> None:
-        """``act`` executes ``run_id`` now (lease renewal, cancellation and eviction find it)."""
-        ...
-
-    def run_claimed(self, run: Run, events: Sequence[Event]) -> None: ...
-
-    def dispatch(self, run_id: str) -> None: ...
-
-    def again(self, run_id: str) -> None:
-        """Activate ``run_id`` once more when its current activation here has ended."""
-        ...
-
-    def wake_by(self, at: float) -> None: ...
-
-    def poke(self) -> None: ...
+__all__ = ["Drive", "Registry", "Seat", "Settled", "WorkerConfig"]
 
 
 class _Host:
     """The activation's window on the store: appends fenced by this worker's lease."""
 
-    __slots__ = ("_d", "_run_id")
+    __slots__ = ("_d", "_proof", "_run_id")
 
-    def __init__(self, drive: Drive, run_id: str) -> None:
+    def __init__(self, drive: Drive, run_id: str, proof: LeaseProof) -> None:
         self._d = drive
         self._run_id = run_id
+        self._proof = proof
 
     def now(self) -> float:
         return self._d.clock.now()
@@ -107,8 +55,13 @@ class _Host:
     def max_payload_bytes(self) -> int:
         return self._d.config.max_payload_bytes
 
+    def lease_live(self) -> bool:
+        return self._proof.live()
+
     async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
         d = self._d
+        if not self._proof.live():
+            raise LeaseLostError(self._run_id)  # (the activation stops, writing nothing)
         # a step's record: events only (AppendsEvents); None: not that simple, commit
         if (
             d.appends is not None
@@ -146,77 +99,245 @@ class Drive:
         self.gate = gate.Gate(config.store, config.clock, config.rng)
         self._seat = seat
         self._settled = settled
+        # run id → when its activation tries a failed store call again (``Worker.retry_due``)
+        self.retry_at: dict[str, float] = {}
 
     async def run(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
         """Claim ``run_id`` (unless ``claimed``: leased here already, with its history), pass
-        its gate, replay its body and commit the outcome. Never raises an ordinary error: a
-        lost lease is logged, any other failure leaves the run to recovery (its lease
-        expires and any instance claims it again)."""
+        its gate, replay its body and commit the outcome. Never raises an ordinary error.
+
+        A failed store call is tried again here, by the lease holder, after a short backoff
+        and from a fresh read of the run and its history (what a failed write left, landed
+        or not, is what replay sees): at once for a transient failure, as long as the lease
+        is provably live; a failure that repeats the same non-transient way
+        ``max_store_failures`` times ends the run (``_give_up``). A lost or unprovable lease
+        drops the run here, writing nothing more: recovery (any instance) claims it."""
+        cfg = self.config
+        proof = LeaseProof(self.clock, cfg.lease_ttl)
+        self._seat.track(run_id, proof)
+        backoff = Backoff(self.clock, cfg.rng)
+        failures = 0
+        last: tuple[str, str] | None = None
+        first_failure: float | None = None
+        handing: Notify | None = None  # a release in flight when the store failed
+        fresh = False  # read the run again before the next try
+        while True:
+            t = _Try(proof)
+            try:
+                if fresh:
+                    t.op = "get_run"
+                    run = await self.store.get_run(run_id)
+                    if run is None or not run.status.active or run.lease_owner != self.owner:
+                        if handing is not None:  # it landed: runs may have been handed to us
+                            await self._adopt(handing)
+                        self._follow(run)
+                        return
+                    proof.stored(run.lease_expires, cfg.lease_ttl)
+                    if not proof.live():
+                        log.warning("run %s: its lease can no longer be proven; left", run_id)
+                        return
+                    t.op = "load_events"
+                    claimed = (run, await self.store.load_events(run_id))
+                    handing = None
+                await self._once(run_id, claimed, proof, t)
+                return
+            except (LeaseLostError, ConflictError):
+                log.info("run %s taken over by another instance", run_id)
+                return
+            except Exception as exc:
+                err = exc
+            handing = handing or t.releasing
+            now = self.clock.now()
+            if first_failure is None:
+                first_failure = now
+            if not is_transient(err):
+                # (consecutive failures of the same kind at the same place)
+                sig = (t.op, type(err).__name__)
+                failures = failures + 1 if sig == last else 1
+                last = sig
+                if failures >= cfg.max_store_failures:
+                    await self._give_up(run_id, t, err, failures)
+                    return
+            elif now - first_failure > cfg.lease_ttl:
+                log.error("run %s: the store kept failing (%r); left to recovery", run_id, err)
+                return
+            log.warning(
+                "run %s: %s failed (%s: %s); trying again",
+                run_id,
+                t.op,
+                type(err).__name__,
+                err,
+                exc_info=None if is_transient(err) else err,
+            )
+            at = round(self.clock.now() + backoff.pause(), 6)
+            self.retry_at[run_id] = at
+            try:
+                await self.clock.sleep_until(at)
+            finally:
+                self.retry_at.pop(run_id, None)
+            if not self._seat.running:
+                return
+            fresh, claimed = True, None
+
+    async def _once(
+        self,
+        run_id: str,
+        claimed: tuple[Run, list[Event]] | None,
+        proof: LeaseProof,
+        t: _Try,
+    ) -> None:
+        """One try of the activation; raises what failed (``t`` says where it was)."""
         cfg = self.config
         run: Run | None
         events: list[Event] | None = None
-        try:
-            if claimed is not None:
-                run, events = claimed
+        if claimed is not None:
+            run, events = claimed
+            if run.lease_owner == self.owner:
+                proof.stored(run.lease_expires, cfg.lease_ttl)
+        else:
+            now = self.clock.now()
+            t.op = "claim"
+            run = await self.store.claim(run_id, self.owner, now, now + cfg.lease_ttl)
+            if run is None:
+                return
+            proof.granted(now)
+        t.run = run
+        entry = cfg.registry.get(run.workflow)
+        if entry is None:  # a worker without this workflow: leave it for another one
+            t.op = "lease release"
+            now = self.clock.now()
+            await self.store.commit(run.id, self.owner, now, Update(release_lease=True))
+            return
+        defn, instance = entry
+        if events is None:
+            t.op = "load_events"
+            events = await self.store.load_events(run.id)
+        admitted = False
+        unwritten: list[Event] = []
+        notify: Notify | None = None
+        if run.singleton_key is not None:
+            release = gate.release_notify(run, defn)
+            notify = release if cfg.notify_on_release else None
+            t.notify = notify
+            if run.admitted:
+                unwritten = self.gate.admitted_record(run, events)
             else:
-                now = self.clock.now()
-                run = await self.store.claim(run_id, self.owner, now, now + cfg.lease_ttl)
-                if run is None:
+                if not proof.live():
+                    raise LeaseLostError(run.id)
+                t.op = "singleton admission"
+                passed = await self.gate.admit(run, events, defn, notify, self._committer(t))
+                if passed is None:
+                    return  # parked behind the key's holders, or cancelled
+                unwritten = passed
+            admitted = True
+        t.admitted = admitted
+        try:
+            value = defn.input_adapter.validate_python(run.input)
+        except ValidationError as exc:  # the stored input no longer fits the current code
+            await self._settle(run, Failed(error_info(exc)), admitted, notify, unwritten, t)
+            return
+        act = Activation(
+            defn,
+            instance,
+            run.id,
+            value,
+            events,
+            _Host(self, run.id, proof),
+            cancel_requested=run.status is RunStatus.CANCELLING,
+            attempt=run.attempt,
+            unwritten=unwritten,
+        )
+        self._seat.attach(run.id, act)
+        t.op = "recording the run's events"
+        outcome = await act.run()
+        if isinstance(outcome, Evicted):
+            if act.store_error is not None:
+                raise act.store_error
+            if not proof.live() and self._seat.running:
+                log.warning("run %s: its lease can no longer be proven; dropped here", run.id)
+        await self._settle(run, outcome, admitted, notify, act.pending, t)
+
+    async def _give_up(self, run_id: str, t: _Try, err: Exception, tries: int) -> None:
+        """End a run whose store writes failed the same non-transient way ``tries`` times.
+
+        Bad data (``SerializationError``, ``InvalidInputError``: a value the store cannot
+        hold, which the code will produce again) fails the run: final, its singleton slot
+        released. Anything else (a ``CodecError``: a missing key, a tampered value; an
+        unknown error) blocks it: an operator can fix the cause, and it runs again after
+        ``blocked_retry``. When even the ``failed`` commit cannot be written, the run is
+        blocked; when nothing can be written, it is left to recovery."""
+        info = ErrorInfo(
+            type=type(err).__name__,
+            message=_clean(f"{t.op} failed {tries} times in a row: {err}"),
+        )
+        log.error("run %s: %s; giving up", run_id, info.message)
+        run = t.run
+        if run is not None and isinstance(err, SerializationError | InvalidInputError):
+            # with the step records the failed commit carried, else without (they may be
+            # what the store refuses)
+            for pending in dict.fromkeys((tuple(t.pending), ())):
+                try:
+                    await self._settle(run, Failed(info), t.admitted, t.notify, pending, t)
                     return
-            entry = cfg.registry.get(run.workflow)
-            if entry is None:  # a worker without this workflow: leave it for another one
-                await self.store.commit(
-                    run.id, self.owner, self.clock.now(), Update(release_lease=True)
-                )
-                return
-            defn, instance = entry
-            if events is None:
-                events = await self.store.load_events(run.id)
-            admitted = False
-            unwritten: list[Event] = []
-            notify: Notify | None = None
-            if run.singleton_key is not None:
-                release = gate.release_notify(run, defn)
-                notify = release if cfg.notify_on_release else None
-                if run.admitted:
-                    unwritten = self.gate.admitted_record(run, events)
-                else:
-                    passed = await self.gate.admit(run, events, defn, notify, self._commit)
-                    if passed is None:
-                        return  # parked behind the key's holders, or cancelled
-                    unwritten = passed
-                admitted = True
-            try:
-                value = defn.input_adapter.validate_python(run.input)
-            except ValidationError as exc:  # the stored input no longer fits the current code
-                await self._settle(run, Failed(error_info(exc)), admitted, notify, unwritten)
-                return
-            act = Activation(
-                defn,
-                instance,
-                run.id,
-                value,
-                events,
-                _Host(self, run.id),
-                cancel_requested=run.status is RunStatus.CANCELLING,
-                attempt=run.attempt,
-                unwritten=unwritten,
+                except (LeaseLostError, ConflictError):
+                    return
+                except Exception:
+                    log.warning("run %s: its failure cannot be recorded", run_id, exc_info=True)
+        if not t.proof.live():
+            return  # (nothing may be written: recovery takes the run)
+        now = self.clock.now()
+        try:
+            await self._commit_checked(
+                run_id,
+                Update(
+                    status=RunStatus.BLOCKED,
+                    error=info.model_dump(),
+                    wake_at=round(now + self.config.blocked_retry, 6),
+                    release_lease=True,
+                ),
             )
-            self._seat.attach(run.id, act)
-            outcome = await act.run()
-            if isinstance(outcome, Evicted) and act.store_error is not None:
-                log.warning(
-                    "run %s: the store failed mid-activation (%r); it will be recovered",
-                    run.id,
-                    act.store_error,
-                )
-            await self._settle(run, outcome, admitted, notify, act.pending)
         except (LeaseLostError, ConflictError):
-            log.info("run %s taken over by another instance", run_id)
+            pass
         except Exception:
-            # A store or engine failure mid-activation: nothing more is written; the lease
-            # expires and recovery (any instance) claims the run again.
-            log.exception("activation of run %s failed; it will be recovered", run_id)
+            log.exception("run %s: cannot be blocked either; left to recovery", run_id)
+
+    async def _commit_checked(self, run_id: str, update: Update) -> None:
+        """A commit for a run this drive may not have read (``_give_up``)."""
+        res = await self.store.commit(run_id, self.owner, self.clock.now(), update)
+        self._follow(res.run)
+
+    async def _adopt(self, notify: Notify) -> None:
+        """A release whose commit failed in flight had landed: the runs it handed to this
+        instance are leased here but nobody executes them. Find them (the key's active runs
+        leased here and not running here) and resume them at once, so that the key is not
+        blocked until their leases expire."""
+        try:
+            runs = await self.store.list_runs(tag=notify.tag)
+        except Exception:
+            log.warning("could not look for runs handed over on %s", notify.tag, exc_info=True)
+            return
+        for r in runs:
+            if r.status.active and r.lease_owner == self.owner and not self._seat.executing(r.id):
+                self._seat.resume(r.id)
+
+    def _follow(self, new: Run | None) -> None:
+        """Act on what a fresh read or a commit says of a run this drive holds no more:
+        tell ``Engine.result`` of a settlement, and come back for a run that is due again."""
+        if new is None:
+            return
+        seat = self._seat
+        if new.status.terminal:
+            self._settled(new.id, new)
+        elif new.lease_owner is None and (
+            new.status in (RunStatus.CANCELLING, RunStatus.PENDING, RunStatus.RUNNING)
+            or (new.wake_at is not None and new.wake_at <= self.clock.now())
+        ):
+            seat.again(new.id)
+        elif new.wake_at is not None:
+            if new.wake_at <= self.clock.now():
+                seat.poke()
+            elif seat.running:
+                seat.wake_by(new.wake_at)
 
     async def _settle(
         self,
@@ -224,14 +345,18 @@ class Drive:
         outcome: Outcome,
         admitted: bool,
         notify: Notify | None,
-        pending: Sequence[Event] = (),
+        pending: Sequence[Event],
+        t: _Try,
     ) -> None:
         """Commit the activation's outcome, together with its deferred step records."""
         now = self.clock.now()
+        t.op = f"commit of the {type(outcome).__name__.lower()} outcome"
+        t.pending = list(pending)
+        commit = self._committer(t)
         release: list[Event] = [*pending, *gate.Gate.released(run, admitted, now)]
         match outcome:
             case Completed(output):
-                await self._commit(
+                await commit(
                     run,
                     Update(
                         events=[*release, RunCompleted(output=output, at=now)],
@@ -242,7 +367,7 @@ class Drive:
                     ),
                 )
             case Failed(error):
-                await self._commit(
+                await commit(
                     run,
                     Update(
                         events=[*release, RunFailed(error=error, at=now)],
@@ -252,7 +377,7 @@ class Drive:
                     ),
                 )
             case Cancelled():
-                await self._commit(
+                await commit(
                     run,
                     Update(
                         events=[*release, RunCancelled(at=now)],
@@ -261,7 +386,7 @@ class Drive:
                     ),
                 )
             case Suspended(wake_at, signals):
-                await self._commit(
+                await commit(
                     run,
                     Update(
                         events=pending,
@@ -274,7 +399,7 @@ class Drive:
                 )
             case Diverged(err):
                 log.warning("run %s blocked: %s", run.id, err)
-                await self._commit(
+                await commit(
                     run,
                     Update(
                         events=pending,
@@ -287,12 +412,24 @@ class Drive:
             case Evicted():
                 pass
 
-    async def _commit(self, run: Run, update: Update) -> Run:
+    def _committer(self, t: _Try) -> gate.Commit:
+        """``_commit`` for the try ``t`` (the gate writes through it too)."""
+
+        async def commit(run: Run, update: Update) -> Run:
+            return await self._commit(run, update, t)
+
+        return commit
+
+    async def _commit(self, run: Run, update: Update, t: _Try) -> Run:
         """Commit under this worker's lease, then act on what the commit says: start the runs
         it handed over, dispatch the runs it woke, tell ``Engine.result`` of a settlement, and
-        come back for a run that is due again."""
+        come back for a run that is due again. Nothing is written once the lease cannot be
+        proven live (``LeaseLostError``)."""
+        if not t.proof.live():
+            raise LeaseLostError(run.id)
         seat = self._seat
         now = self.clock.now()
+        t.releasing = update.notify
         if update.notify is not None and seat.running and (room := seat.room()) >= 0:
             # Hand the freed slot(s) straight to the next waiter(s), as many as we have room
             # for (this run's own place included): the store admits and leases them to us in
@@ -309,19 +446,28 @@ class Drive:
             res = await self.store.commit(run.id, self.owner, now, update)
             for h in res.handed:  # (none: nothing was handed to this instance)
                 seat.run_claimed(h.run, h.events)
+        t.releasing = None
         for wid in res.woken:
             seat.dispatch(wid)
-        new = res.run
-        if new.status.terminal:
-            self._settled(run.id, new)
-        elif new.lease_owner is None and (
-            new.status in (RunStatus.CANCELLING, RunStatus.PENDING, RunStatus.RUNNING)
-            or (new.wake_at is not None and new.wake_at <= self.clock.now())
-        ):
-            seat.again(run.id)
-        elif new.wake_at is not None:
-            if new.wake_at <= self.clock.now():
-                seat.poke()
-            elif seat.running:
-                seat.wake_by(new.wake_at)
-        return new
+        self._follow(res.run)
+        return res.run
+
+
+@dataclass(eq=False)
+class _Try:
+    """What one try of an activation got to: where it failed (``op``, named in a give-up's
+    error) and what a final commit needs (the run, its admission, its release)."""
+
+    proof: LeaseProof
+    op: str = "claim"
+    run: Run | None = None
+    admitted: bool = False
+    notify: Notify | None = None
+    releasing: Notify | None = None  # a commit releasing a slot is in flight
+    pending: list[Event] = field(default_factory=list)  # the outcome commit's step records
+
+
+def _clean(text: str, limit: int = 2000) -> str:
+    """An error message every store can hold: no NUL, bounded length."""
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -131,6 +131,9 @@ class Engine:
     blocked_retry = _Setting[float]()
     notify_on_release = _Setting[bool]()
     max_payload_bytes = _Setting[int]()
+    # failures of a run's store writes, the same way in a row, before the run ends
+    # (docs/stores.md, "When the store fails")
+    max_store_failures = _Setting[int]()
 
     # -- registration ------------------------------------------------------------------
     def register(self, wf: Any) -> None:
@@ -196,6 +199,11 @@ class Engine:
         """Whether this engine's worker has ``run_id`` in hand right now: queued for its
         claim, claiming it, or executing it (and renewing its lease)."""
         return self._worker is not None and self._worker.executing(run_id)
+
+    def retry_due(self) -> float | None:
+        """The earliest instant at which this engine's worker tries a failed store call
+        again (``None``: no activation waits to): a due time for ``TestEnv``'s clock."""
+        return None if self._worker is None else self._worker.retry_due()
 
     def poke(self) -> None:
         """Have the worker poll the store now rather than at its next deadline (new work

@@ -13,6 +13,7 @@ from typing import Any
 
 from ._drive import Drive, Settled, WorkerConfig
 from ._eager import start_next
+from ._recovery import Backoff, LeaseProof, bounded
 from ._replay import Activation
 from ._run import Run, RunStatus
 from .events import Event
@@ -36,6 +37,10 @@ class Worker:
         self._settled = settled
         self._drive = Drive(config, self, settled)
         self._active: dict[str, Activation | None] = {}
+        # what each activation here can prove of its lease (renewals extend it), and the
+        # renewals in flight (a run's next renewal waits for its last one, no other run does)
+        self._leases: dict[str, LeaseProof] = {}
+        self._renewing: set[str] = set()
         self._again: set[str] = set()
         # Runs handed to this instance while a stale activation of theirs was still winding
         # down here: executed as soon as it has gone (their lease is already ours).
@@ -103,18 +108,28 @@ class Worker:
         held += [r for r in self._orphans if r not in held]
         self._orphans.clear()
         self._handed_later.clear()
-        if graceful:
+        if graceful and held:
             now = self.clock.now()
-            for run_id in held:
-                try:
-                    await self.store.commit(run_id, self.owner, now, Update(release_lease=True))
-                except Exception:  # best effort: the lease expires anyway
-                    log.debug("could not release lease of %s", run_id, exc_info=True)
+            await asyncio.gather(*(self._give_back(run_id, now) for run_id in held))
         self._active.clear()
+        self._leases.clear()
+        self._renewing.clear()
         self._loops = []
         self._tasks.clear()
         for run_id in held:  # (an activation cancelled before it began told nobody)
             self._settled(run_id, None)
+
+    async def _give_back(self, run_id: str, now: float) -> None:
+        """Release one lease on stopping; best effort, bounded: the lease expires anyway."""
+        update = Update(release_lease=True)
+        try:
+            await bounded(
+                self.clock,
+                self.store.commit(run_id, self.owner, now, update),
+                self.config.lease_ttl / 3,
+            )
+        except Exception:
+            log.debug("could not release lease of %s", run_id, exc_info=True)
 
     def poke(self) -> None:
         """Re-scan the store now (new due work may exist)."""
@@ -146,6 +161,10 @@ class Worker:
     def executing(self, run_id: str) -> bool:
         """Whether ``run_id`` is being claimed or executed by this instance right now."""
         return run_id in self._active
+
+    def retry_due(self) -> float | None:
+        """The earliest instant an activation here tries a failed store call again."""
+        return min(self._drive.retry_at.values(), default=None)
 
     def holds(self, run_id: str) -> bool:
         """Whether an activation of ``run_id`` (claimed, past its gate) runs here: it ends by
@@ -187,17 +206,24 @@ class Worker:
         release = getattr(self.store, "release_leases", None)
         if release is None:
             return
-        try:
-            released = await release(self.owner, self.clock.now())
-        except Exception:  # never fatal: the leases expire anyway
-            log.exception("taking back the leases of %s failed", self.owner)
-            return
+        backoff = Backoff(self.clock, self.config.rng)
+        for tries_left in (2, 1, 0):
+            try:
+                released = await release(self.owner, self.clock.now())
+                break
+            except Exception:  # never fatal: the leases expire anyway
+                if not tries_left:
+                    log.exception("taking back the leases of %s failed", self.owner)
+                    return
+                await backoff.sleep()
         if released:
             log.info("%s took back %d leased run(s) of its previous run", self.owner, len(released))
 
     async def _poll_loop(self) -> None:
         cfg = self.config
         names = tuple(cfg.registry)
+        # after a failed poll: 50 ms doubling to 1 s (or the poll interval, when shorter)
+        backoff = Backoff(self.clock, cfg.rng, min(1.0, cfg.poll_interval or 1.0))
         while self.running:
             self._poke.clear()
             self._rearm.clear()
@@ -212,10 +238,11 @@ class Worker:
                     await asyncio.sleep(0)  # a backlog and free capacity: next batch at once
                     continue
                 nxt = await self.next_due(now)
-            except Exception:  # the store is unavailable: try again after a pause
-                log.exception("polling the store failed")
-                await self._wait(now + (cfg.poll_interval or 1.0))
+            except Exception:  # the store is unavailable: try again after a short pause
+                log.warning("polling the store failed", exc_info=True)
+                await self._wait(round(self.clock.now() + backoff.pause(), 6))
                 continue
+            backoff.reset()
             deadline = now + cfg.poll_interval if cfg.poll_interval is not None else None
             if nxt is not None and nxt > now and (deadline is None or nxt < deadline):
                 deadline = nxt
@@ -257,22 +284,46 @@ class Worker:
                 return
 
     async def _renew_loop(self) -> None:
+        """Every ``lease_ttl / 3``, renew the lease of every run here, each in a task of its
+        own bounded by ``lease_ttl / 3``: one stalled store call delays no other renewal."""
         cfg, clock = self.config, self.clock
         while self.running:
             await clock.sleep_until(clock.now() + cfg.lease_ttl / 3)
-            now = clock.now()
-            for run_id, act in list(self._active.items()):
-                try:
-                    run = await self.store.renew_lease(run_id, self.owner, now + cfg.lease_ttl)
-                except Exception:  # keep going: the next renewal may succeed in time
-                    log.exception("renewing the lease of %s failed", run_id)
-                    continue
-                if act is None:
-                    continue
-                if run is None:
-                    act.evict()
-                elif run.status is RunStatus.CANCELLING:
-                    act.request_cancel()
+            for run_id in list(self._active):
+                if run_id in self._renewing:
+                    continue  # its last renewal is still out (bounded: it ends soon)
+                self._renewing.add(run_id)
+                task = asyncio.ensure_future(self._renew(run_id))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _renew(self, run_id: str) -> None:
+        cfg, clock = self.config, self.clock
+        # (read now: a later activation of the run has its own proof, which this renewal's
+        # answer says nothing of)
+        proof, act = self._leases.get(run_id), self._active.get(run_id)
+        sent = clock.now()
+        try:
+            run = await bounded(
+                clock,
+                self.store.renew_lease(run_id, self.owner, sent + cfg.lease_ttl),
+                cfg.lease_ttl / 3,
+            )
+        except Exception:  # keep going: the next renewal may succeed in time
+            log.warning("renewing the lease of %s failed", run_id, exc_info=True)
+            return
+        finally:
+            self._renewing.discard(run_id)
+        if run is None:
+            if proof is not None:
+                proof.lose()
+            if act is not None:
+                act.evict()
+            return
+        if proof is not None:
+            proof.granted(sent)
+        if act is not None and run.status is RunStatus.CANCELLING:
+            act.request_cancel()
 
     # -- one activation ----------------------------------------------------------------
     async def _activate(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
@@ -281,6 +332,7 @@ class Worker:
                 await self._drive.run(run_id, claimed)
         finally:
             self._active.pop(run_id, None)
+            self._leases.pop(run_id, None)
             self._settled(run_id, None)  # result() waiters: it left here; look again
         if run_id in self._handed_later:
             self._handed_later.discard(run_id)
@@ -312,6 +364,18 @@ class Worker:
 
     def attach(self, run_id: str, act: Activation) -> None:
         self._active[run_id] = act
+
+    def track(self, run_id: str, proof: LeaseProof) -> None:
+        self._leases[run_id] = proof
+
+    def resume(self, run_id: str) -> None:
+        """Execute ``run_id`` (leased here, nobody executes it) from a fresh read."""
+        if run_id in self._active:
+            self._handed_later.add(run_id)
+            return
+        task = asyncio.ensure_future(self._resume_handed(run_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def again(self, run_id: str) -> None:
         self._again.add(run_id)

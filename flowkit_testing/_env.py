@@ -229,6 +229,10 @@ class TestEnv:
                 t = r.wake_at
             if t is not None and t > now and (best is None or t < best):
                 best = t
+        for eng in live.values():  # an activation waiting to try a failed store call again
+            t = eng.retry_due()
+            if t is not None and t > now and (best is None or t < best):
+                best = t
         return best
 
     async def _jump(self, to: float) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from flowkit import Run
+from flowkit.errors import StoreUnavailableError
 from flowkit.events import StepCompleted
 from flowkit.stores.base import Update, records_admission
 
@@ -54,8 +55,9 @@ HIDDEN = ("watch",)
 interleavings depend on wall-clock timing instead of the seed."""
 
 
-class InjectedFault(Exception):
-    """Raised by an ``InstanceStore`` where a ``FaultRule`` fires."""
+class InjectedFault(StoreUnavailableError):
+    """Raised by an ``InstanceStore`` where a ``FaultRule`` fires: a transient store failure
+    (a ``StoreUnavailableError``), which the lease holder retries after a short backoff."""
 
 
 class InstanceCrashed(BaseException):

@@ -192,6 +192,11 @@ class PgServer:
                   "restart", "-m", mode, "-w", "-t", str(int(self.timeout)))  # fmt: skip
         self.running = True
 
+    @property
+    def socket(self) -> str:
+        """``socket_path`` (what ``tests/test_store_outages.py`` calls it)."""
+        return self.socket_path
+
     def promote(self) -> None:
         """``pg_ctl promote -w``: a standby becomes a primary (read-write)."""
         self._run(self.pg_ctl, "-D", str(self.data), "promote", "-w", "-t",
@@ -232,6 +237,10 @@ def started_server(timeout: float = 60.0, *, durable: bool = False) -> Iterator[
         yield server
     finally:
         server.destroy()
+
+
+running_postgres = started_server
+"""(The name ``tests/test_store_outages.py`` uses.)"""
 
 
 # Commits wait for the standby (synchronous_commit=on with a named synchronous standby). Only

@@ -31,7 +31,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "events": ("flowkit.events", "flowkit._history"),
     "stores": ("flowkit.stores",),
     "replay": ("flowkit._replay",),
-    "engine": ("flowkit._bus", "flowkit._gate", "flowkit._drive", "flowkit._worker"),
+    "engine": (
+        "flowkit._bus",
+        "flowkit._gate",
+        "flowkit._recovery",
+        "flowkit._seat",
+        "flowkit._drive",
+        "flowkit._worker",
+    ),
     "client": ("flowkit._engine",),
     "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
 }

@@ -27,7 +27,9 @@ from store_kit import (
 )
 
 from flowkit.errors import (
+    ConflictError,
     RunNotFoundError,
+    StoreUnavailableError,
 )
 from flowkit.events import RunCompleted
 from flowkit.stores.base import Notify, QueueCap, Update
@@ -35,6 +37,7 @@ from flowkit.stores.sql import (
     SqlStore,
 )
 from flowkit.stores.sql._database import Database
+from flowkit.stores.sql._errors import root
 from flowkit.stores.sql._group_commit import GroupCommit, Op
 from flowkit_testing.conformance import CHECKS
 
@@ -157,7 +160,8 @@ async def test_a_call_failing_after_it_wrote_reruns_the_batch_call_by_call(
         return_exceptions=True,
     )
     assert delta(s, counts, "batch_retries") == 1
-    assert isinstance(got[1], sa.exc.IntegrityError)
+    assert isinstance(got[1], ConflictError)  # (a unique key taken: typed, cause chained)
+    assert isinstance(root(got[1].__cause__), s._db.dbapi_error)
     assert not isinstance(got[0], BaseException) and got[0].seqs == (2,)
     assert not isinstance(got[2], BaseException) and got[2].seqs == (2,)
     assert [e.type for e in await s.load_events("a")] == ["run_started", "timer_fired"]
@@ -197,7 +201,8 @@ async def test_a_release_whose_queued_write_fails_reruns_the_batch_call_by_call(
         *(s.commit(f"h{k}", "x", T0 + 3, release(k)) for k in "ab"), return_exceptions=True
     )
     assert delta(s, counts, "batch_retries") == 1
-    assert isinstance(got[1], sa.exc.IntegrityError)
+    assert isinstance(got[1], ConflictError)  # (a unique key taken: typed, cause chained)
+    assert isinstance(root(got[1].__cause__), s._db.dbapi_error)
     assert not isinstance(got[0], BaseException)
     assert [h.run.id for h in got[0].handed] == ["wa"]
     wa = await s.get_run("wa")
@@ -266,7 +271,8 @@ async def test_a_failed_commit_fails_every_call_of_the_batch(
         s.claim("b", "w", T0 + 1, T0 + 31),
         return_exceptions=True,
     )
-    assert [type(g) for g in got] == [sa.exc.OperationalError] * 2
+    # a failed COMMIT may have landed: not retried, typed, the driver's error chained
+    assert [type(g) for g in got] == [StoreUnavailableError] * 2
     assert "injected" in str(got[0])
     assert [e.seq for e in await s.load_events("a")] == [1]
     b = await s.get_run("b")
@@ -346,7 +352,7 @@ def test_a_sequential_write_goes_to_the_write_lane_at_once(tmp_path: Path) -> No
     thread) as soon as it is issued, and the loop is free while it runs. An in-memory
     database (one per connection) has no I/O thread: there it completes without yielding."""
     store = SqlStore(f"sqlite:///{tmp_path / 'seq.db'}", group_commit=True)
-    memory = SqlStore("sqlite://", group_commit=True)
+    memory = SqlStore("sqlite:///:memory:", group_commit=True)
 
     async def main() -> None:
         await put(store, mk("r"))

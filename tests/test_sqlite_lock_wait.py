@@ -225,7 +225,7 @@ def test_the_pool_gets_sqlites_busy_timeout_back(tmp_path: Path) -> None:
 def test_a_database_not_in_wal_mode_keeps_sqlites_own_wait() -> None:
     """An in-memory database has no WAL: an autocommit write could meet a lock in its last
     step, outside ``WaitingCursor.execute``, so the store keeps SQLite's busy timeout."""
-    store = SqlStore("sqlite://")
+    store = SqlStore("sqlite:///:memory:")
     try:
         asyncio.run(store.get_run("nothing"))
         c = store._db.connection()

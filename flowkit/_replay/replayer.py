@@ -38,6 +38,9 @@ class _ReplayHost:
     async def peek_signal(self, name: str) -> InboxSignal | None:
         return None
 
+    def lease_live(self) -> bool:
+        return True  # (nothing runs: a replay-only activation stops before any step)
+
 
 async def replay_async(history: History, workflow: Any) -> None:
     """Async form of ``replay``."""

@@ -31,6 +31,11 @@ class Host(Protocol):
 
     async def peek_signal(self, name: str) -> InboxSignal | None: ...
 
+    def lease_live(self) -> bool:
+        """Whether this worker can still prove it holds the run's lease (by its own clock):
+        no step starts and nothing is recorded once it cannot."""
+        ...
+
 
 @dataclass
 class Park:
@@ -231,6 +236,13 @@ class ActivationState:
 
     def check_alive(self) -> None:
         if self.tearing_down:
+            raise _Evicted()
+
+    def check_lease(self) -> None:
+        """Before a side effect (a step function): stop here, writing nothing more, when the
+        lease can no longer be proven live (another instance may own the run by now)."""
+        if not self.host.lease_live():
+            self.evict()
             raise _Evicted()
 
     def check_stuck(self) -> None:

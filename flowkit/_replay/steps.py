@@ -102,6 +102,7 @@ async def run_step(
                 digest = digest or _serde.digest(args, kwargs)
                 await _step_failed(st, pos, name, attempt, digest, info, cancelled=True)
                 raise asyncio.CancelledError()
+            st.check_lease()  # (after the flush: a write may take a while)
             try:
                 result = await _execute(st, fn, args, kwargs)
             except _StepCancelled:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from .._run import Run
-from ..errors import CodecError
+from ..errors import CodecError, InvalidInputError
 from ..events import (
     ErrorInfo,
     Event,
@@ -27,7 +27,7 @@ from ..events import (
     StepCompleted,
     StepFailed,
 )
-from .limits import check_json, payload_limit
+from .limits import check_json, payload_limit, storable
 
 STRING_PREFIX = "$codec:"
 """Marks an encoded value stored in a string-typed field (error messages, digests)."""
@@ -50,6 +50,9 @@ class CodecFields:
     _binds: bool
 
     def _encode(self, value: Any, ctx: Ctx) -> Any:
+        for part in ctx:  # (a run id or name no store keeps: refused as the store would)
+            if not storable(part):
+                raise InvalidInputError(None, f"identifier {part!r} cannot be stored")
         if self._binds:
             return self.codec.encode(value, context=ctx)
         return self.codec.encode(value)

@@ -19,12 +19,14 @@ import orjson
 import sqlalchemy as sa
 
 from ...errors import NotAFlowkitDatabaseError, StoreUnavailableError, UnsupportedDatabaseError
-from . import _wakeup
+from . import _errors, _wakeup
 from ._connection import Conn, log
+from ._errors import Attempt, attempts
 from ._iothread import DONE, QUEUED, Job, Lane, Stats
+from ._pgconnect import configure_url, guarded_connection_class
 from ._postgres import PgConn, PgStatements
 from ._schema import ensure_schema
-from ._sqlite import READ_ONLY, SqliteConn, SqliteStatements, setup_engine
+from ._sqlite import BUSY_TIMEOUT_PARAM, READ_ONLY, SqliteConn, SqliteStatements, setup_engine
 from ._statements import Statements
 
 T = TypeVar("T")
@@ -38,7 +40,7 @@ class Dialect:
     conn: type[Conn]
     statements: type[Statements]
     engine_options: dict[str, Any] = field(default_factory=dict)
-    setup: Callable[[sa.Engine], None] | None = None
+    setup: Callable[[sa.Engine, dict[str, Any]], None] | None = None
     hint: str = ""  # how to install the driver
 
 
@@ -72,12 +74,29 @@ def _url(url: str) -> tuple[sa.URL, Dialect]:
             f"SqlStore supports sqlite:///path and postgresql+psycopg://..., "
             f"not {u.drivername!r} (URL {u.render_as_string(hide_password=True)!r})"
         )
+    if u.get_backend_name() == "sqlite" and not u.database:
+        # (SQLAlchemy would open a private in-memory database: every run lost on close)
+        raise UnsupportedDatabaseError(
+            f"{url!r} names no database file: give a path (sqlite:///flowkit.db), or"
+            " sqlite:///:memory: for a throwaway in-memory database"
+        )
     return u, dialect
 
 
 def create_engine(url: str) -> sa.Engine:
-    """A SQLAlchemy engine for a supported URL, or ``UnsupportedDatabaseError``."""
+    """A SQLAlchemy engine for a supported URL, or ``UnsupportedDatabaseError``. PostgreSQL
+    connections get flowkit's timeouts and keepalives unless the URL sets them
+    (``_pgconnect.configure_url``), and a connect that fails for a transient reason is tried
+    again for a moment (``_connect_retrying``)."""
     u, dialect = _url(url)
+    shown = u.render_as_string(hide_password=True)
+    setup: dict[str, Any] = {}
+    io_timeout: float | None = None
+    if u.get_backend_name() == "postgresql":
+        u, io_timeout = configure_url(u)
+    elif BUSY_TIMEOUT_PARAM in u.query:
+        setup[BUSY_TIMEOUT_PARAM] = u.query[BUSY_TIMEOUT_PARAM]
+        u = u.difference_update_query([BUSY_TIMEOUT_PARAM])
     options = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
     try:
         engine = sa.create_engine(u, **options, **dialect.engine_options)
@@ -85,9 +104,40 @@ def create_engine(url: str) -> sa.Engine:
         raise UnsupportedDatabaseError(
             f"cannot load the database driver for {u.drivername!r}: {exc}{dialect.hint}"
         ) from exc
+    except (TypeError, ValueError, sa.exc.ArgumentError) as exc:
+        raise UnsupportedDatabaseError(f"cannot use the database URL {shown!r}: {exc}") from exc
+    engine.flowkit_shown_url = shown  # type: ignore[attr-defined]
     if dialect.setup is not None:
-        dialect.setup(engine)
+        dialect.setup(engine, setup)
+    if u.get_backend_name() == "postgresql":
+        _connect_retrying(engine, io_timeout)
     return engine
+
+
+def _connect_retrying(engine: sa.Engine, io_timeout: float | None) -> None:
+    """Every new connection of ``engine``: psycopg 3's with its waits bounded by
+    ``io_timeout`` (``guarded_connection_class``); a connect that fails for a transient reason
+    (refused, reset, the server starting up) is tried again after 20 ms, 40 ms... within
+    ``_errors.RETRY_BUDGET`` seconds, so a restarting server is waited for, briefly."""
+    guarded = guarded_connection_class() if engine.dialect.driver == "psycopg" else None
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _do_connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        attempt = Attempt()
+        while True:
+            try:
+                if guarded is None:
+                    return dialect.connect(*cargs, **cparams)
+                conn = guarded.connect(*cargs, **cparams)
+                conn.flowkit_io_timeout = io_timeout
+                return conn
+            except Exception as exc:
+                if (
+                    _errors.classify(exc) != _errors.TRANSIENT
+                    or _errors.permanent_connect_failure(exc)
+                    or not attempt.pause()
+                ):
+                    raise
 
 
 def check(url: str) -> None:
@@ -101,14 +151,16 @@ def check(url: str) -> None:
         _check_sqlite_file(Path(u.database))
         return
     engine = create_engine(url)
-    shown = engine.url.render_as_string(hide_password=True)
+    shown = engine.flowkit_shown_url  # type: ignore[attr-defined]
     try:
         with engine.connect() as conn:
             found = sa.inspect(conn).has_table("flowkit_meta")
-    except sa.exc.DBAPIError as exc:
+    except Exception as exc:
+        if not _errors.is_database_error(exc):
+            raise
         raise StoreUnavailableError(
-            f"cannot connect to the flowkit database {shown}: {exc.orig}"
-        ) from None
+            f"cannot connect to the flowkit database {shown}: {_errors.root(exc)}"
+        ) from exc
     finally:
         engine.dispose()
     if not found:
@@ -344,7 +396,8 @@ class Database:
 
     @property
     def shown_url(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
+        """The URL as given, password hidden (without the defaults flowkit added)."""
+        return str(self.engine.flowkit_shown_url)  # type: ignore[attr-defined]
 
     def statements(self, namespace: str | None) -> Statements:
         """The statements of a store of ``namespace`` on this database."""
@@ -353,10 +406,31 @@ class Database:
     def connect(self) -> sa.Connection:
         try:
             return self.engine.connect()
-        except sa.exc.DBAPIError as exc:
-            raise StoreUnavailableError(
-                f"cannot connect to the flowkit database {self.shown_url}: {exc.orig}"
-            ) from exc
+        except Exception as exc:
+            raise self.connect_failed(exc) from exc
+
+    def connect_failed(self, exc: Exception) -> Exception:
+        """What a failed connect raises: ``StoreUnavailableError`` for a database error."""
+        if not _errors.is_database_error(exc):
+            return exc
+        err = StoreUnavailableError(
+            f"cannot connect to the flowkit database {self.shown_url}: {_errors.root(exc)}"
+            + self._read_only_hint(exc)
+        )
+        err.__cause__ = exc
+        return err
+
+    def _read_only_hint(self, exc: BaseException) -> str:
+        """(SQLite) what to do about a file or directory flowkit may not write."""
+        if self.pg:
+            return ""
+        text = str(_errors.root(exc))
+        if "readonly" in text or "read-only" in text or "unable to open" in text:
+            return (
+                " (flowkit writes to the database file and, in WAL mode, creates its -wal and"
+                " -shm files beside it: the file and its directory must be writable)"
+            )
+        return ""
 
     def ensure_schema(self) -> None:
         if self._schema_ready:
@@ -364,20 +438,33 @@ class Database:
         with self._lock:
             if self._schema_ready:
                 return
-            with self.connect() as conn, conn.begin():
-                ensure_schema(conn)
+            try:
+                with self.connect() as conn, conn.begin():
+                    ensure_schema(conn)
+            except Exception as exc:
+                err = self.wrap(None, exc)
+                if err is exc:
+                    raise
+                raise err from exc
             self._schema_ready = True
 
     @contextmanager
     def tx(self, *, write: bool = True) -> Iterator[sa.Connection]:
         """One SQLAlchemy transaction; ``write`` ones take SQLite's write lock up front. The
-        store's hot paths run on ``connection`` instead."""
+        store's hot paths run on ``connection`` instead. A database error comes out typed
+        (``wrap``)."""
         self.ensure_schema()
-        with self.connect() as conn:
-            if not write:
-                conn.execution_options(**{READ_ONLY: True})
-            with conn.begin():
-                yield conn
+        try:
+            with self.connect() as conn:
+                if not write:
+                    conn.execution_options(**{READ_ONLY: True})
+                with conn.begin():
+                    yield conn
+        except Exception as exc:
+            err = self.wrap(None, exc)
+            if err is exc:
+                raise
+            raise err from exc
 
     def dispose(self) -> None:
         with self._hub_lock:
@@ -443,11 +530,13 @@ class Database:
         self.ensure_schema()
         try:
             fairy = self.engine.raw_connection()
-        except sa.exc.DBAPIError as exc:
-            raise StoreUnavailableError(
-                f"cannot connect to the flowkit database {self.shown_url}: {exc.orig}"
-            ) from exc
-        c = self.conn = self.kind.conn(fairy, self.counts)
+        except Exception as exc:
+            raise self.connect_failed(exc) from exc
+        try:
+            c = self.conn = self.kind.conn(fairy, self.counts)
+        except Exception as exc:  # setting the connection up failed
+            fairy.invalidate()
+            raise self.connect_failed(exc) from exc
         return c
 
     def drop(self, c: Conn) -> None:
@@ -459,43 +548,63 @@ class Database:
     def failed(self, c: Conn, exc: Exception) -> Exception:
         """What a call that failed on ``c`` raises (``wrap``), after dropping ``c`` when the
         failure broke it (the next call reconnects)."""
-        if isinstance(exc, self.dbapi_error) and c.broken():
+        if _errors.is_database_error(exc) and c.broken():
             self.drop(c)
         return self.wrap(c, exc)
 
     def wrap(self, c: Conn | None, exc: Exception) -> Exception:
-        """A DBAPI error as SQLAlchemy's exception of the same kind (what the store raised
-        before it bypassed SQLAlchemy); other exceptions as they are."""
-        if isinstance(exc, self.dbapi_error):
-            return sa.exc.DBAPIError.instance(
-                c.sql if c is not None else None,
-                None,
-                exc,
-                self.dbapi_error,
-                hide_parameters=True,
-                dialect=self.engine.dialect,
-                connection_invalidated=c is not None and c.broken(),
-            )
-        return exc
+        """A database error as the typed error a caller sees (``_errors.translate``:
+        ``StoreUnavailableError``, ``SerializationError``, ``ConflictError``), the original
+        chained as its cause; other exceptions as they are."""
+        err = _errors.translate(exc, self.shown_url)
+        assert isinstance(err, Exception)
+        if isinstance(err, StoreUnavailableError):
+            err.args = (str(err) + self._read_only_hint(exc),)
+        return err
 
-    def retryable(self, c: Conn, exc: BaseException) -> bool:
-        """A connection that broke before the transaction did anything (a server restart
-        while it sat in the pool): reconnect and run the transaction again, once."""
-        if not isinstance(exc, self.dbapi_error) or c.statements or not c.broken():
-            return False
-        self.drop(c)
-        return True
+    def attempts(self) -> Iterator[Attempt]:
+        """``for attempt in db.attempts():`` the tries of one call (``retryable``)."""
+        return attempts()  # type: ignore[no-any-return]
 
-    def terminated(self, c: Conn, exc: BaseException) -> bool:
-        """The server ended ``c``'s session before it read the statement (SQLSTATE class 57,
-        ``admin_shutdown``/``crash_shutdown``/``cannot_connect_now``): drop it, retry safely."""
-        if not isinstance(exc, self.dbapi_error) or not c.broken():
+    def retryable(
+        self, c: Conn, exc: BaseException, attempt: Attempt | None = None, *, read: bool = False
+    ) -> bool:
+        """Whether a call that failed on ``c`` may run again, on a fresh connection when
+        ``c`` broke: a transient failure that provably did not commit (``c`` broke before
+        the transaction sent anything, the server ended the session before reading it, or
+        the server reported the error and rolled back: ``_errors.rolled_back``); ``read``:
+        a call that only reads, any transient failure. With ``attempt``, only within its
+        budget, after its pause."""
+        if not _errors.is_database_error(exc) or _errors.classify(exc) != _errors.TRANSIENT:
             return False
-        state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
-        if state not in ("57P01", "57P02", "57P03"):
+        broken = c.broken()
+        if read:
+            safe = True
+        elif broken:
+            safe = c.statements == 0 or _errors.ended(exc)
+        else:
+            safe = _errors.rolled_back(exc)
+        if not safe:
             return False
-        self.drop(c)
-        return True
+        if broken:
+            self.drop(c)
+        return attempt is None or attempt.pause()
+
+    def terminated(self, c: Conn, exc: BaseException, attempt: Attempt | None = None) -> bool:
+        """Whether a single statement sent in autocommit on ``c`` surely did not take effect,
+        and may be sent again: the server ended the session before it read it (SQLSTATE
+        ``57P01`` to ``57P03``; ``c`` is dropped), or the server reported a transient error and
+        rolled it back (a deadlock, a lock or statement timeout). Any other broken connection
+        may have committed it. With ``attempt``, only within its budget, after its pause."""
+        if not _errors.is_database_error(exc):
+            return False
+        if c.broken():
+            if not _errors.ended(exc):
+                return False
+            self.drop(c)
+        elif not _errors.rolled_back(exc):
+            return False
+        return attempt is None or attempt.pause()
 
     def notify_after(self, c: Conn) -> None:
         """The wake-up that single-statement calls asked for, after their commit (a hint: when
@@ -514,14 +623,14 @@ class Database:
         """``fn`` on the store's connection outside a write transaction (autocommit reads:
         each statement sees the latest committed state)."""
         with self.io:
-            for attempt in (0, 1):
+            for attempt in self.attempts():
                 c = self.connection()
                 c.statements = 0
                 self.counts["read_tx"] += 1
                 try:
                     return fn(c)
                 except Exception as exc:
-                    if attempt == 0 and self.retryable(c, exc):
+                    if self.retryable(c, exc, attempt, read=True):
                         continue
                     raise self.failed(c, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -532,7 +641,7 @@ class Database:
         when it matched nothing. The record of every step goes this way; a statement is sent
         again only when the server had ended the session before reading it."""
         with self.io:
-            for attempt in (0, 1):
+            for attempt in self.attempts():
                 c = self.conn
                 if c is None:
                     c = self.connection()
@@ -549,7 +658,7 @@ class Database:
                     c.statements = 1
                     rows = cur.fetchall()
                 except Exception as exc:
-                    if attempt == 0 and self.terminated(c, exc):
+                    if self.terminated(c, exc, attempt):
                         continue
                     raise self.failed(c, exc) from exc
                 stats = self.counts

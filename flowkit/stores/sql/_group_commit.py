@@ -341,7 +341,7 @@ class GroupCommit:
                 if done:
                     return cast(T, out)
         with db.io:
-            for attempt in (0, 1):
+            for attempt in db.attempts():
                 c = db.connection()
                 try:
                     c.begin()
@@ -355,7 +355,7 @@ class GroupCommit:
                     c.rollback()
                     if not isinstance(exc, Exception):
                         raise
-                    if attempt == 0 and db.retryable(c, exc):
+                    if db.retryable(c, exc, attempt):
                         continue
                     raise db.failed(c, exc) from exc
                 return cast(T, out.finish() if isinstance(out, After) else out)
@@ -369,7 +369,7 @@ class GroupCommit:
         assert op.first is not None and op.single is not None
         db = self.db
         with db.io:
-            for attempt in (0, 1):
+            for attempt in db.attempts():
                 c = db.connection()
                 if c.broken():  # known before anything was sent: safe to replace
                     db.drop(c)
@@ -378,7 +378,7 @@ class GroupCommit:
                 try:
                     got = c.first(op.first)
                 except Exception as exc:
-                    if attempt == 0 and db.terminated(c, exc):
+                    if db.terminated(c, exc, attempt):
                         continue
                     raise db.failed(c, exc) from exc
                 if not op.single(got):
@@ -445,7 +445,7 @@ class GroupCommit:
                 done = self._single_batch(c, ops)
                 if done is not None:
                     return done
-        for attempt in (0, 1):
+        for attempt in db.attempts():
             c = db.connection()
             res: list[Outcome] = []
             try:
@@ -492,7 +492,7 @@ class GroupCommit:
                 c.rollback()
                 if not isinstance(exc, Exception):
                     raise
-                if attempt == 0 and db.retryable(c, exc):
+                if db.retryable(c, exc, attempt):
                     continue
                 err = db.failed(c, exc)
                 return [(err, None)] * len(ops)

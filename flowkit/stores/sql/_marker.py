@@ -20,7 +20,7 @@ class CodecMarked:
     _sql: Statements
     _gc: GroupCommit
     _mark: CodecMark
-    _marker_reads: dict[asyncio.AbstractEventLoop, asyncio.Task[str | None]]
+    _mark_pending: asyncio.Future[str | None] | None = None
 
     def bind_codec(self, marker: str) -> None:
         """Called by a ``CodecStore`` wrapping this object: its payloads come encoded, and
@@ -39,7 +39,19 @@ class CodecMarked:
 
     async def _guard(self) -> str | None:
         """Record the bound marker (once per store object); on a plain store, the marker its
-        payload writes must respect (``None``: in clear; read once per store object)."""
+        payload writes must respect (``None``: in clear; read once per store object).
+        Concurrent first calls share one round trip and resume together, so the writes they
+        go on to issue still share one group commit."""
+        pending = self._mark_pending
+        if (
+            pending is None
+            or pending.done()
+            or pending.get_loop() is not asyncio.get_running_loop()
+        ):
+            pending = self._mark_pending = asyncio.ensure_future(self._settle_mark())
+        return await asyncio.shield(pending)
+
+    async def _settle_mark(self) -> str | None:
         mark = self._mark
         if mark.bound is not None:
             q, params = self._sql.put_meta, {"key": CODEC_META_KEY, "value": mark.bound}
@@ -50,26 +62,10 @@ class CodecMarked:
             await self._gc.write(Op(op, None, ""))
             mark.settled = True
             return None
-        found = await self._read_marker()
+        found = await self.codec_marker()
         if found is None:
             mark.settled = True
         return found
-
-    async def _read_marker(self) -> str | None:
-        """``codec_marker()``, one read for the calls of a loop that want it at once (the
-        first calls of a fresh store, before the marker is settled)."""
-        loop = asyncio.get_running_loop()
-        task = self._marker_reads.get(loop)
-        if task is None:
-            task = self._marker_reads[loop] = loop.create_task(self.codec_marker())
-
-            def done(t: asyncio.Task[str | None]) -> None:
-                self._marker_reads.pop(loop, None)
-                if not t.cancelled():
-                    t.exception()  # (retrieved: its callers may all have been cancelled)
-
-            task.add_done_callback(done)
-        return await asyncio.shield(task)
 
     async def _plain(self, what: str, carries: Callable[..., bool], *args: Any) -> None:
         """Record the bound marker, or raise ``EncryptedStoreError`` (``refuse``) when this

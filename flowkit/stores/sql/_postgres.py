@@ -13,6 +13,7 @@ from typing import Any
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
 from ..base import Update
 from ._connection import RETURNING, ROWCOUNT, ROWS, Conn, log
+from ._pgconnect import peer_gone
 from ._rows import JSON_COLS, RUN_COLS, admitted_body, dumps
 from ._schema import BY_ID, WAITING_SQL
 from ._statements import ACTIVE, HANDABLE, Statements, common_release, leased
@@ -70,6 +71,11 @@ class PgConn(Conn):
             # few statements many times, and the server parses a release's slowly
             dbapi.prepare_threshold = 0
         return dbapi.cursor()
+
+    def broken(self) -> bool:
+        """Closed, or (psycopg 3) found dead by a peek at its socket (``peer_gone``): a call
+        can then reconnect before it sent anything, which is always safe to do."""
+        return Conn.broken(self) or peer_gone(self.dbapi)
 
     def reset(self) -> None:
         if hasattr(self.dbapi, "prepare_threshold"):

@@ -21,7 +21,11 @@ from ._statements import ACTIVE, HANDABLE, Statements, common_release, leased
 from ._wakeup import SQLITE_EMIT
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-"""How long a SQLite writer waits for another process' write lock before failing."""
+"""How long a SQLite writer waits for another process' write lock before failing (by default:
+``sqlite:///path?busy_timeout=<ms>`` sets it per store)."""
+
+BUSY_TIMEOUT_PARAM = "busy_timeout"
+"""The URL query parameter of the busy timeout in milliseconds."""
 
 READ_ONLY = "flowkit_read_only"
 """The execution option of a SQLAlchemy connection that only reads (a deferred ``BEGIN``)."""
@@ -73,6 +77,8 @@ class WaitingCursor(sqlite3.Cursor):
     than SQLite's own busy handler). Only what SQLite allows to be retried is: a statement
     outside a transaction (``BEGIN IMMEDIATE``, an autocommit write), or ``COMMIT``."""
 
+    busy_ms: float | None = None  # this connection's busy timeout (None: the default)
+
     def execute(self, sql: str, parameters: Any = (), /) -> WaitingCursor:
         inside = self.connection.in_transaction  # (before: a failure may end the transaction)
         try:
@@ -87,7 +93,8 @@ class WaitingCursor(sqlite3.Cursor):
         # (the store's I/O blocks its event loop anyway; no engine clock is involved: the
         # pauses are summed, as SQLite's own handler does, so a wait lasts at least that long)
         pause, waited = _BUSY_PAUSE_FIRST, 0.0
-        while waited < SQLITE_BUSY_TIMEOUT_MS / 1000:
+        limit = (SQLITE_BUSY_TIMEOUT_MS if self.busy_ms is None else self.busy_ms) / 1000
+        while waited < limit:
             _sleep(pause)
             waited += pause
             pause = min(pause * 2, _BUSY_PAUSE_MAX)
@@ -101,10 +108,30 @@ class WaitingCursor(sqlite3.Cursor):
         raise exc
 
 
-def setup_engine(engine: sa.Engine) -> None:
-    """SQLAlchemy's SQLite connections: a busy timeout, WAL, and ``BEGIN IMMEDIATE`` for every
+def busy_timeout_ms(options: dict[str, Any]) -> int:
+    """The busy timeout (ms) of ``busy_timeout`` in ``options`` (the URL's), or the default."""
+    given = options.get(BUSY_TIMEOUT_PARAM)
+    if given is None:
+        return SQLITE_BUSY_TIMEOUT_MS
+    from ...errors import UnsupportedDatabaseError
+
+    try:
+        value = int(str(given))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UnsupportedDatabaseError(
+            f"{BUSY_TIMEOUT_PARAM}={given!r}: give a number of milliseconds (0 or more)"
+        )
+    return value
+
+
+def setup_engine(engine: sa.Engine, options: dict[str, Any] | None = None) -> None:
+    """SQLAlchemy's SQLite connections: a busy timeout (``options``' ``busy_timeout``, from
+    the URL, or ``SQLITE_BUSY_TIMEOUT_MS``), WAL, and ``BEGIN IMMEDIATE`` for every
     transaction that may write (the recipe of SQLAlchemy's SQLite docs): a read-then-write
     takes the write lock before it reads, so two processes never both read "slot free"."""
+    busy = busy_timeout_ms(options or {})
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -113,7 +140,7 @@ def setup_engine(engine: sa.Engine) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
-            cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute(f"PRAGMA busy_timeout = {busy}")
             _enable_wal(cur)  # readers never block the writer
         finally:
             cur.close()
@@ -135,15 +162,19 @@ class SqliteConn(Conn):
         # write with RETURNING commits in ``fetchall``, which could meet a reader's lock
         # there, outside ``WaitingCursor.execute``.
         self.waits = str(dbapi.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
+        # (the timeout the engine's connect set: the URL's or the default)
+        self.busy_ms = int(dbapi.execute("PRAGMA busy_timeout").fetchone()[0])
         if self.waits:
             dbapi.execute("PRAGMA busy_timeout = 0")
-            return dbapi.cursor(WaitingCursor)
+            cur = dbapi.cursor(WaitingCursor)
+            cur.busy_ms = self.busy_ms
+            return cur
         return dbapi.cursor()
 
     def reset(self) -> None:
         if self.waits:  # (back to SQLAlchemy's pool: its users wait in SQLite's way)
             try:
-                self.dbapi.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+                self.dbapi.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
             except Exception:  # closing a broken connection
                 log.debug("resetting the busy timeout failed", exc_info=True)
 
@@ -287,6 +318,7 @@ class SqliteStatements(Statements):
 
 
 __all__ = [
+    "BUSY_TIMEOUT_PARAM",
     "READ_ONLY",
     "SQLITE_BUSY_TIMEOUT_MS",
     "SqliteConn",

@@ -114,7 +114,6 @@ class SqlStore(CodecMarked):
         self._sql = self._db.statements(namespace)
         self._commits = Commits(self._sql, self._gc)
         self._mark = CodecMark()
-        self._marker_reads = {}
 
     @classmethod
     def check(cls, url: str) -> None:

@@ -24,12 +24,14 @@ SQLITE_COUNTER_KEY = "wakeups"
 """The ``flowkit_meta`` row that SQLite wake-ups increment."""
 SQLITE_CHECK_INTERVAL = 0.01
 """Seconds between two ``PRAGMA data_version`` checks of a SQLite watcher."""
-PG_KEEPALIVE = 20.0
+PG_KEEPALIVE = 10.0
 """Seconds of silence after which a PostgreSQL watcher pings its connection."""
-PG_TIMEOUT = 10.0
+PG_TIMEOUT = 5.0
 """Seconds a PostgreSQL watcher waits for a connection or a ping."""
 RECONNECT_MIN = 0.05
-RECONNECT_MAX = 5.0
+"""Seconds before a watcher's first reconnect after a failure (a restart: wake-ups resume at
+once); the pause doubles after each failed try, up to ``RECONNECT_MAX``."""
+RECONNECT_MAX = 2.0
 ANY = "*"
 _MAX_PAYLOAD = 7900  # PostgreSQL refuses payloads of 8000 bytes or more
 

@@ -1,0 +1,86 @@
+"""What an activation needs from outside: the worker's configuration (``WorkerConfig``), the
+worker seat it runs in (``Seat``), and who hears of settlements (``Settled``). Kept apart from
+``_drive.py`` so that the drive stays one story: claim → gate → replay → settle."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ._clock import Clock
+from ._definition import WorkflowDefinition
+from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
+from ._recovery import MAX_STORE_FAILURES, LeaseProof
+from ._replay import Activation
+from ._run import Run
+from .events import Event
+from .stores.base import Store
+
+Registry = dict[str, tuple[WorkflowDefinition, Any]]
+"""Workflow name → (definition, the registered instance whose ``run`` is the body)."""
+Settled = Callable[[str, Run | None], None]
+"""Told when a run settles (with its snapshot) or leaves this worker unsettled (``None``):
+``Engine.result``'s waiters listen (``Bus.settled``)."""
+
+
+@dataclass(eq=False)
+class WorkerConfig:
+    """What a worker and its activations run with (``Engine`` builds it from its arguments;
+    its attributes of the same names read and write these). It lives here, below the worker,
+    because every activation reads it."""
+
+    store: Store
+    clock: Clock
+    rng: random.Random
+    instance_id: str
+    registry: Registry
+    lease_ttl: float = 30.0
+    poll_interval: float | None = 1.0  # None: poll only when poked (``TestEnv``)
+    max_concurrency: int = 100
+    blocked_retry: float = 60.0  # seconds before a blocked run replays its code again
+    # False leaves handover to the waiters' re-check timer (benchmarks, diagnostics)
+    notify_on_release: bool = True
+    # activations of one run that may fail the same non-transient way in a row before the
+    # run is ended (failed or blocked: ``Drive._give_up``)
+    max_store_failures: int = MAX_STORE_FAILURES
+    # the largest payload an activation records (``Engine(max_payload_bytes=...)``)
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+
+class Seat(Protocol):
+    """What an activation needs of the worker that runs it (``Worker``)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def room(self) -> int:
+        """Free activation places (``max_concurrency`` minus the runs here); negative: over."""
+        ...
+
+    def attach(self, run_id: str, act: Activation) -> None:
+        """``act`` executes ``run_id`` now (lease renewal, cancellation and eviction find it)."""
+        ...
+
+    def run_claimed(self, run: Run, events: Sequence[Event]) -> None: ...
+
+    def dispatch(self, run_id: str) -> None: ...
+
+    def again(self, run_id: str) -> None:
+        """Activate ``run_id`` once more when its current activation here has ended."""
+        ...
+
+    def wake_by(self, at: float) -> None: ...
+
+    def poke(self) -> None: ...
+
+    def track(self, run_id: str, proof: LeaseProof) -> None:
+        """The activation of ``run_id`` holds its lease as ``proof`` says: renewals extend it."""
+        ...
+
+    def executing(self, run_id: str) -> bool: ...
+
+    def resume(self, run_id: str) -> None:
+        """Execute ``run_id``, leased here already, from a fresh read (if it still is)."""
+        ...
