@@ -173,7 +173,8 @@ class GroupCommit:
         The call joins its loop's pending batch. While other coroutines of the loop are
         ready to run, the flush is scheduled behind them (``loop.call_soon``), so every write
         they issue joins (but ``SPLIT`` pending go at once while a write lane is free); while
-        the loop has a batch on every write lane, the next one gathers until one returns. A call nothing could join goes at once."""
+        the loop has a batch on every write lane, the next one gathers until one returns. A
+        call nothing could join goes at once."""
         if not self.enabled:
             return self.run_write(op)
         loop = asyncio.get_running_loop()
