@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +61,8 @@ class NetProxy:
         self._links: set[_Link] = set()
         self._held: set[asyncio.StreamWriter] = set()  # blackholed clients
         self._flowing: asyncio.Event | None = None
+        self._flowing_t = threading.Event()  # (the same, for the delayers' threads)
+        self._flowing_t.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -100,9 +104,11 @@ class NetProxy:
 
     # -- faults (callable from any thread) ----------------------------------------------------
     def stall(self) -> None:
+        self._flowing_t.clear()
         self._call(lambda: self._flow().clear())
 
     def resume(self) -> None:
+        self._flowing_t.set()
         self._call(lambda: self._flow().set())
 
     def reset(self) -> int:
@@ -190,46 +196,67 @@ class NetProxy:
     async def _pump(
         self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link
     ) -> None:
-        """Copy ``src`` to ``dst``, each chunk ``delay`` after it arrived, in order."""
-        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
-        sender = asyncio.ensure_future(self._send(queue, dst, link))
-        link.tasks.append(sender)
+        """Copy ``src`` to ``dst``, each chunk ``delay`` after it arrived, in order. The delay
+        is kept by a thread (``_Delayer``): asyncio's timers wake up to a millisecond late,
+        which would add about 0.5 ms to each 2 ms delay."""
+        delayer = _Delayer(self, asyncio.get_running_loop(), dst, link)
+        delayer.start()
         try:
             while True:
                 await self._flow().wait()
                 data = await src.read(_CHUNK)
                 if not data:
                     break
-                queue.put_nowait((asyncio.get_running_loop().time() + self.delay, data))
+                delayer.queue.put((time.perf_counter() + self.delay, data))
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            queue.put_nowait(None)
+            delayer.queue.put(None)
 
-    async def _send(
+    def _close(self, link: _Link) -> None:
+        """(on the loop) One side ended: close the whole link."""
+        if link in self._links:
+            self._links.discard(link)
+            link.abort()
+
+
+class _Delayer(threading.Thread):
+    """Hands each chunk of one direction to the loop for writing once its time has come (a
+    thread's sleep is precise to tens of microseconds), in order, and holds them while the
+    proxy is stalled."""
+
+    def __init__(
         self,
-        queue: asyncio.Queue[tuple[float, bytes] | None],
+        proxy: NetProxy,
+        loop: asyncio.AbstractEventLoop,
         dst: asyncio.StreamWriter,
         link: _Link,
     ) -> None:
+        super().__init__(daemon=True)
+        self.queue: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
+        self._proxy = proxy
+        self._loop = loop
+        self._dst = dst
+        self._link = link
+
+    def _write(self, data: bytes) -> None:
+        if not self._dst.is_closing():
+            self._dst.write(data)
+
+    def run(self) -> None:
         try:
             while True:
-                item = await queue.get()
+                item = self.queue.get()
                 if item is None:
                     break
                 due, data = item
-                wait = due - asyncio.get_running_loop().time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                await self._flow().wait()
-                dst.write(data)
-                await dst.drain()
-        except OSError:
+                while (left := due - time.perf_counter()) > 0:
+                    time.sleep(left)
+                self._proxy._flowing_t.wait()
+                self._loop.call_soon_threadsafe(self._write, data)
+            self._loop.call_soon_threadsafe(self._proxy._close, self._link)
+        except RuntimeError:  # the proxy's loop is closed: it stopped
             pass
-        finally:
-            if link in self._links:
-                self._links.discard(link)
-                link.abort()
 
 
 __all__ = ["NetProxy", "Target"]
