@@ -352,6 +352,9 @@ async def scenario_nul(pg: Any, tmp: Path, wait: float) -> dict[str, Any]:
 # -- the server ----------------------------------------------------------------------------
 
 
+RESTART = ("restart", "-m", "fast", "-w")
+
+
 class Pg:
     """A durable throwaway server (``tests/pg.py``) that can be restarted."""
 
@@ -363,6 +366,7 @@ class Pg:
         self.url = url
         self.root = Path(str(sa.engine.make_url(url).query["host"]))
         self.socket = str(self.root / ".s.PGSQL.5432")
+        self.log = self.root / "server.log"
         self._pg = pg
 
     def fresh(self) -> str:
@@ -372,7 +376,8 @@ class Pg:
         _initdb, pg_ctl = self._pg.find_binaries()
         prefix, _uid, _gid = self._pg._runner()
         subprocess.run(
-            [*prefix, pg_ctl, "-D", str(self.root / "data"), "restart", "-m", "fast", "-w"],
+            # (-l: the server must not inherit our pipes, or this waits for its exit)
+            [*prefix, pg_ctl, "-D", str(self.root / "data"), "-l", str(self.log), *RESTART],
             cwd=self.root,
             check=True,
             capture_output=True,
