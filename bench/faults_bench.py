@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,9 @@ async def scenario_stall(pg: Any, tmp: Path, runs: int, stall: float) -> dict[st
         await asyncio.sleep(1.0)  # the load under way
         proxy.stall()
         t_stall = time.time()
+        # (resumed by a timer of its own: a probe that blocks this loop must not hold it)
+        resume = threading.Timer(stall, proxy.resume)
+        resume.start()
         t = time.time()
         try:
             await asyncio.wait_for(probe.get_run(ids[0]), 5)
@@ -238,8 +242,7 @@ async def scenario_stall(pg: Any, tmp: Path, runs: int, stall: float) -> dict[st
         except Exception as exc:
             probe_out = type(exc).__name__
         probe_s = time.time() - t
-        await asyncio.sleep(max(0.0, stall - (time.time() - t_stall)))
-        proxy.resume()
+        await asyncio.to_thread(resume.join)
         t_resume = time.time()
         done, took = await settled(url, ids, 180)
         lags = workers.stop()
@@ -349,6 +352,9 @@ async def scenario_nul(pg: Any, tmp: Path, wait: float) -> dict[str, Any]:
 # -- the server ----------------------------------------------------------------------------
 
 
+RESTART = ("restart", "-m", "fast", "-w")
+
+
 class Pg:
     """A durable throwaway server (``tests/pg.py``) that can be restarted."""
 
@@ -360,6 +366,7 @@ class Pg:
         self.url = url
         self.root = Path(str(sa.engine.make_url(url).query["host"]))
         self.socket = str(self.root / ".s.PGSQL.5432")
+        self.log = self.root / "server.log"
         self._pg = pg
 
     def fresh(self) -> str:
@@ -369,7 +376,8 @@ class Pg:
         _initdb, pg_ctl = self._pg.find_binaries()
         prefix, _uid, _gid = self._pg._runner()
         subprocess.run(
-            [*prefix, pg_ctl, "-D", str(self.root / "data"), "restart", "-m", "fast", "-w"],
+            # (-l: the server must not inherit our pipes, or this waits for its exit)
+            [*prefix, pg_ctl, "-D", str(self.root / "data"), "-l", str(self.log), *RESTART],
             cwd=self.root,
             check=True,
             capture_output=True,
