@@ -260,7 +260,8 @@ async def main(smoke: bool, pg_url: str | None) -> dict[str, Any]:
         _socket_of(pg_url), DELAY
     ) as port:
         for _ in range(slices):
-            got["direct"].append(await runs_per_s(url, n))
+            # (each measurement on a fresh database: run ids repeat)
+            got["direct"].append(await runs_per_s(store_bench.postgres_url(pg_url), n))
             got["proxy_0ms"].append(
                 await runs_per_s(_via(store_bench.postgres_url(pg_url), port0), n)
             )
