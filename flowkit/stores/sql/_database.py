@@ -1,241 +1,36 @@
-"""``Database``: one SQLAlchemy engine (URL, pool, dialect), the schema bootstrap, the store's
-own connection with what its failures mean, and the wake-up watchers; shared by a ``SqlStore``
-and its scoped views. ``check`` looks at a URL without creating anything."""
+"""``Database``: one SQLAlchemy engine (``_engine``: URL, pool, dialect), the schema
+bootstrap, the store's own connection with what its failures mean, and the wake-up watchers;
+shared by a ``SqlStore`` and its scoped views. Its I/O lanes are ``_lanes``."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
 import sqlalchemy as sa
 
-from ...errors import NotAFlowkitDatabaseError, StoreUnavailableError, UnsupportedDatabaseError
+from ...errors import StoreUnavailableError
 from . import _errors, _wakeup
 from ._connection import Conn, log
+from ._engine import DIALECTS, STALL_TIMEOUT, Dialect, check, create_engine, take_stall_timeout
 from ._errors import Attempt, attempts
-from ._iothread import DONE, QUEUED, Job, Lane, Stats
-from ._pgconnect import configure_url, guarded_connection_class
-from ._postgres import PgConn, PgStatements
+from ._iothread import Stats
+from ._lanes import Lanes
 from ._schema import ensure_schema
-from ._sqlite import BUSY_TIMEOUT_PARAM, READ_ONLY, SqliteConn, SqliteStatements, setup_engine
+from ._sqlite import READ_ONLY
 from ._statements import Statements
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between the supported databases, in one place."""
-
-    drivers: tuple[str, ...]
-    conn: type[Conn]
-    statements: type[Statements]
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    setup: Callable[[sa.Engine, dict[str, Any]], None] | None = None
-    hint: str = ""  # how to install the driver
-
-
-DIALECTS = {
-    "sqlite": Dialect(("pysqlite",), SqliteConn, SqliteStatements, setup=setup_engine),
-    "postgresql": Dialect(
-        ("psycopg", "psycopg2"),
-        PgConn,
-        PgStatements,
-        # a server restart must not poison pooled connections
-        engine_options={"pool_pre_ping": True},
-        hint=" (pip install 'flowkit[postgres]')",
-    ),
-}
-
-_TABLES = {"flowkit_meta", "flowkit_runs", "flowkit_events"}
-
-
-def _json_dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
-def _url(url: str) -> tuple[sa.URL, Dialect]:
-    try:
-        u = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        raise UnsupportedDatabaseError(f"not a database URL: {url!r}") from None
-    dialect = DIALECTS.get(u.get_backend_name())
-    if dialect is None or u.get_driver_name() not in dialect.drivers:
-        raise UnsupportedDatabaseError(
-            f"SqlStore supports sqlite:///path and postgresql+psycopg://..., "
-            f"not {u.drivername!r} (URL {u.render_as_string(hide_password=True)!r})"
-        )
-    if u.get_backend_name() == "sqlite" and not u.database:
-        # (SQLAlchemy would open a private in-memory database: every run lost on close)
-        raise UnsupportedDatabaseError(
-            f"{url!r} names no database file: give a path (sqlite:///flowkit.db), or"
-            " sqlite:///:memory: for a throwaway in-memory database"
-        )
-    return u, dialect
-
-
-def create_engine(url: str) -> sa.Engine:
-    """A SQLAlchemy engine for a supported URL, or ``UnsupportedDatabaseError``. PostgreSQL
-    connections get flowkit's timeouts and keepalives unless the URL sets them
-    (``_pgconnect.configure_url``), and a connect that fails for a transient reason is tried
-    again for a moment (``_connect_retrying``)."""
-    u, dialect = _url(url)
-    shown = u.render_as_string(hide_password=True)
-    setup: dict[str, Any] = {}
-    io_timeout: float | None = None
-    if u.get_backend_name() == "postgresql":
-        u, io_timeout = configure_url(u)
-    elif BUSY_TIMEOUT_PARAM in u.query:
-        setup[BUSY_TIMEOUT_PARAM] = u.query[BUSY_TIMEOUT_PARAM]
-        u = u.difference_update_query([BUSY_TIMEOUT_PARAM])
-    options = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
-    try:
-        engine = sa.create_engine(u, **options, **dialect.engine_options)
-    except (ImportError, sa.exc.NoSuchModuleError) as exc:
-        raise UnsupportedDatabaseError(
-            f"cannot load the database driver for {u.drivername!r}: {exc}{dialect.hint}"
-        ) from exc
-    except (TypeError, ValueError, sa.exc.ArgumentError) as exc:
-        raise UnsupportedDatabaseError(f"cannot use the database URL {shown!r}: {exc}") from exc
-    engine.flowkit_shown_url = shown  # type: ignore[attr-defined]
-    if dialect.setup is not None:
-        dialect.setup(engine, setup)
-    if u.get_backend_name() == "postgresql":
-        _connect_retrying(engine, io_timeout)
-    return engine
-
-
-def _connect_retrying(engine: sa.Engine, io_timeout: float | None) -> None:
-    """Every new connection of ``engine``: psycopg 3's with its waits bounded by
-    ``io_timeout`` (``guarded_connection_class``); a connect that fails for a transient reason
-    (refused, reset, the server starting up) is tried again after 20 ms, 40 ms... within
-    ``_errors.RETRY_BUDGET`` seconds, so a restarting server is waited for, briefly."""
-    guarded = guarded_connection_class() if engine.dialect.driver == "psycopg" else None
-
-    @sa.event.listens_for(engine, "do_connect")
-    def _do_connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
-        attempt = Attempt()
-        while True:
-            try:
-                if guarded is None:
-                    return dialect.connect(*cargs, **cparams)
-                conn = guarded.connect(*cargs, **cparams)
-                conn.flowkit_io_timeout = io_timeout
-                return conn
-            except Exception as exc:
-                if (
-                    _errors.classify(exc) != _errors.TRANSIENT
-                    or _errors.permanent_connect_failure(exc)
-                    or not attempt.pause()
-                ):
-                    raise
-
-
-def check(url: str) -> None:
-    """That ``url`` names an existing flowkit database, without writing to it (``SqlStore``
-    would create flowkit's tables in any database). ``UnsupportedDatabaseError``,
-    ``StoreUnavailableError`` or ``NotAFlowkitDatabaseError`` say what is wrong."""
-    u, _dialect = _url(url)
-    if u.get_backend_name() == "sqlite":
-        if u.database in (None, "", ":memory:"):
-            raise NotAFlowkitDatabaseError(f"{url!r} is an in-memory database: it holds no runs")
-        _check_sqlite_file(Path(u.database))
-        return
-    engine = create_engine(url)
-    shown = engine.flowkit_shown_url  # type: ignore[attr-defined]
-    try:
-        with engine.connect() as conn:
-            found = sa.inspect(conn).has_table("flowkit_meta")
-    except Exception as exc:
-        if not _errors.is_database_error(exc):
-            raise
-        raise StoreUnavailableError(
-            f"cannot connect to the flowkit database {shown}: {_errors.root(exc)}"
-        ) from exc
-    finally:
-        engine.dispose()
-    if not found:
-        raise NotAFlowkitDatabaseError(
-            f"{shown} is not a flowkit database: it has no flowkit tables"
-        )
-
-
-def _check_sqlite_file(path: Path) -> None:
-    if not path.exists():
-        raise NotAFlowkitDatabaseError(f"no flowkit database at {path}", missing=True)
-    if not path.is_file():
-        raise NotAFlowkitDatabaseError(f"{path} is not a flowkit database: not a file")
-    try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            tables = {
-                row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        raise NotAFlowkitDatabaseError(f"{path} is not a flowkit database: {exc}") from None
-    if tables >= _TABLES:
-        return
-    if not tables:
-        why = "it is empty" if path.stat().st_size == 0 else "it has no tables"
-    else:
-        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        why = f"it has other tables ({shown})"
-    raise NotAFlowkitDatabaseError(f"{path} is not a flowkit database: {why}")
 
 
 def _nothing() -> None:
     pass
 
 
-LANES = {"postgresql": {"write": 4, "read": 4}, "sqlite": {"write": 1, "read": 1}}
-"""How many I/O threads (each with a connection) a store runs at most, per kind: on
-PostgreSQL several write batches and several reads are in flight at once (their round trips
-overlap); SQLite has one writer per file anyway. Lanes start on demand and exit when idle."""
-
-STALL_TIMEOUT = 10.0
-"""Seconds a store call may stay stuck on its connection before it is abandoned (the
-default of ``SqlStore(stall_timeout=...)`` and of the URL's ``flowkit_stall_timeout``): well
-below the default lease TTL (30 s), so a worker learns of a stalled database while its leases
-still hold."""
-
-_STALL_PARAM = "flowkit_stall_timeout"
-
-
-def _take_stall_timeout(url: str) -> tuple[str, float | None]:
-    """``url`` without flowkit's own ``flowkit_stall_timeout`` query option, and its value
-    (seconds; ``0``/``none``: never abandon) when it was there."""
-    try:
-        u = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        return url, None  # (``create_engine`` says what is wrong)
-    if _STALL_PARAM not in u.query:
-        return url, None
-    raw = u.query[_STALL_PARAM]
-    text = raw if isinstance(raw, str) else raw[-1]
-    rest = u.difference_update_query([_STALL_PARAM])
-    if text.lower() in ("", "0", "none", "off"):
-        return rest.render_as_string(hide_password=False), 0.0
-    try:
-        value = float(text)
-    except ValueError:
-        raise UnsupportedDatabaseError(f"{_STALL_PARAM} must be a number of seconds") from None
-    if not value >= 0:
-        raise UnsupportedDatabaseError(f"{_STALL_PARAM} must be a number of seconds")
-    return rest.render_as_string(hide_password=False), value
-
-
-class Database:
+class Database(Lanes):
     """One engine, shared by a ``SqlStore`` and its scoped views; the schema is checked (and
     created) once, on the first use. The async face runs the store's calls on I/O threads
     (``_iothread.Lane``: one for writes, one for reads, each with its own ``Conn``); calls made
@@ -246,7 +41,7 @@ class Database:
     def __init__(
         self, url: str, *, wakeups: bool = True, stall_timeout: float | None = None
     ) -> None:
-        url, from_url = _take_stall_timeout(url)
+        url, from_url = take_stall_timeout(url)
         self.engine = create_engine(url)
         self.dialect = self.engine.dialect.name
         self.kind = DIALECTS[self.dialect]
@@ -265,134 +60,8 @@ class Database:
         self.stall_timeout = float(stall_timeout)  # 0: never abandon a call
         # an in-memory SQLite database is one per connection (per thread): it runs inline
         memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
-        self.threaded = not memory  # whether the async face uses the I/O threads
-        self.read_lane = True  # reads on lanes of their own (not behind write batches)
-        # how many lanes of each kind at most (each with a connection: see ``LANES``)
-        self.max_lanes = dict(LANES["postgresql" if self.pg else "sqlite"])
-        self._local = threading.local()
-        self._inline = Lane("flowkit-inline", self.stats.part(), thread=False)
-        self._lanes: dict[str, list[Lane]] = {"read": [], "write": []}
-        self._lanes_lock = threading.Lock()
-        self._serial = itertools.count(1)
+        self._open_lanes(pg=self.pg, threaded=not memory)
         self.dbapi_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
-
-    # -- the lanes: the current thread's connection, the I/O threads ---------------------------
-    def _here(self) -> Lane:
-        lane: Lane | None = getattr(self._local, "lane", None)
-        return self._inline if lane is None else lane
-
-    @property
-    def conn(self) -> Conn | None:
-        """The connection of the lane the current thread serves (``None``: not open yet)."""
-        return self._here().conn
-
-    @conn.setter
-    def conn(self, c: Conn | None) -> None:
-        self._here().conn = c
-
-    @property
-    def io(self) -> threading.RLock:
-        """The lock of the current thread's connection: one transaction at a time on it."""
-        return self._here().io
-
-    @property
-    def counts(self) -> collections.Counter[str]:
-        """The current thread's part of ``stats``, to count into."""
-        return self._here().counts
-
-    def connections(self) -> list[Conn]:
-        """Every open connection of the store (tests)."""
-        with self._lanes_lock:
-            lanes = [self._inline, *(lane for ls in self._lanes.values() for lane in ls)]
-        return [lane.conn for lane in lanes if lane.conn is not None]
-
-    def lanes(self, kind: str) -> list[Lane]:
-        """The live lanes of ``kind`` (``"read"``/``"write"``; tests, benchmarks)."""
-        with self._lanes_lock:
-            return [lane for lane in self._lanes[kind] if lane.usable]
-
-    def _lane(self, kind: str) -> Lane:
-        """The lane of ``kind`` a job goes to: an idle one, else a new one while there are
-        fewer than ``max_lanes[kind]``, else the least loaded (it waits there)."""
-        with self._lanes_lock:
-            lanes = self._lanes[kind] = [lane for lane in self._lanes[kind] if lane.usable]
-            best = min(lanes, key=Lane.load, default=None)
-            if best is not None and (best.load() == 0 or len(lanes) >= self.max_lanes[kind]):
-                return best
-            lane = Lane(f"flowkit-{kind}-{next(self._serial)}", self.stats.part(), thread=True)
-            lanes.append(lane)
-            lane.start(self._serve)
-            return lane
-
-    def _serve(self, lane: Lane) -> None:
-        """(on a lane's thread) The thread serves ``lane``: ``conn``, ``io`` are its."""
-        self._local.lane = lane
-
-    def submit(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        fn: Callable[[], Any],
-        on_done: Callable[[BaseException | None, Any], None],
-        *,
-        read: bool = False,
-        fut: asyncio.Future[Any] | None = None,
-    ) -> None:
-        """Run ``fn()`` on a write lane (``read``: a read lane; ``_lane`` picks which), then
-        ``on_done(exc, value)`` on ``loop``. Without I/O threads (an in-memory database) both
-        run now."""
-        job = Job(fn, loop, on_done, fut)
-        if not self.threaded:
-            try:
-                out: tuple[BaseException | None, Any] = (None, fn())
-            except Exception as exc:
-                out = (exc, None)
-            job.finish(out)
-            return
-        kind = "read" if read and self.read_lane else "write"
-        while not self._lane(kind).put(job):
-            pass  # (retired or stopped meanwhile: a fresh lane takes it)
-        if self.stall_timeout:
-            job.timer = loop.call_later(self.stall_timeout, self._check, job)
-
-    def _check(self, job: Job) -> None:
-        """(on the job's loop) Abandon ``job`` if it has been running on its connection for
-        ``stall_timeout``: its caller gets ``StoreUnavailableError`` now, its lane is retired
-        and a fresh one runs what was queued behind it."""
-        lane = job.lane
-        assert lane is not None
-        bound = self.stall_timeout
-        with lane.cond:
-            if job.state == DONE:
-                return
-            left = bound if job.state == QUEUED else job.started + bound - job.loop.time()
-            if left > 0 or lane.current is not job:
-                job.timer = job.loop.call_later(max(left, 0.001), self._check, job)
-                return
-            job.state = DONE  # abandoned: the thread discards what the call returns
-            moved = lane.retire()
-        with self._lanes_lock:
-            kind = next((k for k, ls in self._lanes.items() if lane in ls), None)
-            if kind is not None:
-                self._lanes[kind].remove(lane)
-        for queued in moved:
-            target = self._lane(kind or "write")
-            while not target.put(queued):
-                target = self._lane(kind or "write")
-        log.warning(
-            "a call to the flowkit database %s stalled for %.1f s: its connection is abandoned",
-            self.shown_url,
-            bound,
-        )
-        job.timer = None
-        job.finish(
-            (
-                StoreUnavailableError(
-                    f"the flowkit database {self.shown_url} did not answer within {bound:g} s "
-                    "(stall_timeout): the call was abandoned; a write may still have committed"
-                ),
-                None,
-            )
-        )
 
     @property
     def shown_url(self) -> str:
@@ -472,15 +141,7 @@ class Database:
             self._hubs.clear()
         for hub in hubs:
             hub.stop()
-        with self._lanes_lock:
-            lanes = [lane for ls in self._lanes.values() for lane in ls]
-            self._lanes = {"read": [], "write": []}
-        for lane in lanes:
-            lane.stop(self.stall_timeout or None)
-        with self._inline.io:
-            c, self._inline.conn = self._inline.conn, None
-            if c is not None:
-                c.close()
+        self._close_lanes()
         self.engine.dispose()
 
     # -- wake-ups across processes (``_wakeup``) ----------------------------------------------

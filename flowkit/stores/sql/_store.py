@@ -2,7 +2,8 @@
 
 Each call is one function of the store's connection running prebuilt statements (``_statements``
 and the dialect modules); writes go through the group commit (``_group_commit``), the commits
-that decide in Python through ``_commit``. How and why: docs/stores.md, "SqlStore"."""
+that decide in Python through ``_commit``; the reads are ``_reads``. How and why:
+docs/stores.md, "SqlStore"."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import sqlalchemy as sa
-
 from ... import singleton as _sg
-from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ...events import Event
 from .. import limits as _limits
@@ -27,31 +26,26 @@ from ..base import (
     Admission,
     AdmittedAt,
     CommitResult,
-    InboxSignal,
     QueueCap,
     Update,
     admission_time,
 )
-from ..rules import admit_new, admitted_event, claimable, due_time
+from ..rules import admit_new, admitted_event
 from . import _runs as runs
 from ._commit import Commits, wake_if_free
 from ._connection import RETURNING, ROWCOUNT, ROWS, Conn
 from ._database import Database, check
 from ._group_commit import GroupCommit, Op
 from ._marker import CodecMarked
+from ._reads import Reads
 from ._rows import (
     LAST_SEQ,
     dumps,
     event_params,
-    has_tag,
-    loads,
     lock_name,
-    run_from_mapping,
     run_params,
     to_run,
-    visible,
 )
-from ._schema import runs as runs_table
 
 
 def _always(_result: Any) -> bool:
@@ -68,7 +62,7 @@ def _hit(row: Any) -> bool:
     return row is not None
 
 
-class SqlStore(CodecMarked):
+class SqlStore(CodecMarked, Reads):
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract): ``sqlite:///path/to/file.db`` (several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts); the schema is
@@ -288,56 +282,6 @@ class SqlStore(CodecMarked):
             raise RunIdTakenError(run.id)
         return run
 
-    async def get_run(self, run_id: str) -> Run | None:
-        if not _limits.storable(run_id):  # (no such run: PostgreSQL refuses to look NUL up)
-            return None
-
-        def op(c: Conn) -> Run | None:
-            row = c.one(self._sql.get_run, self._sql.params(id=run_id))
-            return None if row is None else to_run(row)
-
-        return await self._gc.read(op)
-
-    async def list_runs(
-        self,
-        *,
-        workflow: str | None = None,
-        status: RunStatus | None = None,
-        tag: str | None = None,
-        limit: int | None = None,
-    ) -> list[Run]:
-        r = runs_table.c
-        q = sa.select(runs_table).where(visible(self.namespace))
-        if workflow is not None:
-            q = q.where(r.workflow == workflow)
-        if status is not None:
-            q = q.where(r.status == RunStatus(status).value)
-        if tag is not None:
-            q = q.where(has_tag(self._db.dialect, tag))
-        q = q.order_by(r.created_at, sa.literal_column(self._sql.BY_ID))  # (code points)
-        if limit is not None:
-            q = q.limit(limit)
-        db = self._db
-
-        def read() -> list[Run]:
-            with db.tx(write=False) as conn:
-                return [run_from_mapping(row) for row in conn.execute(q)]
-
-        out = await self._gc.call(read)
-        return out if tag is None else [run for run in out if tag in run.tags]
-
-    async def load_events(self, run_id: str) -> list[Event]:
-        if not _limits.storable(run_id):
-            raise RunNotFoundError(run_id)
-
-        def op(c: Conn) -> list[Event]:
-            evs = runs.history(self._sql, c, run_id)
-            if evs is None:
-                raise RunNotFoundError(run_id)
-            return evs
-
-        return await self._gc.read(op)
-
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
         if not self._mark.settled:
             await self._plain(f"claim run {run_id!r} (running it needs its payloads)", bool, True)
@@ -410,51 +354,6 @@ class SqlStore(CodecMarked):
         op = Op(rest, first, run_id, single=_always if whole else None, lite=whole)
         return await self._gc.write(op)
 
-    async def due_runs(
-        self, now: float, limit: int, workflows: Sequence[str] | None = None
-    ) -> list[str]:
-        sql = self._sql
-        if workflows is None:
-            q, params = sql.due_runs, self._sql.params(now=now, limit=limit)
-        else:
-            wfs = sql.in_list_param(workflows)
-            q, params = sql.due_runs_of, self._sql.params(now=now, limit=limit, wfs=wfs)
-
-        def op(c: Conn) -> list[Run]:
-            return [to_run(r) for r in c.all(q, params)]
-
-        found = [r for r in await self._gc.read(op) if claimable(r, now)]
-        found.sort(key=lambda r: (due_time(r) or 0.0, r.created_at, r.id))
-        return [r.id for r in found]
-
-    async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
-        sql = self._sql
-        skip = [o for o in exclude_lease_owners if o]
-        if skip:
-            q, params = sql.next_due_skip, self._sql.params(skip=sql.in_list_param(skip))
-        else:
-            q, params = sql.next_due, self._sql.params()
-        return await self._next_due(q, params)
-
-    async def next_due_after(
-        self, now: float, exclude_lease_owners: Sequence[str] = ()
-    ) -> float | None:
-        sql = self._sql
-        skip = [o for o in exclude_lease_owners if o]
-        if skip:
-            q = sql.next_due_after_skip
-            params = self._sql.params(now=now, skip=sql.in_list_param(skip))
-        else:
-            q, params = sql.next_due_after, self._sql.params(now=now)
-        return await self._next_due(q, params)
-
-    async def _next_due(self, q: str, params: dict[str, Any]) -> float | None:
-        def op(c: Conn) -> Any:
-            return c.one(q, params)
-
-        row = await self._gc.read(op)
-        return None if row is None else due_time(to_run(row))
-
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
         if not self._mark.settled:
             what = f"deliver signal {name!r} with a payload to run {run_id!r}"
@@ -478,17 +377,6 @@ class SqlStore(CodecMarked):
         stmt = sql.deliver_and_insert if both else sql.deliver
         single = _hit if both else None
         return await self._gc.write(Op(rest, (stmt, params, RETURNING), run_id, single=single))
-
-    async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
-        if not (_limits.storable(run_id) and _limits.storable(name)):
-            return None
-        sql = self._sql
-
-        def op(c: Conn) -> Any:
-            return c.one(sql.peek_signal, {"id": run_id, "name": name})
-
-        row = await self._gc.read(op)
-        return None if row is None else InboxSignal(int(row[0]), row[1], loads(row[2]))
 
     async def try_admit_singleton(
         self,

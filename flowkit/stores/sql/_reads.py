@@ -1,0 +1,142 @@
+"""``SqlStore``'s read calls (``Reads``, mixed into it): a run, its history, the listing, what
+is due and a pending signal, each one read on a read lane outside any write transaction. Apart
+from the writes (``_store``) because none of them takes part in a group commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..._run import Run, RunStatus
+from ...errors import RunNotFoundError
+from ...events import Event
+from .. import limits as _limits
+from ..base import InboxSignal
+from ..rules import claimable, due_time
+from . import _runs as runs
+from ._connection import Conn
+from ._database import Database
+from ._group_commit import GroupCommit
+from ._rows import has_tag, loads, run_from_mapping, to_run, visible
+from ._schema import runs as runs_table
+from ._statements import Statements
+
+
+class Reads:
+    """Mixed into ``SqlStore`` (which sets ``namespace``, ``_db``, ``_gc`` and ``_sql``)."""
+
+    namespace: str | None
+    _db: Database
+    _gc: GroupCommit
+    _sql: Statements
+
+    async def get_run(self, run_id: str) -> Run | None:
+        if not _limits.storable(run_id):  # (no such run: PostgreSQL refuses to look NUL up)
+            return None
+
+        def op(c: Conn) -> Run | None:
+            row = c.one(self._sql.get_run, self._sql.params(id=run_id))
+            return None if row is None else to_run(row)
+
+        return await self._gc.read(op)
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        tag: str | None = None,
+        limit: int | None = None,
+    ) -> list[Run]:
+        r = runs_table.c
+        q = sa.select(runs_table).where(visible(self.namespace))
+        if workflow is not None:
+            q = q.where(r.workflow == workflow)
+        if status is not None:
+            q = q.where(r.status == RunStatus(status).value)
+        if tag is not None:
+            q = q.where(has_tag(self._db.dialect, tag))
+        q = q.order_by(r.created_at, sa.literal_column(self._sql.BY_ID))  # (code points)
+        if limit is not None:
+            q = q.limit(limit)
+        db = self._db
+
+        def read() -> list[Run]:
+            with db.tx(write=False) as conn:
+                return [run_from_mapping(row) for row in conn.execute(q)]
+
+        out = await self._gc.call(read)
+        return out if tag is None else [run for run in out if tag in run.tags]
+
+    async def load_events(self, run_id: str) -> list[Event]:
+        if not _limits.storable(run_id):
+            raise RunNotFoundError(run_id)
+
+        def op(c: Conn) -> list[Event]:
+            evs = runs.history(self._sql, c, run_id)
+            if evs is None:
+                raise RunNotFoundError(run_id)
+            return evs
+
+        return await self._gc.read(op)
+
+    async def due_runs(
+        self, now: float, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[str]:
+        sql = self._sql
+        if workflows is None:
+            q, params = sql.due_runs, self._sql.params(now=now, limit=limit)
+        else:
+            wfs = sql.in_list_param(workflows)
+            q, params = sql.due_runs_of, self._sql.params(now=now, limit=limit, wfs=wfs)
+
+        def op(c: Conn) -> list[Run]:
+            return [to_run(r) for r in c.all(q, params)]
+
+        found = [r for r in await self._gc.read(op) if claimable(r, now)]
+        found.sort(key=lambda r: (due_time(r) or 0.0, r.created_at, r.id))
+        return [r.id for r in found]
+
+    async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
+        sql = self._sql
+        skip = [o for o in exclude_lease_owners if o]
+        if skip:
+            q, params = sql.next_due_skip, self._sql.params(skip=sql.in_list_param(skip))
+        else:
+            q, params = sql.next_due, self._sql.params()
+        return await self._next_due(q, params)
+
+    async def next_due_after(
+        self, now: float, exclude_lease_owners: Sequence[str] = ()
+    ) -> float | None:
+        sql = self._sql
+        skip = [o for o in exclude_lease_owners if o]
+        if skip:
+            q = sql.next_due_after_skip
+            params = self._sql.params(now=now, skip=sql.in_list_param(skip))
+        else:
+            q, params = sql.next_due_after, self._sql.params(now=now)
+        return await self._next_due(q, params)
+
+    async def _next_due(self, q: str, params: dict[str, Any]) -> float | None:
+        def op(c: Conn) -> Any:
+            return c.one(q, params)
+
+        row = await self._gc.read(op)
+        return None if row is None else due_time(to_run(row))
+
+    async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
+        if not (_limits.storable(run_id) and _limits.storable(name)):
+            return None
+        sql = self._sql
+
+        def op(c: Conn) -> Any:
+            return c.one(sql.peek_signal, {"id": run_id, "name": name})
+
+        row = await self._gc.read(op)
+        return None if row is None else InboxSignal(int(row[0]), row[1], loads(row[2]))
+
+
+__all__ = ["Reads"]
