@@ -256,9 +256,10 @@ async def main(smoke: bool, pg_url: str | None) -> dict[str, Any]:
     got: dict[str, list[dict[str, Any]]] = {name: [] for name in links}
     # the links alternate, slice after slice, so that a noisy neighbour hits all of them;
     # ``proxy_0ms`` is the same proxy without delay: what the extra hop itself costs
-    with proxy_process(_socket_of(pg_url), 0.0) as port0, proxy_process(
-        _socket_of(pg_url), DELAY
-    ) as port:
+    with (
+        proxy_process(_socket_of(pg_url), 0.0) as port0,
+        proxy_process(_socket_of(pg_url), DELAY) as port,
+    ):
         for _ in range(slices):
             # (each measurement on a fresh database: run ids repeat)
             got["direct"].append(await runs_per_s(store_bench.postgres_url(pg_url), n))

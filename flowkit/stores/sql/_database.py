@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from ...errors import StoreUnavailableError
 from . import _errors, _wakeup
 from ._connection import Conn, log
-from ._engine import DIALECTS, STALL_TIMEOUT, Dialect, check, create_engine, take_stall_timeout
+from ._dialect import DIALECTS, STALL_TIMEOUT, Dialect, check, create_engine, take_stall_timeout
 from ._errors import Attempt, attempts
 from ._iothread import Stats
 from ._lanes import Lanes
