@@ -18,29 +18,12 @@ from typing import Any, Literal
 from flowkit.errors import StoreUnavailableError
 from flowkit.events import Event, StepCompleted
 from flowkit.stores.base import Update
+from flowkit_testing._faults import STORE_OPS
 
 Phase = Literal["before", "after"]
 Match = Callable[[tuple[Any, ...]], bool]
 
-OPS = frozenset(
-    {
-        "create_run",
-        "get_run",
-        "list_runs",
-        "load_events",
-        "claim",
-        "renew_lease",
-        "commit",
-        "append_events",
-        "due_runs",
-        "next_due_at",
-        "next_due_after",
-        "deliver_signal",
-        "peek_signal",
-        "try_admit_singleton",
-        "release_leases",
-    }
-)
+OPS = frozenset({*STORE_OPS, "release_leases"})
 
 
 def _always(args: tuple[Any, ...]) -> bool:

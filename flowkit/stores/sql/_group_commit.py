@@ -6,6 +6,7 @@ errors. How and why: docs/stores.md, "Transactions and group commit"."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -33,6 +34,15 @@ class _Queue:
     @property
     def busy(self) -> bool:
         return self.flying >= self.limit
+
+
+def _settle(fut: asyncio.Future[Any], exc: BaseException | None, value: Any) -> None:
+    """Hand a lane's outcome to the caller's future (unless the caller gave up)."""
+    if not fut.done():
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
 
 
 class GroupCommit(Batches):
@@ -69,15 +79,7 @@ class GroupCommit(Batches):
             return fn()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-
-        def done(exc: BaseException | None, value: Any) -> None:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(exc)
-
-        self.db.submit(loop, fn, done, read=read, fut=fut)
+        self.db.submit(loop, fn, functools.partial(_settle, fut), read=read, fut=fut)
         return await fut
 
     async def write(self, op: Op[T]) -> T:
@@ -121,11 +123,7 @@ class GroupCommit(Batches):
         q.flying += 1
 
         def done(exc: BaseException | None, value: Any) -> None:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(exc)
+            _settle(fut, exc, value)
             self._next(loop, q)
 
         self.db.submit(loop, fn, done)
