@@ -29,7 +29,7 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from ._seat import Registry, Seat, Settled, WorkerConfig
-from .errors import InvalidInputError, LeaseLostError, SerializationError
+from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
 from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Update
 
@@ -150,6 +150,11 @@ class Drive:
             now = self.clock.now()
             if first_failure is None:
                 first_failure = now
+            if isinstance(err, CodecError) and err.missing_key:
+                # this process lacks the key (or writes in clear into an encrypted store):
+                # the run is fine, leave it for a worker that has the key (its lease expires)
+                log.error("run %s: %s; left for a worker with the key", run_id, err)
+                return
             if not is_transient(err):
                 # (consecutive failures of the same kind at the same place)
                 sig = (t.op, type(err).__name__)

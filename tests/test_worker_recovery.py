@@ -326,3 +326,25 @@ async def test_an_undecodable_history_blocks_the_run(store: Any) -> None:
         assert calls == 2
         await env.advance(10)  # blocked: nothing retries before blocked_retry
         assert len(faulty.failed) == calls
+
+
+async def test_a_missing_key_leaves_the_run_for_a_worker_that_has_it(store: Any) -> None:
+    """A ``CodecError`` that is this process's fault (``missing_key``: a key id it does not
+    have) does not end a healthy run: the worker leaves it, and it is neither blocked nor
+    failed; its lease expires and a worker with the key takes it."""
+    faulty = FaultyStore(store)
+    async with TestEnv([Nap()], store=faulty) as env:
+        env.engines[0].max_store_failures = 2
+        await env.start("recover-nap", 0, "n")
+        faulty.fail(
+            "load_events",
+            times=3,
+            match=of_run("n"),
+            error=lambda: CodecError("no key 'k9'", key_id="k9", missing_key=True),
+        )
+        await env.advance(6)
+        run = await env.get_run("n")
+        assert run.status not in (RunStatus.BLOCKED, RunStatus.FAILED), run
+        assert len(faulty.failed) == 1  # left at the first: no tries counted toward giving up
+        await env.run_until_idle()  # the lease expires, the key is "deployed": it completes
+        assert (await env.get_run("n")).status is RunStatus.COMPLETED
