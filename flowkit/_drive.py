@@ -7,8 +7,9 @@ retried here from a fresh read (``Drive.run``; the rules are ``_recovery.py``'s)
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -121,6 +122,8 @@ class Drive:
         first_failure: float | None = None
         handing: Notify | None = None  # a release in flight when the store failed
         fresh = False  # read the run again before the next try
+        seen = -1  # the history's length at the last fresh read: a longer one is progress
+        deterministic = 0  # non-transient failures of this activation, whatever their kind
         while True:
             t = _Try(proof)
             try:
@@ -139,6 +142,11 @@ class Drive:
                     t.op = "load_events"
                     claimed = (run, await self.store.load_events(run_id))
                     handing = None
+                    first_failure = None  # (the store answered: "kept failing" starts again)
+                    if 0 <= seen < len(claimed[1]):  # progress since: the counts start again
+                        failures, last = 0, None
+                        backoff.reset()
+                    seen = max(seen, len(claimed[1]))
                 await self._once(run_id, claimed, proof, t)
                 return
             except (LeaseLostError, ConflictError):
@@ -147,6 +155,13 @@ class Drive:
             except Exception as exc:
                 err = exc
             handing = handing or t.releasing
+            unsettled = getattr(err, "unsettled", None)
+            if unsettled is not None and not await self._settles(unsettled, proof):
+                # an abandoned write of it may still commit: a read now could miss it and run
+                # a recorded step again; the run waits here until it has (its lease expires)
+                self._seat.hold(run_id, unsettled)
+                log.warning("run %s: an abandoned write may still land; left until it has", run_id)
+                return
             now = self.clock.now()
             if first_failure is None:
                 first_failure = now
@@ -160,7 +175,10 @@ class Drive:
                 sig = (t.op, type(err).__name__)
                 failures = failures + 1 if sig == last else 1
                 last = sig
-                if failures >= cfg.max_store_failures:
+                deterministic += 1  # (failures that alternate between kinds: bounded too)
+                if failures >= cfg.max_store_failures or deterministic >= 3 * max(
+                    1, cfg.max_store_failures
+                ):
                     await self._give_up(run_id, t, err, failures)
                     return
             elif now - first_failure > cfg.lease_ttl:
@@ -183,6 +201,21 @@ class Drive:
             if not self._seat.running:
                 return
             fresh, claimed = True, None
+
+    async def _settles(self, unsettled: Awaitable[None], proof: LeaseProof) -> bool:
+        """Wait for an abandoned call to have really returned, while the lease is provable:
+        whether it has."""
+        fut = asyncio.ensure_future(unsettled)
+        if fut.done():
+            return True
+        if not proof.live():
+            return False
+        timer = asyncio.ensure_future(self.clock.sleep_until(proof.until))
+        try:
+            await asyncio.wait({fut, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        return fut.done()
 
     async def _once(
         self,

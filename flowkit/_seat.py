@@ -5,7 +5,7 @@ worker seat it runs in (``Seat``), and who hears of settlements (``Settled``). K
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,6 +77,11 @@ class Seat(Protocol):
 
     def track(self, run_id: str, proof: LeaseProof) -> None:
         """The activation of ``run_id`` holds its lease as ``proof`` says: renewals extend it."""
+        ...
+
+    def hold(self, run_id: str, unsettled: Awaitable[None]) -> None:
+        """A write for ``run_id`` was abandoned and may still commit: activate it here again
+        only once ``unsettled`` is done (``StoreUnavailableError.unsettled``)."""
         ...
 
     def executing(self, run_id: str) -> bool: ...

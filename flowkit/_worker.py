@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._drive import Drive, Settled, WorkerConfig
@@ -57,6 +57,8 @@ class Worker:
         self._earliest: float | None = None
         self._rearm = asyncio.Event()
         self._sem = asyncio.Semaphore(config.max_concurrency)
+        # runs with an abandoned write that may still commit (``hold``)
+        self._unsettled: dict[str, asyncio.Future[None]] = {}
         self.running = False
         self._unwatch: Callable[[], None] | None = None
 
@@ -144,7 +146,7 @@ class Worker:
 
     def dispatch(self, run_id: str) -> None:
         """Try to activate ``run_id`` on this instance now."""
-        if not self.running:
+        if not self.running or self._unsettled_write(run_id):
             return
         if run_id in self._active:
             self._again.add(run_id)
@@ -176,6 +178,8 @@ class Worker:
         one a release handed over (no claim, no history read)."""
         if not self.running:
             self._orphans.add(run.id)
+            return
+        if self._unsettled_write(run.id):  # (its lease expires; any instance takes it then)
             return
         if run.id in self._active:
             # A stale activation of it is winding down here: once it has gone, re-read the run
@@ -367,6 +371,22 @@ class Worker:
 
     def track(self, run_id: str, proof: LeaseProof) -> None:
         self._leases[run_id] = proof
+
+    def hold(self, run_id: str, unsettled: Awaitable[None]) -> None:
+        fut = asyncio.ensure_future(unsettled)
+        self._unsettled[run_id] = fut
+        fut.add_done_callback(lambda _f: self._settled_write(run_id, fut))
+
+    def _settled_write(self, run_id: str, fut: asyncio.Future[None]) -> None:
+        if self._unsettled.get(run_id) is fut:
+            del self._unsettled[run_id]
+        self.poke()  # (it may be due: the poller finds it)
+
+    def _unsettled_write(self, run_id: str) -> bool:
+        """An abandoned write for ``run_id`` may still commit: do not activate it yet (a fresh
+        read now could miss a step record that lands later, and run the step again)."""
+        fut = self._unsettled.get(run_id)
+        return fut is not None and not fut.done()
 
     def resume(self, run_id: str) -> None:
         """Execute ``run_id`` (leased here, nobody executes it) from a fresh read."""

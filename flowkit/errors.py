@@ -31,6 +31,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 
@@ -275,7 +276,12 @@ class UnsupportedDatabaseError(FlowkitError, ValueError):
 
 
 class StoreUnavailableError(FlowkitError):
-    """``SqlStore`` cannot connect to its database (server down, wrong path or credentials)."""
+    """The store cannot reach or use its database now (server down or restarting, a reset or
+    stalled connection, a lock held too long): worth trying again later. ``unsettled``: an
+    abandoned call that may still commit sets it to an awaitable that is done once the call
+    has really returned; a worker reads the run again only after it."""
+
+    unsettled: Awaitable[None] | None = None
 
 
 class NotAFlowkitDatabaseError(FlowkitError):

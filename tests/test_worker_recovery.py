@@ -348,3 +348,45 @@ async def test_a_missing_key_leaves_the_run_for_a_worker_that_has_it(store: Any)
         assert len(faulty.failed) == 1  # left at the first: no tries counted toward giving up
         await env.run_until_idle()  # the lease expires, the key is "deployed": it completes
         assert (await env.get_run("n")).status is RunStatus.COMPLETED
+
+
+@workflow(name="recover-long")
+class LongStep:
+    """Three steps; the second waits for ``gate`` (a step that runs a long time)."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[int] = Counter()
+        self.gate = asyncio.Event()
+
+    async def work(self, i: int) -> int:
+        self.calls[i] += 1
+        if i == 1:
+            await self.gate.wait()
+        return i
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> list[int]:
+        return [await ctx.step(self.work, i, name=f"s{i}") for i in range(n)]
+
+
+async def test_a_blip_long_after_an_earlier_one_is_retried_too(store: Any) -> None:
+    """The time bound on transient retries counts from the latest progress, not from the
+    activation's first failure: a blip early on and another a minute later (after a long step)
+    are both retried at once; the run does not wait out its lease."""
+    wf = LongStep()
+    faulty = FaultyStore(store)
+    async with TestEnv([wf], store=faulty) as env:
+        faulty.fail(*RECORDS, times=1, match=records_step("s0"))
+        t0 = env.clock.now()
+        await env.start("recover-long", 3, "r")
+        await env.settle()
+        await env.advance(1)  # s0 retried; s1 running
+        await env.advance(60)  # a long step (renewals keep the lease)
+        faulty.fail(*RECORDS, times=1, match=records_step("s1"))
+        wf.gate.set()
+        await env.settle()
+        await env.advance(2)
+        run = await env.get_run("r")
+        assert run.status is RunStatus.COMPLETED, run
+        assert env.clock.now() - t0 < 64
+        types = [e.type for e in await env.history("r")]
+        assert types.count("step_completed") == 3

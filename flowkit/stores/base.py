@@ -184,7 +184,8 @@ class Store(Protocol):
         ...
 
     async def renew_lease(self, run_id: str, owner: str, lease_expires: float) -> Run | None:
-        """Extend the lease if ``owner`` still holds it; ``None`` when it was lost."""
+        """Extend the lease to ``lease_expires`` if ``owner`` still holds it (never shorten
+        it: a late renewal may land after a newer one); ``None`` when it was lost."""
         ...
 
     async def commit(

@@ -274,6 +274,8 @@ class MemoryStore:
         run = self._d.runs.get(run_id)
         if run is None or run.lease_owner != owner or not run.status.active:
             return None
+        if run.lease_expires is not None and run.lease_expires > lease_expires:
+            return run  # (a renewal never shortens a lease: a late one lands after a newer)
         new = dataclasses.replace(run, lease_expires=lease_expires)
         self._put(new)
         return new

@@ -132,8 +132,9 @@ async def check_claimable_rules(factory: StoreFactory) -> None:
 
 @check()
 async def check_renew_lease(factory: StoreFactory) -> None:
-    """``renew_lease`` extends the holder's lease and returns the run; anyone else (or a
-    settled run) gets ``None`` and changes nothing."""
+    """``renew_lease`` extends the holder's lease and returns the run, never shortening it (a
+    late renewal lands after a newer one); anyone else (or a settled run) gets ``None`` and
+    changes nothing."""
     s = await make_store(factory)
     await put(s, mk("r"))
     await s.claim("r", "w1", T0, T0 + 10)
@@ -142,6 +143,12 @@ async def check_renew_lease(factory: StoreFactory) -> None:
         fail("renew_lease by the lease holder returned None")
     expect_eq(renewed.lease_expires, T0 + 20, "lease_expires after renew_lease")
     expect_eq(await s.get_run("r"), renewed, "get_run after renew_lease")
+    late = await s.renew_lease("r", "w1", T0 + 15)  # an older renewal that lands late
+    expect_eq(
+        late.lease_expires if late is not None else None,
+        T0 + 20,
+        "lease_expires after a late renew_lease with an earlier expiry (never shortened)",
+    )
     expect_eq(await s.renew_lease("r", "w2", T0 + 30), None, "renew_lease by a non-holder")
     expect_eq(await s.get_run("r"), renewed, "a refused renew_lease must write nothing")
     expect_eq(await s.claim("r", "w2", T0 + 19, T0 + 49), None, "claim before a renewed expiry")

@@ -247,7 +247,9 @@ class Database(Lanes):
             safe = _errors.rolled_back(exc)
         if not safe:
             return False
-        if broken:
+        if broken or _errors.sqlstate(exc) == "25006":
+            # (25006: the server is a standby now, a failover: a fresh connection finds the
+            # new primary through the URL's hosts and target_session_attrs)
             self.drop(c)
         return attempt is None or attempt.pause()
 
@@ -265,6 +267,8 @@ class Database(Lanes):
             self.drop(c)
         elif not _errors.rolled_back(exc):
             return False
+        elif _errors.sqlstate(exc) == "25006":  # a standby now: find the primary afresh
+            self.drop(c)
         return attempt is None or attempt.pause()
 
     def notify_after(self, c: Conn) -> None:

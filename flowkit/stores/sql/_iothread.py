@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,16 @@ class Stats(Mapping[str, int]):
     ``Counter``, so no increment is lost between threads), read as one live mapping."""
 
     def __init__(self) -> None:
-        self._parts: list[collections.Counter[str]] = []
+        self._parts: list[collections.Counter[str]] = [collections.Counter()]  # [0]: folded
         self._lock = threading.Lock()
+
+    def fold(self, part: collections.Counter[str]) -> None:
+        """A lane's thread has exited: its counts join the totals' base (the list of parts
+        does not grow with every lane a long-lived store starts and retires)."""
+        with self._lock:
+            if any(p is part for p in self._parts[1:]):
+                self._parts = [p for p in self._parts if p is not part]
+                self._parts[0] = self._parts[0] + part
 
     def part(self) -> collections.Counter[str]:
         """A new counter of one lane, included in the totals from now on."""
@@ -75,7 +84,7 @@ class Job:
     ``fn()`` runs on the lane's thread, then ``on_done(exc, value)`` on ``loop``. ``fut``: the
     caller's future, when a cancelled caller means the job need not run at all."""
 
-    __slots__ = ("fn", "fut", "lane", "loop", "on_done", "started", "state", "timer")
+    __slots__ = ("fn", "fut", "lane", "loop", "on_done", "settled", "started", "state", "timer")
 
     def __init__(
         self,
@@ -92,7 +101,9 @@ class Job:
         self.state = QUEUED
         self.started = 0.0  # loop.time() when it started on the lane's thread
         self.timer: asyncio.TimerHandle | None = None
-        self.state = QUEUED
+        # (an abandoned job) resolved on ``loop`` once its call has really returned: until
+        # then a write of it may still commit (``StoreUnavailableError.unsettled``)
+        self.settled: asyncio.Future[None] | None = None
 
     def finish(self, out: Outcome) -> None:
         """On the loop: hand the outcome over (once)."""
@@ -112,8 +123,16 @@ class Lane:
     that thread). Jobs run in submission order. ``retired``: abandoned with a stuck job; the
     thread closes its connection for good and exits once that job returns."""
 
-    def __init__(self, name: str, counts: collections.Counter[str], *, thread: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        counts: collections.Counter[str],
+        *,
+        thread: bool,
+        stats: Stats | None = None,
+    ) -> None:
         self.name = name
+        self.stats = stats  # (``counts`` is folded into it when the thread exits)
         self.conn: Conn | None = None
         self.io = threading.RLock()
         self.counts = counts
@@ -171,6 +190,7 @@ class Lane:
             t.join(timeout)
 
     def _main(self) -> None:
+        _here.lane = self
         self._on_thread(self)
         self._on_thread = _no_setup  # (holds nothing of the database from now on)
         try:
@@ -201,10 +221,14 @@ class Lane:
                     retired = self.retired
                 if not abandoned:
                     _post(job, out)
+                elif job.settled is not None:
+                    _resolve(job)
                 if retired:
                     break
         finally:
             self._close()
+            if self.stats is not None:
+                self.stats.fold(self.counts)
 
     def _close(self) -> None:
         c, self.conn = self.conn, None
@@ -220,6 +244,28 @@ def _no_setup(_lane: Lane) -> None:
     pass
 
 
+_here = threading.local()
+
+
+def retired_here() -> bool:
+    """Whether the calling thread is a lane that was retired (its call abandoned): a wait it
+    is in (SQLite's busy loop) should give up rather than write late."""
+    lane: Lane | None = getattr(_here, "lane", None)
+    return lane is not None and lane.retired
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _resolve(job: Job) -> None:
+    """From a lane's thread: the abandoned ``job``'s call has returned (``Job.settled``)."""
+    assert job.settled is not None
+    with contextlib.suppress(RuntimeError):  # (the loop is closed: nobody waits any more)
+        job.loop.call_soon_threadsafe(_settle, job.settled)
+
+
 def _post(job: Job, out: Outcome) -> None:
     """From a lane's thread: ``job.finish(out)`` on its event loop."""
     try:
@@ -228,4 +274,4 @@ def _post(job: Job, out: Outcome) -> None:
         log.debug("a store call finished after its event loop closed")
 
 
-__all__ = ["DONE", "QUEUED", "STARTED", "Job", "Lane", "Outcome", "Stats"]
+__all__ = ["DONE", "QUEUED", "STARTED", "Job", "Lane", "Outcome", "Stats", "retired_here"]

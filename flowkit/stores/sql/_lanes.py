@@ -43,6 +43,7 @@ class Lanes:
         self._local = threading.local()
         self._inline = Lane("flowkit-inline", self.stats.part(), thread=False)
         self._lanes: dict[str, list[Lane]] = {"read": [], "write": []}
+        self._retired: list[Lane] = []  # abandoned lanes whose stuck call has not returned
         self._lanes_lock = threading.Lock()
         self._serial = itertools.count(1)
 
@@ -88,7 +89,12 @@ class Lanes:
             best = min(lanes, key=Lane.load, default=None)
             if best is not None and (best.load() == 0 or len(lanes) >= self.max_lanes[kind]):
                 return best
-            lane = Lane(f"flowkit-{kind}-{next(self._serial)}", self.stats.part(), thread=True)
+            lane = Lane(
+                f"flowkit-{kind}-{next(self._serial)}",
+                self.stats.part(),
+                thread=True,
+                stats=self.stats,
+            )
             lanes.append(lane)
             lane.start(self._serve)
             return lane
@@ -137,12 +143,19 @@ class Lanes:
             if left > 0 or lane.current is not job:
                 job.timer = job.loop.call_later(max(left, 0.001), self._check, job)
                 return
+            settled: asyncio.Future[None] = job.loop.create_future()
+            job.settled = settled
             job.state = DONE  # abandoned: the thread discards what the call returns
             moved = lane.retire()
+        _cancel(lane)
         with self._lanes_lock:
             kind = next((k for k, ls in self._lanes.items() if lane in ls), None)
             if kind is not None:
                 self._lanes[kind].remove(lane)
+            self._retired = [
+                r for r in self._retired if r.thread is not None and r.thread.is_alive()
+            ]
+            self._retired.append(lane)
         for queued in moved:
             target = self._lane(kind or "write")
             while not target.put(queued):
@@ -153,27 +166,57 @@ class Lanes:
             bound,
         )
         job.timer = None
-        job.finish(
-            (
-                StoreUnavailableError(
-                    f"the flowkit database {self.shown_url} did not answer within {bound:g} s "
-                    "(stall_timeout): the call was abandoned; a write may still have committed"
-                ),
-                None,
-            )
+        err = StoreUnavailableError(
+            f"the flowkit database {self.shown_url} did not answer within {bound:g} s "
+            "(stall_timeout): the call was abandoned; a write may still have committed"
         )
+        err.unsettled = settled  # (the worker waits for it before it reads the run again)
+        job.finish((err, None))
 
     def _close_lanes(self) -> None:
         """Stop every lane and close the inline lane's connection (``Database.dispose``)."""
         with self._lanes_lock:
-            lanes = [lane for ls in self._lanes.values() for lane in ls]
+            lanes = [lane for ls in self._lanes.values() for lane in ls] + self._retired
             self._lanes = {"read": [], "write": []}
+            self._retired = []
+        # (an abandoned call gets the same bound to return: closing never waits forever)
         for lane in lanes:
             lane.stop(self.stall_timeout or None)
         with self._inline.io:
             c, self._inline.conn = self._inline.conn, None
             if c is not None:
                 c.close()
+
+
+def _libpq_cancels_safely() -> bool:
+    """libpq 17 or later (before, ``cancel_safe`` falls back to the blocking ``cancel``)."""
+    try:
+        from psycopg import pq
+
+        return bool(pq.version() >= 170000)
+    except Exception:  # (psycopg 2, or no psycopg at all)
+        return False
+
+
+def _cancel(lane: Lane) -> None:
+    """Ask the server to cancel what the abandoned ``lane``'s connection is running, so a
+    write waiting for a lock rolls back instead of committing later: psycopg 3's
+    ``cancel_safe`` (libpq 17's cancellation, which waits with the GIL released and within a
+    timeout: the older ``cancel`` holds the GIL while it connects, and would freeze the
+    process on a stalled link), on a thread of its own, best effort. Without it nothing is
+    sent (SQLite's busy wait gives up by itself: ``retired_here``)."""
+    c = lane.conn
+    cancel = getattr(c.dbapi, "cancel_safe", None) if c is not None else None
+    if cancel is None or not callable(cancel) or not _libpq_cancels_safely():
+        return
+
+    def run() -> None:
+        try:
+            cancel(timeout=5.0)
+        except Exception:  # (the server may be unreachable: the socket timeouts end it)
+            log.debug("cancelling an abandoned call failed", exc_info=True)
+
+    threading.Thread(target=run, name="flowkit-cancel", daemon=True).start()
 
 
 __all__ = ["LANES", "Lanes"]

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
 from ..base import Update
 from ._connection import Conn, log
+from ._iothread import retired_here
 from ._rows import dumps
 from ._schema import WAITING_SQL
 from ._statements import ACTIVE, HANDABLE, Statements, common_release, leased
@@ -94,7 +95,7 @@ class WaitingCursor(sqlite3.Cursor):
         # pauses are summed, as SQLite's own handler does, so a wait lasts at least that long)
         pause, waited = _BUSY_PAUSE_FIRST, 0.0
         limit = (SQLITE_BUSY_TIMEOUT_MS if self.busy_ms is None else self.busy_ms) / 1000
-        while waited < limit:
+        while waited < limit and not retired_here():  # (abandoned: give up, nothing written)
             _sleep(pause)
             waited += pause
             pause = min(pause * 2, _BUSY_PAUSE_MAX)

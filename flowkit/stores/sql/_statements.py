@@ -108,7 +108,10 @@ class Statements:
             f" WHERE id = {p('id')}{ns} AND {claimable(p('now'))} RETURNING {cols}"
         )
         self.renew = (
-            f"UPDATE flowkit_runs SET lease_expires = {p('until')}"
+            # (never shortened: a late renewal landing after a newer one must not take back
+            # what the newer one granted; the worker's lease proof relies on it)
+            f"UPDATE flowkit_runs SET lease_expires = CASE WHEN lease_expires > {p('until')}"
+            f" THEN lease_expires ELSE {p('until')} END"
             f" WHERE id = {p('id')}{ns} AND lease_owner = {p('owner')} AND status IN ({ACTIVE})"
             f" RETURNING {cols}"
         )
