@@ -144,7 +144,7 @@ class Drive:
                     handing = None
                     first_failure = None  # (the store answered: "kept failing" starts again)
                     if 0 <= seen < len(claimed[1]):  # progress since: the counts start again
-                        failures, last = 0, None
+                        failures, last, deterministic = 0, None, 0
                         backoff.reset()
                     seen = max(seen, len(claimed[1]))
                 await self._once(run_id, claimed, proof, t)
