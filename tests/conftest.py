@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from flowkit_testing._netproxy import NetProxy
+
 # Hypothesis profiles: "dev" (the default) explores new examples on every run; "ci" (set by
 # .ci/run) is derandomized so a CI result is reproducible, with the same example budgets that
 # each test declares for itself.
@@ -20,6 +22,10 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+try:
+    from pg import fresh_database, socket_of
+except ImportError:  # tests/ imported as a package
+    from tests.pg import fresh_database, socket_of
 try:
     from store_kit import PG, Backend, PostgresUnavailable, make_backend, start_postgres
 except ImportError:  # tests/ imported as a package
@@ -69,3 +75,13 @@ def gc_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backe
     b = make_backend(request.param, request, tmp_path, group_commit=True)
     yield b
     b.close()
+
+
+@pytest.fixture
+def proxied(request: pytest.FixtureRequest) -> Iterator[tuple[NetProxy, str]]:
+    """A fresh PostgreSQL database reached through a ``NetProxy`` (no delay): the proxy and
+    the store URL."""
+    server = request.getfixturevalue("pg_server")
+    url = fresh_database(server)
+    with NetProxy(socket_of(server)) as proxy:
+        yield proxy, proxy.url_for(url)

@@ -304,6 +304,14 @@ def multi_host_url(*servers: PgServer, database: str = "postgres") -> str:
     return f"postgresql+psycopg://postgres@/{database}?{hosts}&target_session_attrs=read-write"
 
 
+def socket_of(server_url: str) -> str:
+    """The unix socket file of the server a ``start_postgres`` URL names (what a
+    ``flowkit_testing._netproxy.NetProxy`` forwards to)."""
+    host = sa.engine.make_url(server_url).query["host"]
+    assert isinstance(host, str)
+    return str(Path(host) / ".s.PGSQL.5432")
+
+
 _counter = itertools.count()
 
 

@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
-import sqlalchemy as sa
+from pg import socket_of
 
 from flowkit_testing._netproxy import NetProxy
-
-
-def _socket_of(server_url: str) -> str:
-    host = sa.engine.make_url(server_url).query["host"]
-    assert isinstance(host, str)
-    return str(Path(host) / ".s.PGSQL.5432")
 
 
 def _dsn(proxy: NetProxy) -> str:
@@ -26,7 +19,7 @@ def _dsn(proxy: NetProxy) -> str:
 
 
 def test_forwards_and_delays(pg_server: str) -> None:
-    with NetProxy(_socket_of(pg_server)) as proxy:
+    with NetProxy(socket_of(pg_server)) as proxy:
         with psycopg.connect(_dsn(proxy)) as conn:
             assert conn.execute("SELECT 41 + 1").fetchone() == (42,)
             t0 = time.monotonic()
@@ -44,7 +37,7 @@ def test_forwards_and_delays(pg_server: str) -> None:
 
 
 def test_stall_holds_and_resume_releases(pg_server: str) -> None:
-    with NetProxy(_socket_of(pg_server)) as proxy, psycopg.connect(_dsn(proxy)) as conn:
+    with NetProxy(socket_of(pg_server)) as proxy, psycopg.connect(_dsn(proxy)) as conn:
         proxy.stall()
         done = threading.Event()
         got: list[object] = []
@@ -63,7 +56,7 @@ def test_stall_holds_and_resume_releases(pg_server: str) -> None:
 
 
 def test_reset_breaks_open_connections(pg_server: str) -> None:
-    with NetProxy(_socket_of(pg_server)) as proxy, psycopg.connect(_dsn(proxy)) as conn:
+    with NetProxy(socket_of(pg_server)) as proxy, psycopg.connect(_dsn(proxy)) as conn:
         conn.execute("SELECT 1")
         assert proxy.reset() == 1
         with pytest.raises(psycopg.OperationalError):
@@ -74,7 +67,7 @@ def test_reset_breaks_open_connections(pg_server: str) -> None:
 
 
 def test_blackhole_accepts_and_never_answers(pg_server: str) -> None:
-    with NetProxy(_socket_of(pg_server)) as proxy:
+    with NetProxy(socket_of(pg_server)) as proxy:
         proxy.blackhole = True
         with pytest.raises(psycopg.OperationalError):
             psycopg.connect(_dsn(proxy).replace("connect_timeout=5", "connect_timeout=1"))

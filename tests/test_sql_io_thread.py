@@ -9,32 +9,14 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
-from pg import fresh_database
 from store_kit import T0, delta, mk, put, stats
 
 from flowkit.errors import StoreUnavailableError
 from flowkit.stores.sql import SqlStore
 from flowkit_testing._netproxy import NetProxy
-
-
-def _socket_of(server_url: str) -> str:
-    host = sa.engine.make_url(server_url).query["host"]
-    assert isinstance(host, str)
-    return str(Path(host) / ".s.PGSQL.5432")
-
-
-@pytest.fixture
-def proxied(request: pytest.FixtureRequest) -> Iterator[tuple[NetProxy, str]]:
-    """A PostgreSQL database reached through a ``NetProxy``: the proxy and the store URL."""
-    server = request.getfixturevalue("pg_server")
-    url = fresh_database(server)
-    with NetProxy(_socket_of(server)) as proxy:
-        yield proxy, proxy.url_for(url)
 
 
 class Sleeper:

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
-from pg import fresh_database
 from store_kit import T0, fired, first_events, mk
 
 from flowkit import RunStatus
@@ -27,19 +24,7 @@ from flowkit_testing._netproxy import NetProxy
 DELAY = 0.02  # seconds added each way: a call takes at least 40 ms, so concurrent ones overlap
 
 
-def _socket_of(server_url: str) -> str:
-    host = sa.engine.make_url(server_url).query["host"]
-    assert isinstance(host, str)
-    return str(Path(host) / ".s.PGSQL.5432")
 
-
-@pytest.fixture
-def slow_link(request: pytest.FixtureRequest) -> Iterator[tuple[NetProxy, str]]:
-    """A PostgreSQL database behind a ``NetProxy`` (no delay yet): the proxy and the URL."""
-    server = request.getfixturevalue("pg_server")
-    url = fresh_database(server)
-    with NetProxy(_socket_of(server)) as proxy:
-        yield proxy, proxy.url_for(url)
 
 
 class InFlight:
@@ -69,9 +54,9 @@ class InFlight:
 
 @pytest.mark.postgres
 async def test_concurrent_reads_overlap_on_several_connections(
-    slow_link: tuple[NetProxy, str],
+    proxied: tuple[NetProxy, str],
 ) -> None:
-    proxy, url = slow_link
+    proxy, url = proxied
     store = SqlStore(url)
     try:
         db = store._db
@@ -100,9 +85,9 @@ async def test_concurrent_reads_overlap_on_several_connections(
 
 @pytest.mark.postgres
 async def test_two_write_batches_fly_at_once_and_each_run_keeps_its_order(
-    slow_link: tuple[NetProxy, str],
+    proxied: tuple[NetProxy, str],
 ) -> None:
-    proxy, url = slow_link
+    proxy, url = proxied
     store = SqlStore(url)
     n = 2 * GroupCommit.SPLIT  # two full batches at once
     try:

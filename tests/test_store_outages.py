@@ -12,28 +12,20 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from store_kit import T0, fired, mk, put
 
 try:
-    from pg import PgServer, fresh_database, running_postgres
+    from pg import PgServer, fresh_database, running_postgres, socket_of
 except ImportError:  # tests/ imported as a package
-    from tests.pg import PgServer, fresh_database, running_postgres
+    from tests.pg import PgServer, fresh_database, running_postgres, socket_of
 
 from flowkit.errors import FlowkitError, RunNotFoundError, StoreUnavailableError
 from flowkit.stores.base import Update
 from flowkit.stores.sql import SqlStore, _errors
 from flowkit_testing._netproxy import NetProxy
-
-
-def _socket_of(url: str) -> str:
-    host = sa.engine.make_url(url).query["host"]
-    assert isinstance(host, str)
-    return str(Path(host) / ".s.PGSQL.5432")
 
 
 def _with(url: str, params: str) -> str:
@@ -115,7 +107,7 @@ async def test_every_public_call_on_a_down_server_raises_only_flowkit_errors(
 async def test_a_server_that_accepts_and_never_answers_fails_within_the_connect_timeout(
     db_url: str,
 ) -> None:
-    with NetProxy(_socket_of(db_url)) as proxy:
+    with NetProxy(socket_of(db_url)) as proxy:
         proxy.blackhole = True
         store = SqlStore(_with(proxy.url_for(db_url), "connect_timeout=2"))
         t0 = time.monotonic()
@@ -131,7 +123,7 @@ async def test_a_server_that_accepts_and_never_answers_fails_within_the_connect_
 async def test_a_stalled_link_fails_the_call_within_the_io_timeout(
     db_url: str, short_budget: None
 ) -> None:
-    with NetProxy(_socket_of(db_url)) as proxy:
+    with NetProxy(socket_of(db_url)) as proxy:
         url = _with(proxy.url_for(db_url), "flowkit_io_timeout=1&connect_timeout=2")
         store = SqlStore(url)
         try:
@@ -162,7 +154,7 @@ def _until_seen_dead(store: SqlStore) -> None:
 
 
 async def test_after_every_connection_is_reset_the_next_calls_succeed(db_url: str) -> None:
-    with NetProxy(_socket_of(db_url)) as proxy:
+    with NetProxy(socket_of(db_url)) as proxy:
         store = SqlStore(proxy.url_for(db_url))
         try:
             await put(store, mk("a"))
@@ -246,7 +238,7 @@ async def test_a_fast_restart_under_a_loop_of_calls(own_server: PgServer) -> Non
 
 async def test_a_missing_run_stays_run_not_found_through_a_reset(db_url: str) -> None:
     """A typed error of the store's own (not a database one) is not turned into another."""
-    with NetProxy(_socket_of(db_url)) as proxy:
+    with NetProxy(socket_of(db_url)) as proxy:
         store = SqlStore(proxy.url_for(db_url))
         try:
             await store.get_run("x")
