@@ -174,3 +174,29 @@ async def test_a_custom_codec_marks_and_its_failures_are_codec_errors() -> None:
     with pytest.raises(CodecError, match="ValueError: not wrapped") as ei:
         await store.get_run("r")
     assert (ei.value.run_id, ei.value.field) == ("r", "output")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", PG])
+async def test_a_plain_store_notices_a_database_encrypted_after_it_looked(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain store that found no marker re-checks after ``CodecMark.RECHECK`` seconds: a
+    database a ``CodecStore`` encrypted meanwhile (a deploy turning the codec on while plain
+    processes still run) is refused from then on, not never. (A plain ``MemoryStore`` looks
+    at its in-process metadata at every write: no window.)"""
+    from flowkit.stores._codec_mark import CodecMark
+
+    inner, plain = open_pair(kind, request, tmp_path)
+    try:
+        await plain.create_run(secret_run("before"), [])  # looked: no marker, settled
+        enc = CodecStore(inner, AESGCMCodec({"2025-01": K1}))
+        await enc.create_run(secret_run("r"), [])  # the database is encrypted now
+        # within RECHECK the plain store still trusts what it found (the documented window)
+        await plain.create_run(secret_run("window"), [])
+        monkeypatch.setattr(CodecMark, "RECHECK", 0.0)
+        plain._mark.settled = True  # (settled again, with the window now 0 s)
+        with pytest.raises(EncryptedStoreError):
+            await plain.create_run(secret_run("after"), [])
+        assert await plain.get_run("after") is None
+    finally:
+        close(inner, plain)

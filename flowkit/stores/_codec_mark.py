@@ -9,6 +9,7 @@ a payload in clear (and ``claim``: executing a run needs its payloads) with
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from .._run import Run
@@ -68,14 +69,39 @@ def run_carries_payload(run: Run, events: Any) -> bool:
 
 class CodecMark:
     """One store object's side of the marker: ``bound`` is the marker of the ``CodecStore``
-    writing through it (``None``: a plain store); ``settled`` once nothing is left to check
-    (the bound marker is recorded, or a plain store found none)."""
+    writing through it (``None``: a plain store); ``settled`` while nothing is left to check
+    (the bound marker is recorded, or a plain store found none). A plain store's "none
+    found" holds ``RECHECK`` seconds only (on the event loop's clock): a database encrypted
+    meanwhile (a deploy that turns the codec on while plain processes still run) is noticed
+    by their next guarded write after that, instead of never."""
 
-    __slots__ = ("bound", "settled")
+    __slots__ = ("_settled", "_until", "bound")
+
+    RECHECK = 30.0
 
     def __init__(self) -> None:
         self.bound: str | None = None
-        self.settled = False
+        self._settled = False
+        self._until = 0.0
+
+    @property
+    def settled(self) -> bool:
+        if not self._settled or self.bound is not None:
+            return self._settled
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:  # (no loop: nothing to re-check against)
+            return True
+        return now < self._until
+
+    @settled.setter
+    def settled(self, value: bool) -> None:
+        self._settled = value
+        if value:
+            try:
+                self._until = asyncio.get_running_loop().time() + self.RECHECK
+            except RuntimeError:
+                self._until = float("inf")
 
     def bind(self, marker: str) -> None:
         if not isinstance(marker, str) or not marker:
