@@ -12,53 +12,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import _serde
+from . import events as _events
 from .errors import HistoryError
-from .events import (
-    EVENT_TYPES,
-    CancelRequested,
-    ErrorInfo,
-    Event,
-    RunCancelled,
-    RunCompleted,
-    RunFailed,
-    RunRetried,
-    RunStarted,
-    SignalReceived,
-    SingletonAdmitted,
-    SingletonGated,
-    SingletonReleased,
-    StepCompleted,
-    StepFailed,
-    TimerFired,
-    TimerStarted,
-    event_from_json,
-    event_to_json,
-)
+from .events import *  # noqa: F403  (the old import path of the event names)
+from .events import Event, RunStarted, StepCompleted, event_from_json, event_to_json
 
-__all__ = [
-    "EVENT_TYPES",
-    "HISTORY_FORMAT",
-    "CancelRequested",
-    "ErrorInfo",
-    "Event",
-    "History",
-    "RunCancelled",
-    "RunCompleted",
-    "RunFailed",
-    "RunRetried",
-    "RunStarted",
-    "SignalReceived",
-    "SingletonAdmitted",
-    "SingletonGated",
-    "SingletonReleased",
-    "StepCompleted",
-    "StepFailed",
-    "TimerFired",
-    "TimerStarted",
-    "event_from_json",
-    "event_to_json",
-    "step_completed",
-]
+__all__ = [*_events.__all__, "HISTORY_FORMAT", "History", "step_completed"]
 
 HISTORY_FORMAT = "flowkit.history/1"
 

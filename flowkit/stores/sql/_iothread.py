@@ -142,12 +142,11 @@ class Lane:
         self.stopping = False
         self.current: Job | None = None
         self.thread: threading.Thread | None = None
-        self._on_thread: Callable[[Lane], None] = _no_setup
+        self.owner: object | None = None  # the ``Database`` whose calls it runs
         if thread:
             self.thread = threading.Thread(target=self._main, name=name, daemon=True)
 
-    def start(self, on_thread: Callable[[Lane], None]) -> None:
-        self._on_thread = on_thread
+    def start(self) -> None:
         assert self.thread is not None
         self.thread.start()
 
@@ -190,9 +189,7 @@ class Lane:
             t.join(timeout)
 
     def _main(self) -> None:
-        _here.lane = self
-        self._on_thread(self)
-        self._on_thread = _no_setup  # (holds nothing of the database from now on)
+        _here.lane = self  # (``current_lane``: this thread's connection is this lane's)
         try:
             while True:
                 with self.cond:
@@ -240,17 +237,19 @@ class Lane:
             c.close()
 
 
-def _no_setup(_lane: Lane) -> None:
-    pass
-
-
 _here = threading.local()
+
+
+def current_lane() -> Lane | None:
+    """The lane the calling thread serves (``None``: not an I/O thread)."""
+    lane: Lane | None = getattr(_here, "lane", None)
+    return lane
 
 
 def retired_here() -> bool:
     """Whether the calling thread is a lane that was retired (its call abandoned): a wait it
     is in (SQLite's busy loop) should give up rather than write late."""
-    lane: Lane | None = getattr(_here, "lane", None)
+    lane = current_lane()
     return lane is not None and lane.retired
 
 
@@ -274,4 +273,14 @@ def _post(job: Job, out: Outcome) -> None:
         log.debug("a store call finished after its event loop closed")
 
 
-__all__ = ["DONE", "QUEUED", "STARTED", "Job", "Lane", "Outcome", "Stats", "retired_here"]
+__all__ = [
+    "DONE",
+    "QUEUED",
+    "STARTED",
+    "Job",
+    "Lane",
+    "Outcome",
+    "Stats",
+    "current_lane",
+    "retired_here",
+]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import StoreUnavailableError
 from ._connection import Conn, log
-from ._iothread import DONE, QUEUED, Job, Lane, Stats
+from ._iothread import DONE, QUEUED, Job, Lane, Stats, current_lane
 
 LANES = {"postgresql": {"write": 4, "read": 4}, "sqlite": {"write": 1, "read": 1}}
 """How many I/O threads (each with a connection) a store runs at most, per kind: on
@@ -40,7 +40,6 @@ class Lanes:
         self.read_lane = True  # reads on lanes of their own (not behind write batches)
         # how many lanes of each kind at most (each with a connection: see ``LANES``)
         self.max_lanes = dict(LANES["postgresql" if pg else "sqlite"])
-        self._local = threading.local()
         self._inline = Lane("flowkit-inline", self.stats.part(), thread=False)
         self._lanes: dict[str, list[Lane]] = {"read": [], "write": []}
         self._retired: list[Lane] = []  # abandoned lanes whose stuck call has not returned
@@ -48,8 +47,8 @@ class Lanes:
         self._serial = itertools.count(1)
 
     def _here(self) -> Lane:
-        lane: Lane | None = getattr(self._local, "lane", None)
-        return self._inline if lane is None else lane
+        lane = current_lane()
+        return lane if lane is not None and lane.owner is self else self._inline
 
     @property
     def conn(self) -> Conn | None:
@@ -95,13 +94,10 @@ class Lanes:
                 thread=True,
                 stats=self.stats,
             )
+            lane.owner = self
             lanes.append(lane)
-            lane.start(self._serve)
+            lane.start()
             return lane
-
-    def _serve(self, lane: Lane) -> None:
-        """(on a lane's thread) The thread serves ``lane``: ``conn``, ``io`` are its."""
-        self._local.lane = lane
 
     def submit(
         self,
