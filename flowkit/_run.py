@@ -11,7 +11,8 @@ from ._limits import MAX_RUN_ID_LENGTH
 
 
 class RunStatus(enum.StrEnum):
-    """Lifecycle of a run. ``completed``, ``failed`` and ``cancelled`` are terminal."""
+    """Lifecycle of a run. ``completed``, ``failed``, ``cancelled`` and ``dead`` are terminal
+    (``dead``: its activation was lost more than ``max_recovery_attempts`` times)."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -21,6 +22,7 @@ class RunStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    DEAD = "dead"
 
     @property
     def terminal(self) -> bool:
@@ -31,7 +33,9 @@ class RunStatus(enum.StrEnum):
         return self not in TERMINAL_STATUSES
 
 
-TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD}
+)
 ACTIVE_STATUSES = frozenset(RunStatus) - TERMINAL_STATUSES
 
 SINGLETON_TAG_PREFIX = "singleton:"
@@ -65,6 +69,11 @@ class Run:
     lease_owner: str | None = None
     lease_expires: float | None = None
     waiting_signals: tuple[str, ...] = field(default=())
+    # the instant its ``execution_timeout`` cancels it (durable: set at start, kept across
+    # crashes and retries), or None
+    deadline_at: float | None = None
+    # activations lost so far (claims of its expired lease); ``max_recovery_attempts`` bounds it
+    recoveries: int = 0
 
     @property
     def singleton_tag(self) -> str | None:

@@ -201,6 +201,17 @@ class StepFailedError(FlowkitError):
         )
 
 
+class StepTimeoutError(FlowkitError, TimeoutError):
+    """An attempt of ``ctx.step(..., timeout=s)`` ran longer than ``timeout`` seconds: it was
+    cancelled (an async step) or abandoned in its thread (a sync step). The retry policy treats
+    it as any other failure."""
+
+    def __init__(self, step: str, timeout: float) -> None:
+        self.step = step
+        self.timeout = timeout
+        super().__init__(f"step {step!r} timed out after {timeout:g} s")
+
+
 class SerializationError(FlowkitError, TypeError):
     """Raised when a value (input, step result, output, signal payload) cannot be stored."""
 
@@ -313,6 +324,7 @@ __all__ = [
     "SignalTimeout",
     "SingletonQueueFullError",
     "StepFailedError",
+    "StepTimeoutError",
     "StoreUnavailableError",
     "UnsupportedDatabaseError",
     "UnsupportedStoreError",

@@ -22,8 +22,10 @@ __all__ = [
     "CancelRequested",
     "ErrorInfo",
     "Event",
+    "PatchMarker",
     "RunCancelled",
     "RunCompleted",
+    "RunDead",
     "RunFailed",
     "RunRetried",
     "RunStarted",
@@ -123,6 +125,8 @@ class SignalReceived(_Base):
 
 class CancelRequested(_Base):
     type: Literal["cancel_requested"] = "cancel_requested"
+    # None: ``engine.cancel``; "execution_timeout": the run's deadline passed
+    reason: str | None = None
 
 
 class RunCompleted(_Base):
@@ -142,6 +146,26 @@ class RunCancelled(_Base):
 class RunRetried(_Base):
     type: Literal["run_retried"] = "run_retried"
     attempt: int
+    # ``engine.retry(run_id, input=...)``: the run goes on with this (validated) input
+    new_input: bool = False
+    input: Any = None
+
+
+class RunDead(_Base):
+    """The run's activation was lost (its worker died, its lease expired) more than its
+    ``max_recovery_attempts`` times: it settles ``dead`` (terminal; ``engine.retry`` revives it)."""
+
+    type: Literal["run_dead"] = "run_dead"
+    recoveries: int
+    error: ErrorInfo | None = None
+
+
+class PatchMarker(_Base):
+    """``ctx.patched(patch_id)`` took the new code path (or ``ctx.deprecate_patch`` ran live).
+    It takes no position: the calls around it keep theirs."""
+
+    type: Literal["patch_marker"] = "patch_marker"
+    patch_id: str
 
 
 Event = Annotated[
@@ -158,7 +182,9 @@ Event = Annotated[
     | RunCompleted
     | RunFailed
     | RunCancelled
-    | RunRetried,
+    | RunRetried
+    | RunDead
+    | PatchMarker,
     Field(discriminator="type"),
 ]
 """Any event of a history (a pydantic discriminated union on ``type``)."""

@@ -23,8 +23,10 @@ def test_the_public_names() -> None:
         "CancelRequested",
         "ErrorInfo",
         "Event",
+        "PatchMarker",
         "RunCancelled",
         "RunCompleted",
+        "RunDead",
         "RunFailed",
         "RunRetried",
         "RunStarted",
@@ -58,6 +60,8 @@ def test_the_type_names_are_fixed_and_read_off_the_union() -> None:
         "run_failed",
         "run_cancelled",
         "run_retried",
+        "run_dead",
+        "patch_marker",
     )
     # every event model the module exports is a member of the union, once
     exported = [getattr(flowkit.events, n) for n in flowkit.events.__all__]

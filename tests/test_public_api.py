@@ -28,6 +28,7 @@ def test_flowkit_exports_the_fixed_names() -> None:
         "RunCancelledError",
         "SignalTimeout",
         "StepFailedError",
+        "StepTimeoutError",
     }
     assert fixed <= set(flowkit.__all__)
     for name in flowkit.__all__:
@@ -53,11 +54,13 @@ def test_status_values_and_helpers() -> None:
         "completed",
         "failed",
         "cancelled",
+        "dead",
     ]
     assert {s for s in flowkit.RunStatus if s.terminal} == {
         flowkit.RunStatus.COMPLETED,
         flowkit.RunStatus.FAILED,
         flowkit.RunStatus.CANCELLED,
+        flowkit.RunStatus.DEAD,
     }
     assert callable(flowkit.singleton.admission_tags)
     assert callable(flowkit.singleton.denial_patch)
@@ -96,7 +99,7 @@ FLOWKIT = [
     "InvalidInputError", "NonDeterminismError", "ReplayFailedError", "ReplayReport",
     "ReplayResult", "ResultTimeoutError", "RetryPolicy", "Run", "RunCancelledError",
     "RunNotFoundError", "RunStateError", "RunStatus", "SerializationError", "SignalTimeout",
-    "Singleton", "SingletonQueueFullError", "StepFailedError", "SystemClock",
+    "Singleton", "SingletonQueueFullError", "StepFailedError", "StepTimeoutError", "SystemClock",
     "UnsupportedStoreError", "WorkflowCtx", "WorkflowDefinition", "WorkflowFailedError",
     "WorkflowNotFoundError", "replay", "replay_async", "replay_dir", "replay_dir_async",
     "workflow",

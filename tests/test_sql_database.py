@@ -188,13 +188,15 @@ def test_processes_opening_a_fresh_sqlite_file_at_once_all_succeed(tmp_path: Pat
     assert failures == []
 
 
-@pytest.mark.parametrize("index", ["ix_flowkit_runs_queue", "ix_flowkit_runs_waiting"])
+@pytest.mark.parametrize(
+    "index", ["ix_flowkit_runs_queue", "ix_flowkit_runs_waiting", "ix_flowkit_runs_version"]
+)
 async def test_an_index_added_later_is_created_on_an_existing_database(
     sql_backend: Backend, index: str
 ) -> None:
     """Additive schema changes need no new schema version: a database created before an
-    index existed gets it on first use, and keeps version 1 (an older flowkit still opens
-    it)."""
+    index existed gets it on first use, and keeps its schema version (an older flowkit
+    still opens it)."""
     s = sql_backend.store
     await put(s, mk("r"))
     with s._db.tx() as conn:
@@ -209,7 +211,7 @@ async def test_an_index_added_later_is_created_on_an_existing_database(
                 "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
             ).scalar()
         assert index in names
-        assert version == "1"
+        assert version == str(SCHEMA_VERSION)
     finally:
         fresh.close()
 
@@ -281,11 +283,39 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
                 "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
             ).scalar()
         assert sql is not None and "last_seq < NEW.seq" in sql
-        assert "IF NOT EXISTS" in SQLITE_LAST_SEQ_TRIGGER and version == "1"
+        assert "IF NOT EXISTS" in SQLITE_LAST_SEQ_TRIGGER and version == str(SCHEMA_VERSION)
         assert await fresh.append_events("r", "w", T0 + 3, [fired(T0 + 3, "1")]) == (3,)
         res = await fresh.commit("r", "w", T0 + 4, Update(events=[fired(T0 + 4, "2")]))
         assert res.seqs == (4,) and res.run.updated_at == T0 + 4
         assert [e.seq for e in await fresh.load_events("r")] == [1, 2, 3, 4]
+    finally:
+        fresh.close()
+
+
+async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backend) -> None:
+    """Schema version 2 added ``deadline_at`` and ``recoveries`` (and the ``dead`` status):
+    a database of version 1 gets the columns on first use, its runs read back with no
+    deadline and no recovery, and its version becomes 2 (an older flowkit then refuses it
+    rather than misread a ``dead`` run)."""
+    s = sql_backend.store
+    await put(s, mk("r"))
+    with s._db.tx() as conn:
+        conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN deadline_at")
+        conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN recoveries")
+        conn.exec_driver_sql("UPDATE flowkit_meta SET value = '1' WHERE key = 'schema_version'")
+    assert sql_backend.url is not None
+    fresh = SqlStore(sql_backend.url)
+    try:
+        run = await fresh.get_run("r")
+        assert run is not None and run.deadline_at is None and run.recoveries == 0
+        with fresh._db.tx(write=False) as conn:
+            cols = {c["name"] for c in sa.inspect(conn).get_columns("flowkit_runs")}
+            version = conn.exec_driver_sql(
+                "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
+            ).scalar()
+        assert {"deadline_at", "recoveries"} <= cols and version == str(SCHEMA_VERSION) == "2"
+        await put(fresh, mk("r2"))
+        assert [r.id for r in await fresh.list_runs()] == ["r", "r2"]
     finally:
         fresh.close()
 

@@ -24,9 +24,6 @@ from flowkit_testing._netproxy import NetProxy
 DELAY = 0.02  # seconds added each way: a call takes at least 40 ms, so concurrent ones overlap
 
 
-
-
-
 class InFlight:
     """Counts the calls of a wrapped function running at once on the lanes' threads."""
 

@@ -9,8 +9,10 @@ from typing import Any, Literal, assert_never
 from ..events import (
     CancelRequested,
     Event,
+    PatchMarker,
     RunCancelled,
     RunCompleted,
+    RunDead,
     RunFailed,
     RunRetried,
     RunStarted,
@@ -72,6 +74,8 @@ def answers(ev: Event, call: Call, name: str) -> bool:
             | RunFailed()
             | RunCancelled()
             | RunRetried()
+            | RunDead()
+            | PatchMarker()
         ):
             return _of_the_run()
         case _:

@@ -35,6 +35,8 @@ RUN_COLS = (
     "lease_owner",
     "lease_expires",
     "waiting_signals",
+    "deadline_at",
+    "recoveries",
     "last_seq",
 )
 """The columns every run query returns, in ``Run`` field order (``last_seq`` last)."""
@@ -76,6 +78,8 @@ def to_run(row: Sequence[Any]) -> Run:
         row[14],
         row[15],
         tuple(loads(row[16]) or ()),
+        row[17],
+        row[18],
     )
 
 
@@ -108,6 +112,8 @@ def run_params(run: Run, last_seq: int) -> dict[str, Any]:
         "lease_owner": run.lease_owner,
         "lease_expires": run.lease_expires,
         "waiting_signals": dumps(list(run.waiting_signals)),
+        "deadline_at": run.deadline_at,
+        "recoveries": run.recoveries,
         "last_seq": last_seq,
         "admitted": ADMITTED_TAG in run.tags,
     }
@@ -211,6 +217,8 @@ def run_from_mapping(row: sa.Row[Any]) -> Run:
         lease_owner=m["lease_owner"],
         lease_expires=m["lease_expires"],
         waiting_signals=tuple(m["waiting_signals"] or ()),
+        deadline_at=m["deadline_at"],
+        recoveries=m["recoveries"],
     )
 
 

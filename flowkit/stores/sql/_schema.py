@@ -15,7 +15,7 @@ from sqlalchemy.ext.compiler import compiles
 
 from ...errors import SchemaVersionError, StoreUnavailableError, UnsupportedDatabaseError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The layout this code reads and writes; bump it (and add a migration) on any change."""
 
 SCHEMA_VERSION_KEY = "schema_version"
@@ -94,6 +94,9 @@ runs = sa.Table(
     # the seq of the run's last event: the next append needs no max(seq) query, and the row
     # is locked by every commit anyway
     sa.Column("last_seq", sa.Integer(), nullable=False, default=0),
+    # since version 2: the execution_timeout's instant, and the count of lost activations
+    sa.Column("deadline_at", _TIME),
+    sa.Column("recoveries", sa.Integer(), nullable=False, default=0, server_default="0"),
     # due timers: the poller's scan of suspended/blocked runs by wake time
     sa.Index("ix_flowkit_runs_due", "status", "wake_at"),
     # singleton admission and queue caps read only the active runs of one key
@@ -113,6 +116,8 @@ runs = sa.Table(
     ),
     # list_runs order
     sa.Index("ix_flowkit_runs_created", "created_at", "id"),
+    # a version's runs (the claim of a worker that has some versions only, ``flowkit runs``)
+    sa.Index("ix_flowkit_runs_version", "workflow", "workflow_version", "status"),
 )
 
 events = sa.Table(
@@ -145,8 +150,15 @@ meta = sa.Table(
 
 # Indexes added after version 1 first shipped, created on databases that lack them.
 _ADDED_INDEXES = [
-    ix for ix in runs.indexes if ix.name in ("ix_flowkit_runs_queue", "ix_flowkit_runs_waiting")
+    ix
+    for ix in runs.indexes
+    if ix.name in ("ix_flowkit_runs_queue", "ix_flowkit_runs_waiting", "ix_flowkit_runs_version")
 ]
+
+# Columns added since version 1 (``_migrate``): ``ALTER TABLE flowkit_runs ADD COLUMN ...``.
+_ADDED_COLUMNS = {
+    2: ("deadline_at DOUBLE PRECISION", "recoveries INTEGER NOT NULL DEFAULT 0"),
+}
 
 # SQLite: an event inserted past its run's ``last_seq`` moves ``last_seq`` (and ``updated_at``)
 # to it, so a step's record (``append_events``) is one ``INSERT`` statement. Every other write
@@ -181,6 +193,8 @@ def ensure_schema(conn: sa.Connection) -> None:
         found = int(raw) if raw is not None else None
     if found is not None and found > SCHEMA_VERSION:
         raise SchemaVersionError(found, SCHEMA_VERSION)
+    if found is not None and found < SCHEMA_VERSION:
+        _migrate(conn, found)
     metadata.create_all(conn, checkfirst=True)
     if found is not None:
         # Additive changes need no new schema version (an older flowkit reads the same
@@ -193,7 +207,23 @@ def ensure_schema(conn: sa.Connection) -> None:
         _collate_run_ids(conn)
     if found is None:
         conn.execute(sa.insert(meta).values(key=SCHEMA_VERSION_KEY, value=str(SCHEMA_VERSION)))
-    # found < SCHEMA_VERSION: no older layout exists yet; migrations go here.
+
+
+def _migrate(conn: sa.Connection, found: int) -> None:
+    """Bring a database of schema version ``found`` up to ``SCHEMA_VERSION``, in the schema
+    check's locked transaction. Version 2 added the run deadline and the recovery count, and the
+    ``dead`` status (which an older flowkit cannot read: it refuses a version-2 database)."""
+    existing = {c["name"] for c in sa.inspect(conn).get_columns(runs.name)}
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        for column in _ADDED_COLUMNS.get(version, ()):
+            if column.split()[0] not in existing:
+                conn.exec_driver_sql(f"ALTER TABLE {runs.name} ADD COLUMN {column}")
+    conn.execute(
+        sa.update(meta).where(meta.c.key == SCHEMA_VERSION_KEY).values(value=str(SCHEMA_VERSION))
+    )
+    log.warning(
+        "flowkit: migrated the database schema from version %d to %d", found, SCHEMA_VERSION
+    )
 
 
 # PostgreSQL: each run-id column's type and collation, as the unqualified table names resolve
