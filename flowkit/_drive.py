@@ -102,6 +102,10 @@ class Drive:
         self._settled = settled
         # run id → when its activation tries a failed store call again (``Worker.retry_due``)
         self.retry_at: dict[str, float] = {}
+        # in-process deadlines of the activations here (a step's timeout, a run's
+        # execution_timeout), by a token of their own: ``Worker.retry_due`` reports the
+        # earliest, so that ``TestEnv``'s virtual clock jumps to it as to a timer
+        self.timers: dict[object, float] = {}
 
     async def run(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
         """Claim ``run_id`` (unless ``claimed``: leased here already, with its history), pass

@@ -165,8 +165,10 @@ class Worker:
         return run_id in self._active
 
     def retry_due(self) -> float | None:
-        """The earliest instant an activation here tries a failed store call again."""
-        return min(self._drive.retry_at.values(), default=None)
+        """The earliest instant an activation here tries a failed store call again, or an
+        in-process deadline of one (``Drive.timers``) passes."""
+        d = self._drive
+        return min((*d.retry_at.values(), *d.timers.values()), default=None)
 
     def holds(self, run_id: str) -> bool:
         """Whether an activation of ``run_id`` (claimed, past its gate) runs here: it ends by
