@@ -25,6 +25,7 @@ from flowkit.events import RunCompleted, RunStarted, SingletonReleased
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.base import Notify, Update
 from flowkit.stores.sql._postgres import LOCK_ROWS_SQL, PgStatements
+from flowkit.stores.sql._schema import SCHEMA_VERSION
 from flowkit_testing import TestEnv
 from flowkit_testing.conformance import CHECKS
 
@@ -241,7 +242,7 @@ async def test_a_database_of_an_earlier_flowkit_is_migrated_on_first_use(
 ) -> None:
     """An earlier flowkit declared the run-id columns without a collation (the database's
     ``en-US``). The first use by this flowkit declares them ``COLLATE "C"`` (keeping their
-    data, their indexes and schema version 1) and orders the runs by code point; the next
+    data, their indexes and their schema version) and orders the runs by code point; the next
     open has nothing left to do."""
     for rid in STARTED:
         await _put(store, _run(rid))
@@ -266,7 +267,7 @@ async def test_a_database_of_an_earlier_flowkit_is_migrated_on_first_use(
             version = conn.exec_driver_sql(
                 "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
             ).scalar()
-        assert version == "1"
+        assert version == str(SCHEMA_VERSION)
         assert {rid: await fresh.load_events(rid) for rid in STARTED} == events
         signal = await fresh.peek_signal("a1", "go")
         assert signal is not None and signal.payload == {"x": 1}
