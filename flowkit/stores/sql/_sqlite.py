@@ -223,6 +223,18 @@ class SqliteStatements(Statements):
     def in_list_param(self, values: Sequence[str]) -> Any:
         return dumps(list(values))
 
+    def in_versions(self, name: str) -> str:
+        # (a row value IN a list: SQLite looks each pair up in ix_flowkit_runs_version)
+        return (
+            f"(workflow, workflow_version) IN (SELECT json_extract(value, '$[0]'),"
+            f" json_extract(value, '$[1]') FROM json_each({self.p(name)}))"
+        )
+
+    def versions_params(
+        self, params: dict[str, Any], name: str, pairs: Sequence[tuple[str, str]]
+    ) -> None:
+        params[name] = dumps([[w, v] for w, v in pairs])
+
     def waits_for(self, name: str) -> str:
         return f"EXISTS (SELECT 1 FROM json_each(waiting_signals) WHERE value = {self.p(name)})"
 

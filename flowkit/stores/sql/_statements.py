@@ -107,6 +107,10 @@ class Statements:
             f" updated_at = {p('now')}"
             f" WHERE id = {p('id')}{ns} AND {claimable(p('now'))} RETURNING {cols}"
         )
+        # (a worker with some versions only: ``base.ClaimsByVersion``)
+        self.claim_of = self.claim.replace(
+            " RETURNING ", f" AND {self.in_versions('vers')} RETURNING ", 1
+        )
         self.renew = (
             # (never shortened: a late renewal landing after a newer one must not take back
             # what the newer one granted; the worker's lease proof relies on it)
@@ -154,6 +158,11 @@ class Statements:
         self.due_runs_of = (
             f"SELECT {cols} FROM flowkit_runs WHERE {due_where}"
             f" AND {self.in_list('workflow', 'wfs')}{due_tail}"
+        )
+        # (by ``ix_flowkit_runs_version``: a fleet of old and new workers reads only its own)
+        self.due_runs_vers = (
+            f"SELECT {cols} FROM flowkit_runs WHERE {due_where}"
+            f" AND {self.in_versions('vers')}{due_tail}"
         )
         nda = f"SELECT {cols} FROM flowkit_runs WHERE status IN ({ACTIVE}){ns}"
         nda += f" AND ({DUE}) IS NOT NULL"
@@ -221,6 +230,16 @@ class Statements:
         raise NotImplementedError
 
     def in_list_param(self, values: Sequence[str]) -> Any:
+        raise NotImplementedError
+
+    def in_versions(self, name: str) -> str:
+        """The run's ``(workflow, workflow_version)`` is one of the pairs of the parameter
+        ``name`` (``versions_params`` sets it)."""
+        raise NotImplementedError
+
+    def versions_params(
+        self, params: dict[str, Any], name: str, pairs: Sequence[tuple[str, str]]
+    ) -> None:
         raise NotImplementedError
 
     def waits_for(self, name: str) -> str:
