@@ -22,10 +22,17 @@ F = TypeVar("F", bound=CheckFn)
 
 OPTIONAL_METHODS = ("try_admit_singleton", "scoped", "release_leases", "next_due_after")
 """Store methods the contract lets a store leave out (absent or ``None``)."""
-OPTIONAL_CAPABILITIES = ("admits_on_create", "appends_events", "records_admission")
+OPTIONAL_CAPABILITIES = (
+    "admits_on_create",
+    "appends_events",
+    "records_admission",
+    "claims_by_version",
+    "records_workers",
+)
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
-(``create_run`` takes an ``Admission``) and ``appends_events`` (``append_events`` records a
-running step)."""
+(``create_run`` takes an ``Admission``), ``appends_events`` (``append_events`` records a
+running step), ``claims_by_version`` (``claim``/``due_runs`` take ``versions``) and
+``records_workers`` (``record_worker``/``workers``)."""
 
 
 @dataclass(frozen=True)
