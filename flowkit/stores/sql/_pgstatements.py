@@ -57,10 +57,14 @@ class PgStatements(Statements):
         return list(values)
 
     def in_versions(self, name: str) -> str:
-        # (two parallel arrays: PostgreSQL looks each pair up in ix_flowkit_runs_version)
+        # (two parallel arrays.) The ``= ANY`` terms are what the planner estimates well and
+        # looks up in ix_flowkit_runs_version; the pairs' test then drops the cross products
+        # (a worker with w1 v1 and w2 v2 must not take w1 v2)
+        wf, v = self.p(name + "_wf"), self.p(name + "_v")
         return (
-            f"(workflow, workflow_version) IN (SELECT * FROM"
-            f" unnest({self.p(name + '_wf')}::text[], {self.p(name + '_v')}::text[]))"
+            f"workflow = ANY({wf}::text[]) AND workflow_version = ANY({v}::text[])"
+            f" AND (workflow, workflow_version) IN"
+            f" (SELECT * FROM unnest({wf}::text[], {v}::text[]))"
         )
 
     def versions_params(
