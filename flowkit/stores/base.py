@@ -430,8 +430,23 @@ class ClaimsByVersion(Protocol):
 
 
 def claims_by_version(store: Any) -> bool:
-    """Whether ``store`` claims by ``(workflow, version)`` (``ClaimsByVersion``)."""
-    return bool(getattr(store, "claims_by_version", False))
+    """Whether ``store`` claims by ``(workflow, version)`` (``ClaimsByVersion``): it says so,
+    and its ``claim`` and ``due_runs`` take ``versions`` (a subclass that overrides one with
+    the older signature does not: the worker then claims and gives back)."""
+    if not getattr(store, "claims_by_version", False):
+        return False
+    return all(_takes(getattr(store, m, None), "versions") for m in ("claim", "due_runs"))
+
+
+def _takes(fn: Any, keyword: str) -> bool:
+    """Whether the callable ``fn`` accepts the keyword argument ``keyword``."""
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
-from flowkit.stores.base import records_admission
+from flowkit.stores.base import claims_by_version, records_admission
 
 from ._support import (
     ConformanceError,
@@ -115,4 +115,6 @@ async def optional_methods(factory: StoreFactory) -> set[str]:
     have |= {c for c in OPTIONAL_CAPABILITIES if getattr(store, c, False)}
     if not records_admission(store):  # (it says so, and its try_admit_singleton agrees)
         have.discard("records_admission")
+    if not claims_by_version(store):  # (likewise its claim and due_runs)
+        have.discard("claims_by_version")
     return have
