@@ -186,7 +186,7 @@ async def test_a_singleton_slot_is_handed_only_to_a_waiter_of_a_version_the_rele
 async def test_the_due_runs_of_some_versions_are_read_by_index(sql_backend: Backend) -> None:
     """A worker with some versions only finds its due runs through ``ix_flowkit_runs_version``
     (not a scan of the other versions' runs): the plan of its ``due_runs`` read on both
-    databases (PostgreSQL once the table has statistics)."""
+    databases (SQLite is told to; PostgreSQL picks it once the table has statistics)."""
     s = sql_backend.store
     for i in range(300):
         await put(s, dataclasses.replace(mk(f"old{i:03d}", t=T0 + i), workflow_version="1"))

@@ -210,6 +210,8 @@ class SqliteStatements(Statements):
     """SQLite's spelling: ``:name`` parameters, JSON as text, ``json_each`` membership."""
 
     WAITING_INDEX = " INDEXED BY ix_flowkit_runs_waiting"  # (else it picks the queue index)
+    # (else it may pick ix_flowkit_runs_due and read every due run of every version)
+    VERSION_INDEX = " INDEXED BY ix_flowkit_runs_version"
 
     def p(self, name: str) -> str:
         return f":{name}"

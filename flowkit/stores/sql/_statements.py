@@ -72,6 +72,7 @@ class Statements:
     TRUE, FALSE = "1", "0"
     EMPTY_LIST = "'[]'"
     WAITING_INDEX = ""  # the index a key's first waiters are read through
+    VERSION_INDEX = ""  # the index the due runs of some versions are read through
     # one statement writes what depends on its write too (a data-modifying WITH): a commit or
     # a creation with its events, a signal with its delivery
     CTE_WRITES = False
@@ -161,7 +162,7 @@ class Statements:
         )
         # (by ``ix_flowkit_runs_version``: a fleet of old and new workers reads only its own)
         self.due_runs_vers = (
-            f"SELECT {cols} FROM flowkit_runs WHERE {due_where}"
+            f"SELECT {cols} FROM flowkit_runs{self.VERSION_INDEX} WHERE {due_where}"
             f" AND {self.in_versions('vers')}{due_tail}"
         )
         nda = f"SELECT {cols} FROM flowkit_runs WHERE status IN ({ACTIVE}){ns}"
