@@ -19,7 +19,10 @@ from version_kit import NAME, GreetV1, GreetV2, GreetV10, LaneV1, LaneV2, wait_f
 from flowkit import Engine, ResultTimeoutError, RunStatus, SystemClock, WorkflowNotFoundError
 from flowkit._definition import definition_of
 from flowkit._versions import Registry, natural_key
-from flowkit.stores import SqlStore
+from flowkit._worker import WORKER_REFRESH
+from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
+from flowkit.stores.base import claims_by_version
+from flowkit_testing import TestEnv
 
 # -- natural order ---------------------------------------------------------------------------
 
@@ -241,3 +244,64 @@ async def test_runs_and_show_say_when_no_worker_has_a_runs_version(tmp_path: Pat
                 assert "no worker" not in out.stdout
     finally:
         store.close()
+
+
+# -- workers make themselves known -------------------------------------------------------------
+
+
+class _BrokenRecords(MemoryStore):
+    """A store whose ``record_worker`` always fails."""
+
+    async def record_worker(self, instance_id: str, versions: Any, now: float) -> None:
+        raise RuntimeError("no table")
+
+
+class _OldClaims(MemoryStore):
+    """A custom store written before versions: ``claim`` with the older signature."""
+
+    async def claim(  # type: ignore[override]
+        self, run_id: str, owner: str, now: float, lease_expires: float
+    ) -> Any:
+        return await super().claim(run_id, owner, now, lease_expires)
+
+
+async def test_a_worker_makes_itself_known_at_start_and_every_minute() -> None:
+    async with TestEnv([GreetV1(), GreetV2()]) as env:
+        t0 = env.clock.now()
+        [seen] = await env.store.workers()
+        assert (seen.instance_id, seen.versions, seen.last_seen) == (
+            "instance-0",
+            ((NAME, "1"), (NAME, "2")),
+            t0,
+        )
+        await env.advance(WORKER_REFRESH + 15)  # (at a lease renewal past the minute)
+        [seen] = await env.store.workers()
+        assert t0 + WORKER_REFRESH <= seen.last_seen <= t0 + WORKER_REFRESH + 15
+
+
+async def test_a_failed_record_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    async with TestEnv([GreetV1()], store=_BrokenRecords()) as env:
+        await env.start(NAME, 1, "r")
+        assert await env.result("r") == 2
+    assert any("could not make worker" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_store_without_the_capabilities_still_runs_each_version_where_it_is() -> None:
+    """An older custom store: the worker lists due runs by name, claims, and gives a run of a
+    version it lacks back (the run waits for a worker with it); a ``CodecStore`` over it does
+    not claim the capabilities, and refuses their calls."""
+    store = _OldClaims()
+    assert not claims_by_version(store)
+    wrapped = CodecStore(store, AESGCMCodec([("k1", bytes(range(32)))]))
+    assert not wrapped.claims_by_version and wrapped.records_workers
+    with pytest.raises(TypeError, match="claims_by_version"):
+        await wrapped.due_runs(T0, 10, versions=[(NAME, "1")])
+    async with TestEnv([GreetV1()], store=store) as env:
+        client = Engine(env.store, [GreetV1, GreetV2], worker=False, clock=env.clock)
+        await client.start(NAME, 5, "v2")
+        await client.start(NAME, 5, "v1", version="1")
+        await env.settle()
+        assert await env.result("v1") == 6
+        run = await env.get_run("v2")
+        assert (run.status, run.lease_owner, run.workflow_version) == (RunStatus.RUNNING, None, "2")
+        assert (await env.history("v2")).types == ["run_started"]
