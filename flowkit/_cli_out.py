@@ -13,6 +13,7 @@ from rich.text import Text
 
 from . import _serde
 from ._run import Run, RunStatus
+from ._worker import WORKER_SEEN_WINDOW, no_live_worker
 from .events import (
     Event,
     RunCompleted,
@@ -194,6 +195,42 @@ def _lease(run: Run, now: float) -> str:
     if not run.status.active or run.lease_owner is None:
         return ""
     return f"{run.lease_owner} ({_lease_left(run, now)})"
+
+
+async def unserved(store: Any, runs: Sequence[Run], now: float) -> set[tuple[str, str]]:
+    """The ``(workflow, version)`` of the active runs among ``runs`` that no worker seen in
+    the last ``WORKER_SEEN_WINDOW`` seconds has (a store that ``records_workers``; otherwise,
+    or when the store cannot say, none: nothing is claimed that is not known)."""
+    active = [r for r in runs if r.status.active]
+    if not active:
+        return set()
+    try:
+        missing = await no_live_worker(store, active, now)
+    except Exception:
+        return set()
+    return missing or set()
+
+
+def no_worker(run: Run) -> str:
+    """The marker of an active run no live worker can run (``unserved``)."""
+    return f"no worker with {run.workflow} v{run.workflow_version} seen"
+
+
+def lease_cell(run: Run, now: float, missing: set[tuple[str, str]]) -> tuple[str, str]:
+    """The ``lease`` column: the lease, and the marker of a run no live worker can run."""
+    lease = _lease(run, now)
+    if run.status.active and (run.workflow, run.workflow_version) in missing:
+        return ("; ".join(x for x in (lease, no_worker(run)) if x), "bold red")
+    return (lease, "bold red" if _lease_expired(run, now) else "")
+
+
+def no_worker_line(run: Run) -> str:
+    """``flowkit show``'s explanation of that marker."""
+    return (
+        f"no worker with workflow {run.workflow!r} version {run.workflow_version!r} has been"
+        f" seen in the last {WORKER_SEEN_WINDOW:.0f} s: the run waits (it is not failed) until"
+        " a worker with that version runs"
+    )
 
 
 def _describe(ev: Event, t0: float) -> str:

@@ -29,10 +29,19 @@ from ._replay import (
     error_info,
 )
 from ._run import Run, RunStatus
-from ._seat import Registry, Seat, Settled, WorkerConfig
+from ._seat import Seat, Settled, WorkerConfig
+from ._versions import Registry
 from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
-from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Update
+from .stores.base import (
+    AppendsEvents,
+    ClaimsByVersion,
+    ConflictError,
+    InboxSignal,
+    Notify,
+    Update,
+    claims_by_version,
+)
 
 log = logging.getLogger("flowkit")
 
@@ -98,6 +107,8 @@ class Drive:
             else None
         )
         self.gate = gate.Gate(config.store, config.clock, config.rng)
+        # the store claims by (workflow, version) (base.ClaimsByVersion)
+        self.by_version = claims_by_version(self.store)
         self._seat = seat
         self._settled = settled
         # run id → when its activation tries a failed store call again (``Worker.retry_due``)
@@ -239,13 +250,21 @@ class Drive:
         else:
             now = self.clock.now()
             t.op = "claim"
-            run = await self.store.claim(run_id, self.owner, now, now + cfg.lease_ttl)
+            if self.by_version:  # (only a run of a version registered here)
+                run = await cast(ClaimsByVersion, self.store).claim(
+                    run_id, self.owner, now, now + cfg.lease_ttl, versions=cfg.registry.pairs()
+                )
+            else:
+                run = await self.store.claim(run_id, self.owner, now, now + cfg.lease_ttl)
             if run is None:
                 return
             proof.granted(now)
         t.run = run
-        entry = cfg.registry.get(run.workflow)
-        if entry is None:  # a worker without this workflow: leave it for another one
+        entry = cfg.registry.get(run.workflow, run.workflow_version)
+        if entry is None:
+            # a worker without this workflow or version (a store without ``claims_by_version``,
+            # or a hand-off of a store that ignores ``Notify.claim_versions``): leave it for
+            # another one; a run always resumes on the version it started on
             t.op = "lease release"
             now = self.clock.now()
             await self.store.commit(run.id, self.owner, now, Update(release_lease=True))
@@ -481,7 +500,13 @@ class Drive:
                 run.id,
                 self.owner,
                 now,
-                gate.hand_off(update, self.owner, now + self.config.lease_ttl, room + 1),
+                gate.hand_off(
+                    update,
+                    self.owner,
+                    now + self.config.lease_ttl,
+                    room + 1,
+                    frozenset(self.config.registry.versions(run.workflow)),
+                ),
                 seat.run_claimed,
             )
         else:

@@ -19,7 +19,7 @@ from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
 from ._history import History
 from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
-from ._worker import Worker, WorkerConfig
+from ._worker import WORKER_SEEN_WINDOW, Worker, WorkerConfig, no_live_worker
 from .errors import (
     InvalidInputError,
     ResultTimeoutError,
@@ -101,7 +101,7 @@ class Engine:
             clock=clock or SystemClock(),
             rng=rng,
             instance_id=instance_id or f"engine-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}",
-            registry={},
+            registry=Registry(),
             lease_ttl=lease_ttl,
             poll_interval=poll_interval,
             max_concurrency=max_concurrency,
@@ -137,26 +137,42 @@ class Engine:
 
     # -- registration ------------------------------------------------------------------
     def register(self, wf: Any) -> None:
-        """Register a decorated workflow instance (or class with a no-argument constructor)."""
+        """Register a decorated workflow instance (or class with a no-argument constructor).
+        Several versions of one name may be registered (DESIGN §9, "Versions"); the same
+        ``(name, version)`` twice raises ``ValueError``."""
         defn = definition_of(wf)
         if defn is None:
             raise TypeError(f"{wf!r} is not a @workflow class or instance")
-        if defn.name in self.registry:
-            raise ValueError(f"duplicate workflow name {defn.name!r} on one engine")
+        if self.registry.get(defn.name, defn.version) is not None:
+            raise ValueError(
+                f"duplicate workflow {defn.name!r} version {defn.version!r} on one engine"
+            )
         instance = wf() if isinstance(wf, type) else wf
-        self.registry[defn.name] = (defn, instance)
+        self.registry.add(defn, instance)
 
-    def _resolve(self, workflow: Any) -> WorkflowDefinition:
+    def _resolve(self, workflow: Any, version: str | None = None) -> WorkflowDefinition:
+        """The definition a start names: a name's newest version unless ``version`` pins one;
+        a class or instance means its own version (``version``, if given, must agree)."""
+        if version is not None and not isinstance(version, str):
+            raise TypeError(f"version must be a string, got {type(version).__name__}")
         if isinstance(workflow, str):
-            entry = self.registry.get(workflow)
+            entry = self.registry.get(workflow, version)
             if entry is None:
-                raise WorkflowNotFoundError(workflow)
+                raise WorkflowNotFoundError(workflow, version)
             return entry[0]
         defn = definition_of(workflow)
-        if defn is None or self.registry.get(defn.name, (None,))[0] is not defn:
+        entry = self.registry.get(defn.name, defn.version) if defn is not None else None
+        if defn is None or entry is None or entry[0] is not defn:
             name = defn.name if defn else getattr(workflow, "__name__", repr(workflow))
-            raise WorkflowNotFoundError(name)
+            raise WorkflowNotFoundError(name, defn.version if defn else None)
+        if version is not None and version != defn.version:
+            raise WorkflowNotFoundError(defn.name, version)
         return defn
+
+    def _definition(self, run: Run) -> WorkflowDefinition | None:
+        """The registered definition of the version ``run`` started on, or ``None``."""
+        entry = self.registry.get(run.workflow, run.workflow_version)
+        return None if entry is None else entry[0]
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -223,12 +239,17 @@ class Engine:
         run_id: str | None = None,
         *,
         tags: Sequence[str] = (),
+        version: str | None = None,
     ) -> Run:
         """Create a run (idempotent by ``run_id``) and hand it to a worker.
 
-        An existing ``run_id`` returns that run as it is, even where a new start would be
-        refused (input the current code rejects, a store without singleton admission)."""
-        defn = self._resolve(workflow)
+        The run takes the newest registered version of the workflow (natural order:
+        ``flowkit._versions.natural_key``) unless ``version`` pins one; a class or instance
+        passed as ``workflow`` means its own version. A version not registered here raises
+        ``WorkflowNotFoundError`` and writes nothing. An existing ``run_id`` returns that run
+        as it is, even where a new start would be refused (input the current code rejects, a
+        store without singleton admission)."""
+        defn = self._resolve(workflow, version)
         if run_id is not None:
             limits.check_identifier("run_id", run_id, limits.MAX_RUN_ID_LENGTH, defn.name)
         if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
@@ -350,8 +371,8 @@ class Engine:
             direct = run.status in (RunStatus.PENDING, RunStatus.BLOCKED) or gate.waiting(run)
             try:
                 if direct and not run.leased(now):
-                    entry = self.registry.get(run.workflow)
-                    sg = entry[0].singleton if entry else None
+                    found = self._definition(run)
+                    sg = found.singleton if found else None
                     update = gate.cancel_at_once(run, sg.limit if sg else None, now)
                     res = await self.store.commit(run_id, None, now, update)
                     self.bus.settled(run_id, res.run)
@@ -419,9 +440,28 @@ class Engine:
                 raise RunNotFoundError(run_id) from None
             if run.status.terminal:  # settled as the timeout struck
                 return self._outcome(run)
-            raise ResultTimeoutError(
-                run_id, run.status.value, timeout, self._stall_hint(run)
-            ) from None
+            hint = self._stall_hint(run)
+            missing = await self._version_missing(run)
+            if missing is not None:
+                hint = f"{missing}; {hint}"
+            raise ResultTimeoutError(run_id, run.status.value, timeout, hint) from None
+
+    async def _version_missing(self, run: Run) -> str | None:
+        """What to say when no worker with the run's ``(workflow, version)`` has been seen
+        within ``WORKER_SEEN_WINDOW`` (a store that ``records_workers``), else ``None``."""
+        if not run.status.active:
+            return None
+        try:
+            missing = await no_live_worker(self.store, [run], self.clock.now())
+        except Exception:  # (best effort: the hint goes without it)
+            return None
+        if not missing or (run.workflow, run.workflow_version) not in missing:
+            return None
+        return (
+            f"no worker with workflow {run.workflow!r} version {run.workflow_version!r} has "
+            f"been seen in the last {WORKER_SEEN_WINDOW:.0f} s: it waits for one (deploy "
+            "that version, or keep a worker that has it running)"
+        )
 
     def _stall_hint(self, run: Run) -> str:
         """Why an unsettled run may not be moving, from its snapshot and this engine."""
@@ -486,10 +526,10 @@ class Engine:
 
     def _outcome(self, run: Run) -> Any:
         if run.status is RunStatus.COMPLETED:
-            entry = self.registry.get(run.workflow)
-            if entry is None:
+            defn = self._definition(run)
+            if defn is None:
                 return run.output
-            return entry[0].output_adapter.validate_python(run.output)
+            return defn.output_adapter.validate_python(run.output)
         if run.status is RunStatus.CANCELLED:
             raise RunCancelledError(run.id)
         err = run.error or {"type": "Error", "message": "unknown failure"}

@@ -151,15 +151,27 @@ def _limit(defn: WorkflowDefinition) -> int:
     return defn.singleton.limit if defn.singleton is not None else 1
 
 
-def hand_off(update: Update, owner: str, lease_expires: float, max_hand_offs: int) -> Update:
+def hand_off(
+    update: Update,
+    owner: str,
+    lease_expires: float,
+    max_hand_offs: int,
+    versions: frozenset[str] | None = None,
+) -> Update:
     """``update`` (a release: it carries ``notify``) asking the store to hand the freed slot(s)
-    to the next waiter(s), admitted and leased to ``owner`` in the same transaction."""
+    to the next waiter(s), admitted and leased to ``owner`` in the same transaction; only a
+    waiter of one of ``versions`` (those of the workflow ``owner`` has; ``None``: any), the
+    others are woken (``Notify.claim_versions``)."""
     n = update.notify
     assert n is not None
     return dataclasses.replace(
         update,
         notify=dataclasses.replace(
-            n, claim_owner=owner, lease_expires=lease_expires, max_hand_offs=max_hand_offs
+            n,
+            claim_owner=owner,
+            lease_expires=lease_expires,
+            max_hand_offs=max_hand_offs,
+            claim_versions=versions,
         ),
     )
 

@@ -7,19 +7,17 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ._clock import Clock
-from ._definition import WorkflowDefinition
 from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from ._recovery import MAX_STORE_FAILURES, LeaseProof
 from ._replay import Activation
 from ._run import Run
+from ._versions import Registry
 from .events import Event
 from .stores.base import Store
 
-Registry = dict[str, tuple[WorkflowDefinition, Any]]
-"""Workflow name → (definition, the registered instance whose ``run`` is the body)."""
 Settled = Callable[[str, Run | None], None]
 """Told when a run settles (with its snapshot) or leaves this worker unsettled (``None``):
 ``Engine.result``'s waiters listen (``Bus.settled``)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ._drive import Drive, Settled, WorkerConfig
 from ._eager import start_next
@@ -17,11 +17,38 @@ from ._recovery import Backoff, LeaseProof, bounded
 from ._replay import Activation
 from ._run import Run, RunStatus
 from .events import Event
-from .stores.base import Update
+from .stores.base import (
+    ClaimsByVersion,
+    RecordsWorkers,
+    Update,
+    claims_by_version,
+    records_workers,
+)
 
 log = logging.getLogger("flowkit")
 
-__all__ = ["Worker", "WorkerConfig"]
+WORKER_REFRESH = 60.0
+"""Seconds between a worker's records of itself (``stores.base.RecordsWorkers``)."""
+WORKER_SEEN_WINDOW = 5 * WORKER_REFRESH
+"""A worker seen within this many seconds counts as live: ``flowkit runs``/``show`` and
+``Engine.result``'s timeout message say when no such worker has a run's version."""
+
+__all__ = ["WORKER_REFRESH", "WORKER_SEEN_WINDOW", "Worker", "WorkerConfig", "no_live_worker"]
+
+
+async def no_live_worker(
+    store: Any, runs: Sequence[Run], now: float
+) -> set[tuple[str, str]] | None:
+    """The ``(workflow, version)`` pairs of ``runs`` that no worker seen within
+    ``WORKER_SEEN_WINDOW`` before ``now`` has (``stores.base.RecordsWorkers``); ``None`` when
+    the store does not keep workers (nothing can be said)."""
+    if not records_workers(store):
+        return None
+    seen: set[tuple[str, str]] = set()
+    for w in await cast(RecordsWorkers, store).workers():
+        if w.last_seen >= now - WORKER_SEEN_WINDOW:
+            seen.update(w.versions)
+    return {(r.workflow, r.workflow_version) for r in runs} - seen
 
 
 class Worker:
@@ -61,6 +88,7 @@ class Worker:
         self._unsettled: dict[str, asyncio.Future[None]] = {}
         self.running = False
         self._unwatch: Callable[[], None] | None = None
+        self._next_known: float | None = None  # when to make this worker known again
 
     # -- lifecycle ---------------------------------------------------------------------
     def _watch(self) -> None:
@@ -89,6 +117,32 @@ class Worker:
             asyncio.ensure_future(self._renew_loop()),
         ]
         self._watch()
+        self._make_known()
+
+    def _make_known(self) -> None:
+        """Tell the store which ``(workflow, version)`` pairs this instance runs, now and then
+        every ``WORKER_REFRESH`` seconds (from the lease renewal loop: no extra timer, never
+        per run), so tools can say when no live worker has a run's version
+        (``stores.base.RecordsWorkers``). Best effort: a failure is logged, never fatal."""
+        if not records_workers(self.store):
+            return
+        now = self.clock.now()
+        self._next_known = now + WORKER_REFRESH
+        task = asyncio.ensure_future(self._record_worker(now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record_worker(self, now: float) -> None:
+        try:
+            await bounded(
+                self.clock,
+                cast(RecordsWorkers, self.store).record_worker(
+                    self.owner, self.config.registry.pairs(), now
+                ),
+                self.config.lease_ttl / 3,
+            )
+        except Exception:
+            log.warning("could not make worker %s known to the store", self.owner, exc_info=True)
 
     async def stop(self, *, graceful: bool = True) -> None:
         """Stop the loops and abandon the activations here. ``graceful`` gives their leases
@@ -227,7 +281,9 @@ class Worker:
 
     async def _poll_loop(self) -> None:
         cfg = self.config
-        names = tuple(cfg.registry)
+        names = cfg.registry.names()
+        # only runs of a (workflow, version) registered here, where the store can tell
+        pairs = cfg.registry.pairs() if claims_by_version(self.store) else None
         # after a failed poll: 50 ms doubling to 1 s (or the poll interval, when shorter)
         backoff = Backoff(self.clock, cfg.rng, min(1.0, cfg.poll_interval or 1.0))
         while self.running:
@@ -236,7 +292,12 @@ class Worker:
             self._earliest = None  # the reads below see every commit made before them
             now = self.clock.now()
             try:
-                due = await self.store.due_runs(now, cfg.max_concurrency, names)
+                if pairs is not None:
+                    due = await cast(ClaimsByVersion, self.store).due_runs(
+                        now, cfg.max_concurrency, versions=pairs
+                    )
+                else:
+                    due = await self.store.due_runs(now, cfg.max_concurrency, names)
                 for run_id in due:
                     if run_id not in self._active:
                         self.dispatch(run_id)
@@ -295,6 +356,8 @@ class Worker:
         cfg, clock = self.config, self.clock
         while self.running:
             await clock.sleep_until(clock.now() + cfg.lease_ttl / 3)
+            if self._next_known is not None and clock.now() >= self._next_known:
+                self._make_known()
             for run_id in list(self._active):
                 if run_id in self._renewing:
                     continue  # its last renewal is still out (bounded: it ends soon)

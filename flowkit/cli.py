@@ -26,12 +26,14 @@ from ._cli_out import (
     Out,
     _describe,
     _fmt_time,
-    _lease,
     _lease_expired,
     _lease_left,
     _status,
     _value,
     encrypted,
+    lease_cell,
+    no_worker_line,
+    unserved,
 )
 from ._clock import SystemClock
 from ._definition import definition_of
@@ -39,6 +41,7 @@ from ._engine import Engine
 from ._history import History
 from ._replay.replayer import ReplayResult, replay_async, replay_dir_async
 from ._run import Run, RunStatus
+from ._worker import WORKER_SEEN_WINDOW
 from .errors import FlowkitError, NonDeterminismError
 from .singleton import holders, waiters
 
@@ -119,6 +122,7 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
         runs = runs[-args.limit :]  # the most recent, still oldest first
     lanes = await _lanes(store, runs)
     now = args.clock.now()
+    missing = await unserved(store, runs, now)
     rows = [
         (
             r.id,
@@ -128,7 +132,7 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
             lanes.get(r.id, ""),
             _fmt_time(r.created_at),
             _fmt_time(r.updated_at),
-            (_lease(r, now), "bold red" if _lease_expired(r, now) else ""),
+            lease_cell(r, now, missing),
         )
         for r in runs
     ]
@@ -137,6 +141,9 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
         caption = f"the {len(runs)} most recent of {total} runs (--limit 0 shows all)"
     elif not runs:
         caption = "no runs"
+    if missing and any(r.status.active for r in runs):
+        note = f"no worker seen: none in the last {WORKER_SEEN_WINDOW:.0f} s has that version"
+        caption = note if caption is None else f"{caption}; {note}"
     out.table(
         (
             "id",
@@ -181,6 +188,8 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
             )
     elif run.status is RunStatus.RUNNING:
         out.line(f"  lease   none: any worker running {run.workflow} claims it at its next poll")
+    if (run.workflow, run.workflow_version) in await unserved(store, [run], now):
+        out.line("  ", (no_worker_line(run), "bold red"))
     if run.wake_at is not None and run.status.active:
         out.line(f"  wakes   {_fmt_time(run.wake_at)}")
     if run.attempt > 1:

@@ -107,11 +107,14 @@ class NonDeterminismError(FlowkitError):
 
 
 class WorkflowNotFoundError(FlowkitError, LookupError):
-    """Raised when a workflow name (or class) is not registered on the engine."""
+    """Raised when a workflow name (or class) is not registered on the engine; ``version``
+    names the version a start pinned (or the class's own) when that is what is missing."""
 
-    def __init__(self, workflow: str) -> None:
+    def __init__(self, workflow: str, version: str | None = None) -> None:
         self.workflow = workflow
-        super().__init__(f"unknown workflow {workflow!r}")
+        self.version = version
+        at = "" if version is None else f" version {version!r}"
+        super().__init__(f"unknown workflow {workflow!r}{at}")
 
 
 class RunNotFoundError(FlowkitError, LookupError):

@@ -279,8 +279,9 @@ class TestEnv:
         run_id: str | None = None,
         *,
         tags: Sequence[str] = (),
+        version: str | None = None,
     ) -> Run:
-        run = await self._client().start(workflow, input, run_id, tags=tags)
+        run = await self._client().start(workflow, input, run_id, tags=tags, version=version)
         await self.settle()
         return run
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from flowkit import Run
 from flowkit.errors import StoreUnavailableError
 from flowkit.events import StepCompleted
-from flowkit.stores.base import Update, records_admission
+from flowkit.stores.base import Update, claims_by_version, records_admission
 
 Phase = Literal["before", "after"]
 
@@ -217,6 +217,12 @@ class InstanceStore:
         """The shared store's, judged on the store itself (this proxy's ``try_admit_singleton``
         takes any keyword)."""
         return records_admission(self._inner)
+
+    @property
+    def claims_by_version(self) -> bool:
+        """The shared store's, judged on the store itself (this proxy's ``claim`` and
+        ``due_runs`` take any keyword)."""
+        return claims_by_version(self._inner)
 
     def __getattr__(self, name: str) -> Any:
         if name in HIDDEN:

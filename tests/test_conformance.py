@@ -121,6 +121,9 @@ def test_registry_covers_every_check_function() -> None:
         "release_leases",
         "next_due_after",
         *appends,
+        "claim_by_version",
+        "due_runs_by_version",
+        "record_worker",
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -140,6 +143,13 @@ def test_registry_covers_every_check_function() -> None:
     assert all(CHECKS[n].singleton for n in on_create)  # parked runs re-check with it
     recorded = {n for n, c in CHECKS.items() if "records_admission" in c.requires}
     assert recorded == {"admission_is_recorded_with_the_marker"}
+    by_version = {n for n, c in CHECKS.items() if "claims_by_version" in c.requires}
+    assert by_version == {
+        "claim_by_version",
+        "due_runs_by_version",
+        "hand_over_only_to_a_version_of_the_releaser",
+    }
+    assert {n for n, c in CHECKS.items() if "records_workers" in c.requires} == {"record_worker"}
 
 
 async def test_run_all_returns_every_check_name() -> None:
@@ -167,7 +177,13 @@ class NoSingletonStore(MemoryStore):
 async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> None:
     ran = await run_all(NoSingletonStore)
     # (it keeps the capabilities of a MemoryStore: those that need no optional method run)
-    kept = {"admits_on_create", "appends_events", "next_due_after"}
+    kept = {
+        "admits_on_create",
+        "appends_events",
+        "next_due_after",
+        "claims_by_version",
+        "records_workers",
+    }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
     assert "next_due_after" in ran
     assert "append_events_continues_the_numbering" in ran

@@ -15,7 +15,7 @@ from singleton_kit import inp, make_lane
 import flowkit
 from flowkit import Event, Run, RunStatus, WorkflowCtx, workflow
 from flowkit._definition import definition_of
-from flowkit._drive import Drive, WorkerConfig
+from flowkit._drive import Drive, Registry, WorkerConfig
 from flowkit.events import RunStarted
 from flowkit.stores import MemoryStore
 from flowkit_testing import VirtualClock
@@ -71,22 +71,24 @@ class Nap:
 
 
 def _drive(store: MemoryStore, workflows: list[Any], seat: Seat) -> tuple[Drive, list[Any]]:
-    registry = {}
+    registry = Registry()
     for wf in workflows:
         defn = definition_of(wf)
         assert defn is not None
-        registry[defn.name] = (defn, wf)
+        registry.add(defn, wf)
     settled: list[Any] = []
     config = WorkerConfig(store, VirtualClock(T0), random.Random(3), "me", registry)
     return Drive(config, seat, lambda rid, run: settled.append((rid, run))), settled
 
 
-async def _create(store: MemoryStore, run_id: str, workflow: str, input: Any, **kw: Any) -> None:
+async def _create(
+    store: MemoryStore, run_id: str, workflow: str, input: Any, version: str = "1", **kw: Any
+) -> None:
     tags = tuple(f"singleton:{kw['singleton_key']}" for _ in [0] if "singleton_key" in kw)
     run = Run(
         id=run_id,
         workflow=workflow,
-        workflow_version="1",
+        workflow_version=version,
         status=RunStatus.PENDING,
         input=input,
         tags=tags,
@@ -94,7 +96,7 @@ async def _create(store: MemoryStore, run_id: str, workflow: str, input: Any, **
         updated_at=T0,
         **kw,
     )
-    started = RunStarted(at=T0, workflow=workflow, version="1", input=input, tags=list(tags))
+    started = RunStarted(at=T0, workflow=workflow, version=version, input=input, tags=list(tags))
     await store.create_run(run, [started])
 
 
@@ -115,12 +117,28 @@ async def test_a_suspending_activation_asks_the_worker_to_poll_by_its_wake_time(
     assert rid == "n" and snapshot.status is RunStatus.COMPLETED and snapshot.output == "rested"
 
 
+class _NoVersionClaims(MemoryStore):
+    """A store without ``claims_by_version``: the drive claims, then gives back."""
+
+    claims_by_version = False
+
+
 async def test_a_run_claimed_elsewhere_or_of_a_workflow_not_here_is_left_alone() -> None:
     store, seat = MemoryStore(), Seat()
     drive, settled = _drive(store, [Nap()], seat)
     await _create(store, "other", "elsewhere", None)
-    await drive.run("other")  # claimed, then its lease given back at once
+    await drive.run("other")  # not claimed: the claim itself asks for this worker's versions
     run = await store.get_run("other")
+    assert run is not None and (run.status, run.lease_owner) == (RunStatus.PENDING, None)
+    await _create(store, "v2", "nap", 1.0, version="2")  # (Nap is version "1")
+    await drive.run("v2")
+    run = await store.get_run("v2")
+    assert run is not None and (run.status, run.lease_owner) == (RunStatus.PENDING, None)
+    old = _NoVersionClaims()
+    drive_old, _ = _drive(old, [Nap()], Seat())
+    await _create(old, "other", "elsewhere", None)
+    await drive_old.run("other")  # claimed, then its lease given back at once
+    run = await old.get_run("other")
     assert run is not None and (run.status, run.lease_owner) == (RunStatus.RUNNING, None)
     await _create(store, "n", "nap", 1.0)
     assert await store.claim("n", "someone", T0, T0 + 30) is not None

@@ -27,7 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._serde",
         "flowkit.singleton",
     ),
-    "definition": ("flowkit._definition", "flowkit._context"),
+    "definition": ("flowkit._definition", "flowkit._context", "flowkit._versions"),
     "events": ("flowkit.events", "flowkit._history"),
     "stores": ("flowkit.stores",),
     "replay": ("flowkit._replay",),

@@ -3,8 +3,9 @@
 Each method is one atomic operation; its docstring says what it guarantees. ``MemoryStore`` is
 the reference implementation; the conformance kit (``flowkit_testing.conformance``) checks any
 store against this contract. Some methods and capabilities are optional (``Watchable``,
-``ReleasesLeases``, ``AdmitsOnCreate``, ...): leave one out or set it to ``None``, and wrappers
-expose one only when the store they wrap has it. See docs/stores.md, "Writing a custom store"."""
+``ReleasesLeases``, ``AdmitsOnCreate``, ``ClaimsByVersion``, ``RecordsWorkers``, ...): leave
+one out or set it to ``None``, and wrappers expose one only when the store they wrap has it.
+See docs/stores.md, "Writing a custom store"."""
 
 from __future__ import annotations
 
@@ -98,6 +99,11 @@ class Notify:
     claim_owner: str | None = None
     lease_expires: float = 0.0
     max_hand_offs: int | None = None  # at most this many waiters handed over; the rest woken
+    # the versions of ``workflow`` that ``claim_owner`` has registered: a waiter of another
+    # version is only woken, never handed over (``None``: any version). A store that ignores
+    # this field still works: the releasing engine gives back the lease of a waiter it cannot
+    # run (``ClaimsByVersion``).
+    claim_versions: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None:
@@ -377,6 +383,106 @@ class NextDueAfter(Protocol):
         ...
 
 
+WorkflowVersions = Sequence[tuple[str, str]]
+"""``(workflow, version)`` pairs: what a worker has registered, and so may run."""
+
+
+class ClaimsByVersion(Protocol):
+    """The optional capability ``claims_by_version`` (``MemoryStore``, ``SqlStore``;
+    ``CodecStore`` when the store it wraps has it): a worker claims only runs whose
+    ``(workflow, workflow_version)`` it has registered, in the claim itself, so a run always
+    resumes on the code it started on (DESIGN §9, "Versions").
+
+    ``claim`` and ``due_runs`` take a keyword ``versions`` (``WorkflowVersions``); ``None``
+    means any run, as without the capability. A store without it (the attribute absent or
+    false) is never passed ``versions``: the worker then filters ``due_runs`` by workflow
+    name, claims, and gives back the lease of a run whose version it lacks (the run stays
+    claimable; every such claim costs two writes, so the capability matters to mixed fleets).
+    With it, the store also honours ``Notify.claim_versions``."""
+
+    claims_by_version: bool
+
+    async def claim(
+        self,
+        run_id: str,
+        owner: str,
+        now: float,
+        lease_expires: float,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> Run | None:
+        """``Store.claim``; with ``versions``, ``None`` (nothing written) unless the run's
+        ``(workflow, workflow_version)`` is one of them."""
+        ...
+
+    async def due_runs(
+        self,
+        now: float,
+        limit: int,
+        workflows: Sequence[str] | None = None,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> list[str]:
+        """``Store.due_runs``; with ``versions``, only runs whose ``(workflow,
+        workflow_version)`` is one of them (found by index: a fleet of old and new workers
+        must not scan each other's runs)."""
+        ...
+
+
+def claims_by_version(store: Any) -> bool:
+    """Whether ``store`` claims by ``(workflow, version)`` (``ClaimsByVersion``): it says so,
+    and its ``claim`` and ``due_runs`` take ``versions`` (a subclass that overrides one with
+    the older signature does not: the worker then claims and gives back)."""
+    if not getattr(store, "claims_by_version", False):
+        return False
+    return all(_takes(getattr(store, m, None), "versions") for m in ("claim", "due_runs"))
+
+
+def _takes(fn: Any, keyword: str) -> bool:
+    """Whether the callable ``fn`` accepts the keyword argument ``keyword``."""
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    """What a worker instance made known of itself (``RecordsWorkers``): the ``(workflow,
+    version)`` pairs it runs, and when it last said so."""
+
+    instance_id: str
+    versions: tuple[tuple[str, str], ...]
+    last_seen: float
+
+
+class RecordsWorkers(Protocol):
+    """The optional capability ``records_workers`` (``MemoryStore``, ``SqlStore``;
+    ``CodecStore`` when the store it wraps has it): workers make themselves known, so tools
+    can say when no live worker has a run's version (``flowkit runs``/``show``,
+    ``Engine.result``'s timeout message). Best effort on both sides: a worker logs a failed
+    ``record_worker`` and goes on; without the capability nothing is said."""
+
+    records_workers: bool
+
+    async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
+        """Insert or replace this store's namespace's entry of ``instance_id``: the pairs it
+        runs, seen at ``now``. A store may forget entries not seen for a long time (days)."""
+        ...
+
+    async def workers(self) -> list[WorkerSeen]:
+        """Every entry of this store's namespace, by ``instance_id``."""
+        ...
+
+
+def records_workers(store: Any) -> bool:
+    """Whether ``store`` keeps what workers make known of themselves (``RecordsWorkers``)."""
+    return bool(getattr(store, "records_workers", False))
+
+
 class Watchable(Protocol):
     """The optional ``watch`` method: cross-process wake-ups (``SqlStore`` has it).
 
@@ -403,6 +509,7 @@ __all__ = [
     "AdmitsOnCreate",
     "AdmittedAt",
     "AppendsEvents",
+    "ClaimsByVersion",
     "CommitResult",
     "ConflictError",
     "HandOff",
@@ -411,10 +518,15 @@ __all__ = [
     "Notify",
     "QueueCap",
     "RecordsAdmission",
+    "RecordsWorkers",
     "ReleasesLeases",
     "Store",
     "Update",
     "Watchable",
+    "WorkerSeen",
+    "WorkflowVersions",
     "admission_time",
+    "claims_by_version",
     "records_admission",
+    "records_workers",
 ]

@@ -32,7 +32,11 @@ from .base import (
     InboxSignal,
     QueueCap,
     Update,
+    WorkerSeen,
+    WorkflowVersions,
+    claims_by_version,
     records_admission,
+    records_workers,
 )
 
 log = logging.getLogger("flowkit")
@@ -98,9 +102,11 @@ class CodecStore(CodecFields):
     ``inner``'s is: ``create_run`` then forwards an ``Admission`` (its gated events encoded
     like every other event), and ``appends_events`` only when ``inner``'s is:
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
-    ``Update.events``. Either, called on a wrapper whose ``inner`` lacks the capability,
-    raises ``TypeError`` and sends nothing. ``records_admission`` (``singleton_admitted``
-    written with the marker) and ``release_leases`` are ``inner``'s too.
+    ``Update.events``. ``claims_by_version`` (``claim``/``due_runs`` with ``versions``) and
+    ``records_workers`` (no payload either) are forwarded likewise. Any of these, called on a
+    wrapper whose ``inner`` lacks the capability, raises ``TypeError`` and sends nothing.
+    ``records_admission`` (``singleton_admitted`` written with the marker) and
+    ``release_leases`` are ``inner``'s too.
 
     When ``inner`` has ``bind_codec`` (``MemoryStore``, ``SqlStore``), the wrapper calls
     ``inner.bind_codec(marker)`` at construction: writes through that store object come
@@ -115,6 +121,8 @@ class CodecStore(CodecFields):
     admits_on_create: bool = False
     appends_events: bool = False
     records_admission: bool = False
+    claims_by_version: bool = False
+    records_workers: bool = False
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -147,6 +155,10 @@ class CodecStore(CodecFields):
             self.appends_events = True
         if records_admission(inner):
             self.records_admission = True
+        if claims_by_version(inner):
+            self.claims_by_version = True
+        if records_workers(inner):
+            self.records_workers = True
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)
@@ -242,8 +254,22 @@ class CodecStore(CodecFields):
     async def load_events(self, run_id: str) -> list[Event]:
         return [self._event_out(e, run_id) for e in await self.inner.load_events(run_id)]
 
-    async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
-        return self._maybe_run_out(await self.inner.claim(run_id, owner, now, lease_expires))
+    async def claim(
+        self,
+        run_id: str,
+        owner: str,
+        now: float,
+        lease_expires: float,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> Run | None:
+        if versions is None:
+            got = await self.inner.claim(run_id, owner, now, lease_expires)
+        elif not self.claims_by_version:  # only to an inner store that has it
+            raise TypeError(f"{self.inner!r} does not claim by version (claims_by_version)")
+        else:
+            got = await self.inner.claim(run_id, owner, now, lease_expires, versions=versions)
+        return self._maybe_run_out(got)
 
     async def release_leases(self, owner: str, now: float) -> list[str]:
         released: list[str] = await self.inner.release_leases(owner, now)
@@ -294,9 +320,30 @@ class CodecStore(CodecFields):
         return None if seqs is None else tuple(seqs)
 
     async def due_runs(
-        self, now: float, limit: int, workflows: Sequence[str] | None = None
+        self,
+        now: float,
+        limit: int,
+        workflows: Sequence[str] | None = None,
+        *,
+        versions: WorkflowVersions | None = None,
     ) -> list[str]:
-        return list(await self.inner.due_runs(now, limit, workflows))
+        if versions is None:
+            return list(await self.inner.due_runs(now, limit, workflows))
+        if not self.claims_by_version:
+            raise TypeError(f"{self.inner!r} does not claim by version (claims_by_version)")
+        return list(await self.inner.due_runs(now, limit, workflows, versions=versions))
+
+    async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
+        """``inner``'s (no payload: names and versions); ``TypeError`` without the capability."""
+        if not self.records_workers:
+            raise TypeError(f"{self.inner!r} does not record workers (records_workers)")
+        await self.inner.record_worker(instance_id, versions, now)
+
+    async def workers(self) -> list[WorkerSeen]:
+        """``inner``'s; ``TypeError`` without the capability."""
+        if not self.records_workers:
+            raise TypeError(f"{self.inner!r} does not record workers (records_workers)")
+        return list(await self.inner.workers())
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
         due: float | None = await self.inner.next_due_at(exclude_lease_owners)

@@ -34,6 +34,8 @@ from .base import (
     InboxSignal,
     QueueCap,
     Update,
+    WorkerSeen,
+    WorkflowVersions,
     admission_time,
 )
 from .rules import (
@@ -43,6 +45,7 @@ from .rules import (
     check_commit,
     claimable,
     due_time,
+    of_versions,
     plan_release,
 )
 
@@ -56,6 +59,8 @@ class _Data:
     by_tag: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
     meta: dict[str, str] = field(default_factory=dict)  # (the encryption marker)
+    # (namespace, instance id) -> what that worker made known (``base.RecordsWorkers``)
+    workers: dict[tuple[str | None, str], WorkerSeen] = field(default_factory=dict)
     signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
 
@@ -67,6 +72,10 @@ class MemoryStore:
     """``create_run`` takes an ``Admission`` (``flowkit.stores.base.AdmitsOnCreate``)."""
     appends_events = True
     """``append_events`` records a running step (``flowkit.stores.base.AppendsEvents``)."""
+    claims_by_version = True
+    """``claim``/``due_runs`` take ``versions`` (``flowkit.stores.base.ClaimsByVersion``)."""
+    records_workers = True
+    """It keeps what workers make known (``flowkit.stores.base.RecordsWorkers``)."""
 
     def __init__(
         self,
@@ -241,11 +250,24 @@ class MemoryStore:
         self._get(run_id)
         return list(self._d.events.get(run_id, ()))
 
-    async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
+    async def claim(
+        self,
+        run_id: str,
+        owner: str,
+        now: float,
+        lease_expires: float,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> Run | None:
         if not self._mark.settled and (found := self._guard()) is not None:
             raise refuse(found, f"claim run {run_id!r} (running it needs its payloads)")
         run = self._d.runs.get(run_id)
-        if run is None or not self._visible(run) or not claimable(run, now):
+        if (
+            run is None
+            or not self._visible(run)
+            or not claimable(run, now)
+            or not of_versions(run, versions)
+        ):
             return None
         status = RunStatus.CANCELLING if run.status is RunStatus.CANCELLING else RunStatus.RUNNING
         new = dataclasses.replace(
@@ -340,12 +362,20 @@ class MemoryStore:
         return self._append(run_id, events)
 
     async def due_runs(
-        self, now: float, limit: int, workflows: Sequence[str] | None = None
+        self,
+        now: float,
+        limit: int,
+        workflows: Sequence[str] | None = None,
+        *,
+        versions: WorkflowVersions | None = None,
     ) -> list[str]:
+        pairs = None if versions is None else set(versions)
         due = [
             r
             for r in (self._d.runs[i] for i in self._d.active)
-            if self._visible(r) and (workflows is None or r.workflow in workflows)
+            if self._visible(r)
+            and (workflows is None or r.workflow in workflows)
+            and (pairs is None or (r.workflow, r.workflow_version) in pairs)
         ]
         due = [r for r in due if claimable(r, now)]
         due.sort(key=lambda r: (due_time(r) or 0.0, r.created_at, r.id))
@@ -369,6 +399,16 @@ class MemoryStore:
             if t is not None and (after is None or t > after) and (best is None or t < best):
                 best = t
         return best
+
+    async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
+        pairs = tuple(sorted((str(w), str(v)) for w, v in versions))
+        self._d.workers[(self.namespace, instance_id)] = WorkerSeen(instance_id, pairs, now)
+
+    async def workers(self) -> list[WorkerSeen]:
+        return sorted(
+            (w for (ns, _), w in self._d.workers.items() if ns == self.namespace),
+            key=lambda w: w.instance_id,
+        )
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
         if not self._mark.settled and (found := self._guard()) is not None and payload is not None:

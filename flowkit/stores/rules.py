@@ -105,16 +105,23 @@ def check_commit(run: Run, owner: str | None, now: float, update: Update) -> Non
 def plan_release(sharing: Sequence[Run], n: Notify, now: float) -> list[tuple[Run, Run | None]]:
     """Notify-on-release inside the releasing transaction, for every store: each waiter the
     freed slots go to, oldest first, paired with its admitted and claimed snapshot when the
-    slot is handed over (``n.claim_owner`` set, the limit known, the waiter not leased),
-    else ``None`` (stamp ``wake_at=now``; it admits itself). A store that can lose the race
-    for a waiter's row (PostgreSQL) applies the claim conditionally and wakes it on a miss."""
+    slot is handed over (``n.claim_owner`` set, the limit known, the waiter not leased and of
+    one of ``n.claim_versions``), else ``None`` (stamp ``wake_at=now``; it admits itself). A
+    store that can lose the race for a waiter's row (PostgreSQL) applies the claim
+    conditionally and wakes it on a miss."""
     runs = list(sharing)
     plan: list[tuple[Run, Run | None]] = []
     for wid in _sg.waiters_to_wake(runs, n.tag, n.workflow, n.limit):
         w = next(r for r in runs if r.id == wid)
         tags = None
         room = n.max_hand_offs is None or sum(a is not None for _, a in plan) < n.max_hand_offs
-        if n.claim_owner is not None and n.limit is not None and room and hand_off_ok(w, now):
+        if (
+            n.claim_owner is not None
+            and n.limit is not None
+            and room
+            and hand_off_ok(w, now)
+            and (n.claim_versions is None or w.workflow_version in n.claim_versions)
+        ):
             tags = _sg.admission_tags(runs, wid, n.tag, n.workflow, n.limit)
         if tags is None:
             plan.append((w, None))
@@ -141,6 +148,12 @@ def hand_off_ok(run: Run, now: float) -> bool:
         RunStatus.RUNNING,
         RunStatus.SUSPENDED,
     ) and not run.leased(now)
+
+
+def of_versions(run: Run, versions: Sequence[tuple[str, str]] | None) -> bool:
+    """Whether a worker with ``versions`` (``base.ClaimsByVersion``; ``None``: any) may claim
+    ``run``: its ``(workflow, workflow_version)`` is one of them."""
+    return versions is None or (run.workflow, run.workflow_version) in versions
 
 
 def claimable(run: Run, now: float) -> bool:
@@ -178,5 +191,6 @@ __all__ = [
     "claimable",
     "due_time",
     "hand_off_ok",
+    "of_versions",
     "plan_release",
 ]

@@ -94,6 +94,12 @@ from ._values import (
     check_namespace_scoping,
     check_payloads_round_trip,
 )
+from ._versions import (
+    check_claim_by_version,
+    check_due_runs_by_version,
+    check_hand_over_only_to_a_version_of_the_releaser,
+    check_record_worker,
+)
 from ._waits import (
     check_deliver_signal_wakes_waiter,
     check_due_runs_and_next_due_at,
@@ -176,6 +182,7 @@ __all__ = [
     "check_append_events_fenced_by_owner_not_expiry",
     "check_append_events_respects_namespaces",
     "check_cancelling_is_sticky",
+    "check_claim_by_version",
     "check_claim_exclusive",
     "check_claimable_rules",
     "check_commit_applies_update",
@@ -196,8 +203,10 @@ __all__ = [
     "check_deliver_signal_wakes_waiter",
     "check_denial_parks_waiter",
     "check_due_runs_and_next_due_at",
+    "check_due_runs_by_version",
     "check_event_seqs_gap_free",
     "check_expect_status_conflict_writes_nothing",
+    "check_hand_over_only_to_a_version_of_the_releaser",
     "check_id_ties_by_code_point",
     "check_identifier_limits",
     "check_list_runs_order_and_filters",
@@ -209,6 +218,7 @@ __all__ = [
     "check_payload_size_limit",
     "check_payloads_round_trip",
     "check_queue_cap_rejection_writes_nothing",
+    "check_record_worker",
     "check_refused_append_events_writes_nothing",
     "check_release_leases",
     "check_renew_lease",

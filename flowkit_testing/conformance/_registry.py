@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
-from flowkit.stores.base import records_admission
+from flowkit.stores.base import claims_by_version, records_admission
 
 from ._support import (
     ConformanceError,
@@ -22,10 +22,17 @@ F = TypeVar("F", bound=CheckFn)
 
 OPTIONAL_METHODS = ("try_admit_singleton", "scoped", "release_leases", "next_due_after")
 """Store methods the contract lets a store leave out (absent or ``None``)."""
-OPTIONAL_CAPABILITIES = ("admits_on_create", "appends_events", "records_admission")
+OPTIONAL_CAPABILITIES = (
+    "admits_on_create",
+    "appends_events",
+    "records_admission",
+    "claims_by_version",
+    "records_workers",
+)
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
-(``create_run`` takes an ``Admission``) and ``appends_events`` (``append_events`` records a
-running step)."""
+(``create_run`` takes an ``Admission``), ``appends_events`` (``append_events`` records a
+running step), ``claims_by_version`` (``claim``/``due_runs`` take ``versions``) and
+``records_workers`` (``record_worker``/``workers``)."""
 
 
 @dataclass(frozen=True)
@@ -108,4 +115,6 @@ async def optional_methods(factory: StoreFactory) -> set[str]:
     have |= {c for c in OPTIONAL_CAPABILITIES if getattr(store, c, False)}
     if not records_admission(store):  # (it says so, and its try_admit_singleton agrees)
         have.discard("records_admission")
+    if not claims_by_version(store):  # (likewise its claim and due_runs)
+        have.discard("claims_by_version")
     return have

@@ -21,6 +21,7 @@ from ._rows import (
     NAMESPACE,
     RUN_COLS,
     TAGS,
+    VERSION,
     admitted_body,
     dumps,
     loads,
@@ -277,7 +278,8 @@ class Commits:
         w = found[0]
         rn = update.notify
         assert rn is not None
-        if w[k]:  # handable: not leased, not blocked
+        versions = rn.claim_versions
+        if w[k] and (versions is None or w[VERSION] in versions):  # handable: not leased, ...
             try:
                 evs = tuple(to_event(r[k + 2], r[k + 3]) for r in found if r[k + 2] is not None)
             except Exception:

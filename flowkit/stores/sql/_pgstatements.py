@@ -56,6 +56,23 @@ class PgStatements(Statements):
     def in_list_param(self, values: Sequence[str]) -> Any:
         return list(values)
 
+    def in_versions(self, name: str) -> str:
+        # (two parallel arrays.) The ``= ANY`` terms are what the planner estimates well and
+        # looks up in ix_flowkit_runs_version; the pairs' test then drops the cross products
+        # (a worker with w1 v1 and w2 v2 must not take w1 v2)
+        wf, v = self.p(name + "_wf"), self.p(name + "_v")
+        return (
+            f"workflow = ANY({wf}::text[]) AND workflow_version = ANY({v}::text[])"
+            f" AND (workflow, workflow_version) IN"
+            f" (SELECT * FROM unnest({wf}::text[], {v}::text[]))"
+        )
+
+    def versions_params(
+        self, params: dict[str, Any], name: str, pairs: Sequence[tuple[str, str]]
+    ) -> None:
+        params[name + "_wf"] = [w for w, _ in pairs]
+        params[name + "_v"] = [v for _, v in pairs]
+
     def waits_for(self, name: str) -> str:
         return f"waiting_signals ? {self.p(name)}"
 
@@ -179,6 +196,8 @@ class PgStatements(Statements):
         params["key"] = n.tag[len(SINGLETON_TAG_PREFIX) :]
         params["tagj"] = dumps([n.tag])
         params["cowner"] = n.claim_owner
+        # (None: any version; a NULL array makes the version test true)
+        params["cvers"] = None if n.claim_versions is None else sorted(n.claim_versions)
         params["until"] = n.lease_expires
         params["adm"] = admitted_body(n.tag, now)
         key = ("release", *shape)
@@ -209,7 +228,11 @@ class PgStatements(Statements):
                 f" AND EXISTS (SELECT 1 FROM me)"
             )
 
-        handable = f"{status} IN ({HANDABLE}) AND NOT {leased(now)}"  # rules.hand_off_ok
+        # rules.hand_off_ok, and a version the releasing worker has (Notify.claim_versions)
+        handable = (
+            f"{status} IN ({HANDABLE}) AND NOT {leased(now)} AND ({p('cvers')}::text[] IS NULL"
+            f" OR workflow_version = ANY({p('cvers')}::text[]))"
+        )
         hand = waiter("w.handable", f"{handable} AND NOT admitted")
         wake = waiter("NOT w.handable", f"{status} = 'suspended'")
         waiter_cols = ", ".join(f"w.{c}" for c in RUN_COLS)

@@ -13,7 +13,7 @@ from ..._run import Run, RunStatus
 from ...errors import RunNotFoundError
 from ...events import Event
 from .. import limits as _limits
-from ..base import InboxSignal
+from ..base import InboxSignal, WorkflowVersions
 from ..rules import claimable, due_time
 from . import _runs as runs
 from ._connection import Conn
@@ -83,10 +83,21 @@ class Reads:
         return await self._gc.read(op)
 
     async def due_runs(
-        self, now: float, limit: int, workflows: Sequence[str] | None = None
+        self,
+        now: float,
+        limit: int,
+        workflows: Sequence[str] | None = None,
+        *,
+        versions: WorkflowVersions | None = None,
     ) -> list[str]:
         sql = self._sql
-        if workflows is None:
+        if versions is not None:
+            pairs = sorted({(w, v) for w, v in versions if workflows is None or w in workflows})
+            if not pairs:
+                return []
+            q, params = sql.due_runs_vers, self._sql.params(now=now, limit=limit)
+            sql.versions_params(params, "vers", pairs)
+        elif workflows is None:
             q, params = sql.due_runs, self._sql.params(now=now, limit=limit)
         else:
             wfs = sql.in_list_param(workflows)

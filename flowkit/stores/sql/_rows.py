@@ -43,6 +43,7 @@ RUN_COLS = (
 LAST_SEQ = RUN_COLS.index("last_seq")
 TAGS = RUN_COLS.index("tags")
 NAMESPACE = RUN_COLS.index("namespace")
+VERSION = RUN_COLS.index("workflow_version")
 JSON_COLS = frozenset({"input", "output", "error", "tags", "waiting_signals"})
 _STATUS = {s.value: s for s in RunStatus}
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(Run))

@@ -1,4 +1,4 @@
-"""The SQL schema of ``SqlStore``: four tables (runs, events, signals, meta), their indexes,
+"""The SQL schema of ``SqlStore``: five tables (runs, events, signals, meta, workers), indexes,
 the schema version, and the bootstrap that creates them once and migrates what an older
 flowkit left (indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so that ids
 order by code point, as Python compares them). The tables: docs/stores.md, "SqlStore"."""
@@ -146,6 +146,18 @@ meta = sa.Table(
     metadata,
     sa.Column("key", sa.String(64), primary_key=True),
     sa.Column("value", sa.String(255), nullable=False),
+)
+
+# what each worker instance made known of itself (``base.RecordsWorkers``): an additive table,
+# created on existing databases by ``create_all`` (no new schema version: an older flowkit
+# never reads it). ``namespace`` is '' for a store without one.
+workers = sa.Table(
+    "flowkit_workers",
+    metadata,
+    sa.Column("namespace", sa.String(255), primary_key=True),
+    sa.Column("instance_id", sa.String(255), primary_key=True),
+    sa.Column("versions", _json(), nullable=False),
+    sa.Column("last_seen", _TIME, nullable=False),
 )
 
 # Indexes added after version 1 first shipped, created on databases that lack them.

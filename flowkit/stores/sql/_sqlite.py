@@ -210,6 +210,8 @@ class SqliteStatements(Statements):
     """SQLite's spelling: ``:name`` parameters, JSON as text, ``json_each`` membership."""
 
     WAITING_INDEX = " INDEXED BY ix_flowkit_runs_waiting"  # (else it picks the queue index)
+    # (else it may pick ix_flowkit_runs_due and read every due run of every version)
+    VERSION_INDEX = " INDEXED BY ix_flowkit_runs_version"
 
     def p(self, name: str) -> str:
         return f":{name}"
@@ -222,6 +224,18 @@ class SqliteStatements(Statements):
 
     def in_list_param(self, values: Sequence[str]) -> Any:
         return dumps(list(values))
+
+    def in_versions(self, name: str) -> str:
+        # (a row value IN a list: SQLite looks each pair up in ix_flowkit_runs_version)
+        return (
+            f"(workflow, workflow_version) IN (SELECT json_extract(value, '$[0]'),"
+            f" json_extract(value, '$[1]') FROM json_each({self.p(name)}))"
+        )
+
+    def versions_params(
+        self, params: dict[str, Any], name: str, pairs: Sequence[tuple[str, str]]
+    ) -> None:
+        params[name] = dumps([[w, v] for w, v in pairs])
 
     def waits_for(self, name: str) -> str:
         return f"EXISTS (SELECT 1 FROM json_each(waiting_signals) WHERE value = {self.p(name)})"

@@ -72,6 +72,7 @@ class Statements:
     TRUE, FALSE = "1", "0"
     EMPTY_LIST = "'[]'"
     WAITING_INDEX = ""  # the index a key's first waiters are read through
+    VERSION_INDEX = ""  # the index the due runs of some versions are read through
     # one statement writes what depends on its write too (a data-modifying WITH): a commit or
     # a creation with its events, a signal with its delivery
     CTE_WRITES = False
@@ -106,6 +107,10 @@ class Statements:
             f" wake_at = NULL, lease_owner = {p('owner')}, lease_expires = {p('until')},"
             f" updated_at = {p('now')}"
             f" WHERE id = {p('id')}{ns} AND {claimable(p('now'))} RETURNING {cols}"
+        )
+        # (a worker with some versions only: ``base.ClaimsByVersion``)
+        self.claim_of = self.claim.replace(
+            " RETURNING ", f" AND {self.in_versions('vers')} RETURNING ", 1
         )
         self.renew = (
             # (never shortened: a late renewal landing after a newer one must not take back
@@ -154,6 +159,11 @@ class Statements:
         self.due_runs_of = (
             f"SELECT {cols} FROM flowkit_runs WHERE {due_where}"
             f" AND {self.in_list('workflow', 'wfs')}{due_tail}"
+        )
+        # (by ``ix_flowkit_runs_version``: a fleet of old and new workers reads only its own)
+        self.due_runs_vers = (
+            f"SELECT {cols} FROM flowkit_runs{self.VERSION_INDEX} WHERE {due_where}"
+            f" AND {self.in_versions('vers')}{due_tail}"
         )
         nda = f"SELECT {cols} FROM flowkit_runs WHERE status IN ({ACTIVE}){ns}"
         nda += f" AND ({DUE}) IS NOT NULL"
@@ -221,6 +231,16 @@ class Statements:
         raise NotImplementedError
 
     def in_list_param(self, values: Sequence[str]) -> Any:
+        raise NotImplementedError
+
+    def in_versions(self, name: str) -> str:
+        """The run's ``(workflow, workflow_version)`` is one of the pairs of the parameter
+        ``name`` (``versions_params`` sets it)."""
+        raise NotImplementedError
+
+    def versions_params(
+        self, params: dict[str, Any], name: str, pairs: Sequence[tuple[str, str]]
+    ) -> None:
         raise NotImplementedError
 
     def waits_for(self, name: str) -> str:

@@ -28,6 +28,7 @@ from ..base import (
     CommitResult,
     QueueCap,
     Update,
+    WorkflowVersions,
     admission_time,
 )
 from ..rules import admit_new, admitted_event
@@ -46,6 +47,7 @@ from ._rows import (
     run_params,
     to_run,
 )
+from ._workers import Workers
 
 
 def _always(_result: Any) -> bool:
@@ -62,7 +64,7 @@ def _hit(row: Any) -> bool:
     return row is not None
 
 
-class SqlStore(CodecMarked, Reads):
+class SqlStore(CodecMarked, Reads, Workers):
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract): ``sqlite:///path/to/file.db`` (several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts); the schema is
@@ -78,6 +80,8 @@ class SqlStore(CodecMarked, Reads):
     admits_on_create = True
     records_admission = True
     appends_events = True
+    claims_by_version = True
+    records_workers = True
 
     def __init__(
         self,
@@ -282,11 +286,23 @@ class SqlStore(CodecMarked, Reads):
             raise RunIdTakenError(run.id)
         return run
 
-    async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
+    async def claim(
+        self,
+        run_id: str,
+        owner: str,
+        now: float,
+        lease_expires: float,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> Run | None:
         if not self._mark.settled:
             await self._plain(f"claim run {run_id!r} (running it needs its payloads)", bool, True)
         params = self._sql.params(id=run_id, owner=owner, until=lease_expires, now=now)
-        first = (self._sql.claim, params, RETURNING)
+        q = self._sql.claim
+        if versions is not None:
+            q = self._sql.claim_of
+            self._sql.versions_params(params, "vers", sorted(set(versions)))
+        first = (q, params, RETURNING)
         return await self._gc.write(Op(self._run_or_none, first, run_id, single=_always))
 
     async def release_leases(self, owner: str, now: float) -> list[str]:

@@ -1,0 +1,76 @@
+"""``SqlStore``'s ``record_worker`` and ``workers`` (``Workers``, mixed into it): what each
+worker instance made known of itself, in ``flowkit_workers`` (``base.RecordsWorkers``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from ..base import WorkerSeen, WorkflowVersions
+from ._database import Database
+from ._group_commit import GroupCommit
+from ._schema import workers as workers_table
+
+FORGET_AFTER = 7 * 86400.0
+"""Seconds after which an entry not seen again is deleted (by the next ``record_worker`` of
+its namespace): a fleet that restarts under fresh instance ids does not grow the table."""
+
+
+class Workers:
+    """Mixed into ``SqlStore`` (which sets ``namespace``, ``_db`` and ``_gc``)."""
+
+    namespace: str | None
+    _db: Database
+    _gc: GroupCommit
+
+    async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
+        ns = self.namespace or ""
+        pairs = sorted({(str(w), str(v)) for w, v in versions})
+        w = workers_table
+        row = {
+            "namespace": ns,
+            "instance_id": instance_id,
+            "versions": [list(p) for p in pairs],
+            "last_seen": now,
+        }
+        db = self._db
+        insert: Any = pg_insert if db.dialect == "postgresql" else sqlite_insert
+        stmt = insert(w).values(**row)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[w.c.namespace, w.c.instance_id],
+            set_={"versions": stmt.excluded.versions, "last_seen": stmt.excluded.last_seen},
+        )
+        forget = sa.delete(w).where(
+            w.c.namespace == ns, w.c.last_seen < now - FORGET_AFTER, w.c.instance_id != instance_id
+        )
+
+        def write() -> None:
+            with db.tx() as conn:
+                conn.execute(stmt)
+                conn.execute(forget)
+
+        await self._gc.call(write, read=False)
+
+    async def workers(self) -> list[WorkerSeen]:
+        w = workers_table
+        q = sa.select(w).where(w.c.namespace == (self.namespace or "")).order_by(w.c.instance_id)
+        db = self._db
+
+        def read() -> list[WorkerSeen]:
+            with db.tx(write=False) as conn:
+                return [
+                    WorkerSeen(
+                        row.instance_id,
+                        tuple((str(a), str(b)) for a, b in row.versions),
+                        float(row.last_seen),
+                    )
+                    for row in conn.execute(q)
+                ]
+
+        return await self._gc.call(read)
+
+
+__all__ = ["FORGET_AFTER", "Workers"]
