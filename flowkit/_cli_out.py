@@ -15,6 +15,7 @@ from . import _serde
 from ._run import Run, RunStatus
 from .events import (
     Event,
+    PatchMarker,
     RunCompleted,
     RunFailed,
     RunRetried,
@@ -230,6 +231,8 @@ def _describe(ev: Event, t0: float) -> str:
             return f"{ev.error.type}: {_text(ev.error.message)}"
         case RunRetried():
             return f"attempt {ev.attempt}"
+        case PatchMarker():
+            return f"took patch {ev.patch_id}"
         case _:
             return ""
 
@@ -241,4 +244,5 @@ EVENT_STYLE = {
     "run_cancelled": "magenta",
     "cancel_requested": "magenta",
     "signal_received": "cyan",
+    "patch_marker": "yellow",
 }
