@@ -78,6 +78,7 @@ async def main() -> None:
                 history = await v2.history(run_id)
                 await replay_async(history, WelcomeV2)  # raises if the code and history disagree
                 took[user] = "new" if "patch_marker" in history.types else "old"
+                assert (mail == MAILER.personal(user)) == (took[user] == "new"), mail
                 print(f"{run_id}: {took[user]} branch: {mail!r}")
 
     assert took == {"ada": "old", "bob": "old", "cy": "new"}, took
