@@ -16,6 +16,7 @@ from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW, no_live_worker
 from .events import (
     Event,
+    PatchMarker,
     RunCompleted,
     RunFailed,
     RunRetried,
@@ -267,6 +268,8 @@ def _describe(ev: Event, t0: float) -> str:
             return f"{ev.error.type}: {_text(ev.error.message)}"
         case RunRetried():
             return f"attempt {ev.attempt}"
+        case PatchMarker():
+            return f"took patch {ev.patch_id}"
         case _:
             return ""
 
@@ -278,4 +281,5 @@ EVENT_STYLE = {
     "run_cancelled": "magenta",
     "cancel_requested": "magenta",
     "signal_received": "cyan",
+    "patch_marker": "yellow",
 }

@@ -39,6 +39,10 @@ class Runtime(Protocol):
 
     async def gather(self, aws: tuple[Awaitable[Any], ...]) -> list[Any]: ...
 
+    def patched(self, patch_id: str) -> bool: ...
+
+    def deprecate_patch(self, patch_id: str) -> None: ...
+
     def now(self) -> float: ...
 
     def random(self) -> float: ...
@@ -117,6 +121,25 @@ class WorkflowCtx:
         All of them run to the end; the exception of the first failed one (by argument order)
         is raised, so a replay raises the same one."""
         return await self._rt.gather(aws)
+
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new code path of patch ``patch_id`` (a deploy that
+        changes the body in place while runs of the old code are in flight).
+
+        True for a run that reaches this point on the new code (it records a ``patch_marker``)
+        and for one whose history has that marker; False for a run the old code had already
+        taken past this point, so it keeps the old branch. Decided once per activation; it
+        takes no position, so the calls around it keep theirs. ``patch_id`` is a non-empty
+        string (``InvalidInputError`` otherwise)."""
+        return self._rt.patched(patch_id)
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """The cleanup deploy of patch ``patch_id``: the ``if ctx.patched(...)`` is gone and
+        only the new branch is left. It accepts histories with or without the marker, and
+        records the marker where ``patched`` would have (so that workers still running the
+        ``patched`` code replay runs this code started). Deploy it once no run that took the
+        old branch is in flight; remove the call in a later deploy."""
+        self._rt.deprecate_patch(patch_id)
 
     def now(self) -> datetime:
         """Deterministic current time: the same value on every replay."""

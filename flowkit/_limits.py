@@ -30,6 +30,8 @@ MAX_SIGNAL_NAME_LENGTH = 255
 """Characters of a signal name."""
 MAX_UPDATE_NAME_LENGTH = 255
 """Characters of an update name."""
+MAX_PATCH_ID_LENGTH = 255
+"""Characters of a patch id (``ctx.patched`` / ``ctx.deprecate_patch``)."""
 MAX_EVENT_NAME_LENGTH = 255
 """Characters of a published event's name (and of an ``event_set`` key)."""
 MAX_ERROR_TEXT_LENGTH = 16384

@@ -39,7 +39,7 @@ from ._clock import SystemClock
 from ._definition import definition_of
 from ._engine import Engine
 from ._history import History
-from ._replay.replayer import ReplayResult, replay_async, replay_dir_async
+from ._replay.replayer import ReplayResult, patches_taken, replay_async, replay_dir_async
 from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW
 from .errors import FlowkitError, NonDeterminismError
@@ -320,7 +320,8 @@ async def _replay(args: argparse.Namespace, out: Out, store: Any) -> int:
         for line in rest:
             out.line(line)
         return 1
-    out.line(("ok", "green"), f": {len(hist)} events of {hist.run_id!r} replay")
+    took = "".join(f", patch {p!r}" for p in patches_taken(hist))
+    out.line(("ok", "green"), f": {len(hist)} events of {hist.run_id!r} replay{took}")
     return 0
 
 

@@ -1,6 +1,8 @@
-"""Property: any program of steps, sleeps, signal waits and gathers runs to completion in a
-TestEnv, executes each step exactly once, records a gap-free history, and replays cleanly;
-a body that renames its steps does not."""
+"""Property: any program of steps, sleeps, signal waits, patches and gathers runs to
+completion in a TestEnv, executes each step exactly once, records a gap-free history, and
+replays cleanly; a body that renames its steps does not. Patches: the history replays against
+the deprecate and removal deploys of its patches, and the same history recorded before the
+patches existed (without markers) replays against the patched code, every patch False."""
 
 from __future__ import annotations
 
@@ -15,16 +17,21 @@ from hypothesis import strategies as st
 
 import flowkit
 from flowkit import RunStatus, WorkflowCtx, workflow
+from flowkit.events import PatchMarker, RunCompleted
 from flowkit_testing import TestEnv
 
 # A program is a JSON list of ops (it is the workflow input, so replay sees it too):
 #   ["step", label, is_async] | ["sleep", seconds] | ["signal", name, send_early]
-#   | ["gather", wrapped, [leaf ops]]   (wrapped: children are coroutines calling ctx,
-#                                        else the ctx awaitables themselves)
+#   | ["patch", patch_id] (the value of ctx.patched) | ["gather", wrapped, [leaf ops]]
+#   (wrapped: children are coroutines calling ctx, else the ctx awaitables themselves; a
+#   patch, not awaitable, is a coroutine of its own either way)
 
 
 class _ProgramBody:
     mutate = False
+    # what a "patch" op does: "patched" (the patch deploy), "deprecated" (ctx.deprecate_patch,
+    # then the new branch: True), "removed" (no call: True)
+    patches = "patched"
 
     def __init__(self) -> None:
         self.execs: Counter[str] = Counter()
@@ -38,8 +45,17 @@ class _ProgramBody:
         await asyncio.sleep(0)
         return label
 
+    async def _patch(self, ctx: WorkflowCtx, patch_id: str) -> bool:
+        if self.patches == "patched":
+            return ctx.patched(patch_id)
+        if self.patches == "deprecated":
+            ctx.deprecate_patch(patch_id)
+        return True
+
     def _leaf(self, ctx: WorkflowCtx, op: list[Any]) -> Any:
         kind = op[0]
+        if kind == "patch":
+            return self._patch(ctx, op[1])
         if kind == "step":
             fn = self.awork if op[2] else self.work
             return ctx.step(fn, op[1], name="mutant" if self.mutate else None)
@@ -73,7 +89,17 @@ class RenamedSteps(_ProgramBody):
     mutate = True
 
 
-_leaf_kind = st.sampled_from(["step", "sleep", "signal"])
+@workflow(name="program")
+class DeprecatedPatches(_ProgramBody):
+    patches = "deprecated"
+
+
+@workflow(name="program")
+class RemovedPatches(_ProgramBody):
+    patches = "removed"
+
+
+_leaf_kind = st.sampled_from(["step", "sleep", "signal", "patch"])
 
 
 @st.composite
@@ -84,6 +110,8 @@ def programs(draw: st.DrawFn) -> list[Any]:
         kind = draw(_leaf_kind)
         if kind == "sleep":
             return ["sleep", draw(st.sampled_from([0, 1, 5, 60, 86_400]))]
+        if kind == "patch":  # (a few ids: some are asked more than once)
+            return ["patch", draw(st.sampled_from(["p1", "p2", "p3"]))]
         counter[kind] += 1
         if kind == "step":
             return ["step", f"s{counter['step']}", draw(st.booleans())]
@@ -106,10 +134,12 @@ def _leaves(prog: list[Any]) -> list[list[Any]]:
     return out
 
 
-def _expected(prog: list[Any]) -> list[Any]:
+def _expected(prog: list[Any], patched: bool = True) -> list[Any]:
     def value(op: list[Any]) -> Any:
         if op[0] == "step":
             return op[1]
+        if op[0] == "patch":
+            return patched
         if op[0] == "signal":
             return f"{op[1]}-payload"
         return None
@@ -147,12 +177,30 @@ async def _check_program(prog: list[Any]) -> None:
         n_sleeps = sum(op[0] == "sleep" for op in leaves)
         assert h.types.count("timer_fired") == n_sleeps
 
+        patch_ids = [op[1] for op in leaves if op[0] == "patch"]
+        # one marker per patch (each activation asks again; the first one records it)
+        assert sorted(e.patch_id for e in h if isinstance(e, PatchMarker)) == sorted(set(patch_ids))
+
         await flowkit.replay_async(h, Program)
         assert flowkit.History.from_json(h.to_json()) == h
+        await flowkit.replay_async(h, DeprecatedPatches)
+        await flowkit.replay_async(h, RemovedPatches)
+        if patch_ids:
+            await flowkit.replay_async(_before_the_patches(h, prog), Program)
         if labels:
             with pytest.raises(flowkit.NonDeterminismError):
                 await flowkit.replay_async(h, RenamedSteps)
     gc.collect()  # see conftest: keep abandoned-task finalizers out of later compiles
+
+
+def _before_the_patches(h: flowkit.History, prog: list[Any]) -> flowkit.History:
+    """The history the program records without its patches (the code before they existed):
+    no markers (which never shifted a position), and every patch's value False."""
+    events = [e for e in h if not isinstance(e, PatchMarker)]
+    events[-1] = RunCompleted(output=_expected(prog, patched=False), at=events[-1].at)
+    return flowkit.History(
+        h.run_id, [e.model_copy(update={"seq": i}) for i, e in enumerate(events, 1)]
+    )
 
 
 @settings(
@@ -167,12 +215,15 @@ async def test_random_programs_run_once_and_replay(prog: list[Any]) -> None:
 
 async def test_fixed_program_covers_every_op() -> None:
     prog = [
+        ["patch", "p1"],
         ["step", "s1", False],
         ["signal", "sig1", True],
         ["gather", True, [["step", "s2", True], ["sleep", 5], ["signal", "sig2", False]]],
+        ["gather", False, [["patch", "p2"], ["sleep", 5], ["patch", "p3"]]],
         ["sleep", 60],
         ["gather", False, [["step", "s3", False], ["step", "s4", True], ["sleep", 1]]],
         ["signal", "sig3", False],
         ["step", "s5", True],
+        ["patch", "p1"],
     ]
     await _check_program(prog)

@@ -6,6 +6,8 @@ Modules, one job each (from the bottom up):
 * ``branch``: the body's lines of execution, with their positions, clock, RNG, guard state;
 * ``matching``: whether a recorded event answers a ctx call (one function per event kind);
 * ``outcome``: how an activation ends (``Completed``, ``Suspended``, ...);
+* ``patches``: ``ctx.patched``/``deprecate_patch``: whether the run was recorded past a patch
+  point, its markers, and what they say in a divergence report;
 * ``state``: ``ActivationState``, what one activation knows and records;
 * ``guard``: what a body may await (only ctx calls), checked as it runs;
 * ``steps``: the step call (memoized outcome, retries with durable backoff, cancellation);

@@ -40,7 +40,7 @@ from .outcome import (
     error_info,
 )
 from .signals import _ControlFlow, _Diverged, _Evicted
-from .state import ActivationState, Host, Park
+from .state import ActivationState, Host, Park, with_note
 
 
 class Activation:
@@ -91,6 +91,10 @@ class Activation:
     def replay_stopped_at(self) -> str | None:
         """Replay-only: the call where the history ran out (``None``: it did not)."""
         return self.st.replay_stopped_at
+
+    def patch_note(self) -> str:
+        """What the patches have to do with a divergence found after the activation ("")."""
+        return self.st.patches.note()
 
     def request_cancel(self) -> None:
         """The run's cancellation was requested (``ActivationState.request_cancel``)."""
@@ -204,7 +208,7 @@ class Activation:
                     pos,
                     describe(st.index[pos][0]),
                     None,
-                    "the body returned before reaching it",
+                    with_note("the body returned before reaching it", st.patches.note()),
                 )
             )
         try:

@@ -14,9 +14,11 @@ from typing import Any
 
 from .. import _serde
 from .._definition import RetryPolicy
+from ..events import PatchMarker
 from .branch import CURRENT, Branch
 from .guard import Guard, branch_done, cancel_left, made_in_foreign_task, made_on, unawaited
 from .matching import ReplayStub
+from .patches import PatchCall, check_patch_id, parse_pos
 from .state import ActivationState
 from .steps import run_step
 from .waits import run_sleep, run_wait_signal
@@ -130,6 +132,38 @@ class Calls:
         if br.counter == br.next:
             br.head = coro
         return coro
+
+    # -- patching ----------------------------------------------------------------------
+    def patched(self, patch_id: str) -> bool:
+        return self._patch(patch_id, deprecated=False)
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        self._patch(patch_id, deprecated=True)
+
+    def _patch(self, patch_id: str, *, deprecated: bool) -> bool:
+        """Whether the run takes patch ``patch_id`` (``patches.py``): decided once per
+        activation; taken live, it records a ``patch_marker`` with the next write (unless
+        replay-only). It takes no position."""
+        st = self.st
+        pid = check_patch_id(patch_id, self.workflow)
+        br = made_on(st)
+        p = st.patches
+        taken = p.decided.get(pid)
+        if taken is None:
+            if pid in p.markers:
+                taken = True
+            elif p.past((*(parse_pos(br.prefix[:-1]) if br.prefix else ()), br.counter), st.index):
+                taken = False  # the old code ran here: the run keeps its branch
+            else:
+                taken = True  # new ground: the new code path
+                if not st.replay_only:
+                    # (with the next write, never one of its own, and not observed: the
+                    # branch's clock must not move, as a replay that finds the marker does
+                    # not see it move)
+                    st.pending.append(PatchMarker(patch_id=pid, at=st.host.now()))
+            p.decided[pid] = taken
+        p.calls.setdefault(PatchCall(pid, deprecated, taken), None)
+        return taken
 
     # -- concurrency -------------------------------------------------------------------
     async def gather(self, aws: tuple[Awaitable[Any], ...]) -> list[Any]:

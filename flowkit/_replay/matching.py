@@ -111,8 +111,9 @@ def _of_the_run() -> bool:
 
 
 def describe(ev: Event) -> str:
-    """An event as a divergence report shows it: type, seq, name, arguments' digest, position."""
-    name = getattr(ev, "name", None)
+    """An event as a divergence report shows it: type, seq, name (a patch marker's id),
+    arguments' digest, position."""
+    name = getattr(ev, "name", None) or getattr(ev, "patch_id", None)
     text = f"{ev.type}#{ev.seq}"
     if name:
         digest = getattr(ev, "args_digest", None)

@@ -16,10 +16,11 @@ from .._definition import definition_of
 from .._history import History
 from .._run import InboxSignal
 from ..errors import FlowkitError, HistoryError, NonDeterminismError, WorkflowNotFoundError
-from ..events import Event, RunCompleted, RunFailed, RunRetried, RunStarted
+from ..events import Event, PatchMarker, RunCompleted, RunFailed, RunRetried, RunStarted
 from .activation import Activation
 from .matching import ReplayStub
 from .outcome import Completed, Diverged, Evicted, Failed, Suspended
+from .state import with_note
 
 
 class _ReplayHost:
@@ -68,6 +69,7 @@ async def replay_async(history: History, workflow: Any) -> None:
     )
     outcome = await act.run()
     terminal = last if isinstance(last, RunCompleted | RunFailed) else None
+    note = act.patch_note
     match outcome:
         case Diverged(err):
             raise err
@@ -77,14 +79,19 @@ async def replay_async(history: History, workflow: Any) -> None:
                     "end",
                     f"run_completed#{terminal.seq}",
                     "a different output",
-                    f"recorded {terminal.output!r:.80}, replay returned {output!r:.80}",
+                    with_note(
+                        f"recorded {terminal.output!r:.80}, replay returned {output!r:.80}", note()
+                    ),
                 )
             if isinstance(terminal, RunFailed):
-                raise NonDeterminismError("end", f"run_failed#{terminal.seq}", "completion")
+                raise NonDeterminismError("end", f"run_failed#{terminal.seq}", "completion", note())
         case Failed(error):
             if isinstance(terminal, RunCompleted):
                 raise NonDeterminismError(
-                    "end", f"run_completed#{terminal.seq}", f"failure {error.type}: {error.message}"
+                    "end",
+                    f"run_completed#{terminal.seq}",
+                    f"failure {error.type}: {error.message}",
+                    note(),
                 )
         case Evicted() | Suspended(_, _):
             if terminal is not None and act.replay_stopped_at is not None:
@@ -92,9 +99,15 @@ async def replay_async(history: History, workflow: Any) -> None:
                     act.replay_stopped_at.rsplit(" ", 1)[-1],
                     f"{terminal.type}#{terminal.seq} (the end)",
                     act.replay_stopped_at,
+                    note(),
                 )
         case _:
             pass
+
+
+def patches_taken(history: Sequence[Event]) -> tuple[str, ...]:
+    """The ids of the patches ``history`` took (its ``patch_marker`` events), in order."""
+    return tuple(dict.fromkeys(e.patch_id for e in history if isinstance(e, PatchMarker)))
 
 
 def _bare_instance(cls: type) -> Any:
@@ -149,6 +162,8 @@ class ReplayResult:
     workflow: str | None = None
     events: int = 0
     error: Exception | None = None
+    # the patches the history took (its ``patch_marker`` ids, in order)
+    patches: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -158,7 +173,10 @@ class ReplayResult:
         """One line (a divergence: its full report below it)."""
         what = self.path.name
         if self.run_id is not None:
-            what += f" (run {self.run_id!r}, workflow {self.workflow!r}, {self.events} events)"
+            took = "".join(f", patch {p!r}" for p in self.patches)
+            what += (
+                f" (run {self.run_id!r}, workflow {self.workflow!r}, {self.events} events{took})"
+            )
         if self.status == "ok":
             return f"ok        {what}"
         if isinstance(self.error, NonDeterminismError):
@@ -275,6 +293,7 @@ async def _replay_file(path: Path, named: dict[str, Any]) -> ReplayResult:
         "run_id": history.run_id,
         "workflow": history.workflow,
         "events": len(history),
+        "patches": patches_taken(history),
     }
     wf = named.get(history.workflow or "")
     if wf is None:

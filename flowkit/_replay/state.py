@@ -17,6 +17,7 @@ from ..errors import ConflictError, LeaseLostError, NonDeterminismError
 from ..events import CancelRequested, Event, RunRetried, RunStarted, StepFailed
 from .branch import CURRENT, Branch
 from .matching import Call, answers, describe
+from .patches import Patches
 from .signals import _Diverged, _Evicted
 
 
@@ -118,6 +119,8 @@ class ActivationState:
         # already durable on the run row): those ride with the next write but never force one.
         self.pending: list[Event] = list(unwritten)
         self.must_flush = False
+        # the history's patch markers and the answers ``ctx.patched`` gave (``patches.py``)
+        self.patches = Patches(self.events)
 
     def _forget_final_failures(self) -> None:
         """After ``run_retried`` a step's failures no longer count: it runs again."""
@@ -173,6 +176,7 @@ class ActivationState:
         """The body diverged from its history at ``pos``: the activation ends ``Diverged``
         (with the first divergence found); the caller raises what this returns."""
         if self.divergence is None:
+            detail = with_note(detail, self.patches.note())
             self.divergence = NonDeterminismError(pos, recorded, call, detail, self._window(pos))
         self.mark_done()
         return _Diverged(self.divergence)
@@ -327,6 +331,11 @@ class ActivationState:
             # (the exception leaving here keeps this frame: not the park, whose future holds
             # that exception, a cycle)
             del park
+
+
+def with_note(detail: str, note: str) -> str:
+    """A divergence's detail with the patches' note after it (either may be empty)."""
+    return "; ".join(part for part in (detail, note) if part)
 
 
 def _describe(

@@ -89,6 +89,17 @@ class Rollout:
         return f"{build}@{env}"
 
 
+class Biller:
+    def quote(self, plan: str) -> int:
+        return {"gold": 120}.get(plan, 60)
+
+    def discounted_quote(self, plan: str) -> int:
+        return self.quote(plan) * 9 // 10
+
+    def bill(self, plan: str, cents: int) -> str:
+        return f"{plan}: billed {cents}"
+
+
 # -- the workflows ----------------------------------------------------------------------------
 @workflow(name="order")
 class Order:
@@ -202,6 +213,34 @@ class Deploy:
         return f"{where} is live"
 
 
+@workflow(name="renewal")
+class RenewalV1:
+    """The renewal before its patch: ``renewal-old`` was recorded by it, as a run in flight
+    at a deploy is (and it finished on the patched code below)."""
+
+    def __init__(self, biller: Biller) -> None:
+        self.biller = biller
+
+    async def run(self, ctx: WorkflowCtx, plan: str) -> str:
+        cents = await ctx.step(self.biller.quote, plan)
+        await ctx.sleep(86400)
+        return await ctx.step(self.biller.bill, plan, cents)
+
+
+@workflow(name="renewal")
+class Renewal(RenewalV1):
+    """Patched (``ctx.patched``): new runs get a discount, recorded with a ``patch_marker``;
+    a run that had quoted before the deploy keeps its price."""
+
+    async def run(self, ctx: WorkflowCtx, plan: str) -> str:
+        if ctx.patched("discount"):
+            cents = await ctx.step(self.biller.discounted_quote, plan)
+        else:
+            cents = await ctx.step(self.biller.quote, plan)
+        await ctx.sleep(86400)
+        return await ctx.step(self.biller.bill, plan, cents)
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -212,6 +251,7 @@ def workflows() -> list[Any]:
         Import(Loader()),
         Job(Worksite()),
         Deploy(Rollout()),
+        Renewal(Biller()),
     ]
 
 
@@ -290,6 +330,20 @@ async def deploys(env: TestEnv) -> list[str]:
     return ["deploy-1", "deploy-2"]
 
 
+async def patched_deploy(env: TestEnv) -> list[str]:
+    """A run of ``RenewalV1`` in flight when the patched ``Renewal`` is deployed, and a run
+    started after: the first finishes on the old branch, the second takes the patch."""
+    env.workflows = [RenewalV1(Biller())]
+    await env.restart(0)
+    await env.start("renewal", "gold", "renewal-old")
+    await env.advance(60)
+    env.workflows = workflows()
+    await env.restart(0)
+    await env.start("renewal", "gold", "renewal-new")
+    await env.run_until_idle()
+    return ["renewal-old", "renewal-new"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -299,6 +353,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     cancelled,
     cancelled_while_down,
     deploys,
+    patched_deploy,
 )
 
 
