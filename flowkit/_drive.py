@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -30,6 +30,7 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from ._seat import Registry, Seat, Settled, WorkerConfig
+from ._threads import StepThreads
 from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
 from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Update
@@ -58,6 +59,20 @@ class _Host:
 
     def lease_live(self) -> bool:
         return self._proof.live()
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self._d.clock.sleep_until(deadline)
+
+    def add_timer(self, token: object, at: float) -> None:
+        self._d.timers[token] = at
+
+    def drop_timer(self, token: object) -> None:
+        self._d.timers.pop(token, None)
+
+    def in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        return self._d.in_thread(fn, args, kwargs)
 
     async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
         d = self._d
@@ -106,6 +121,30 @@ class Drive:
         # execution_timeout), by a token of their own: ``Worker.retry_due`` reports the
         # earliest, so that ``TestEnv``'s virtual clock jumps to it as to a timer
         self.timers: dict[object, float] = {}
+        # the threads sync steps run in, started with the first one (``_threads.py``), and
+        # the calls in them that a step still waits for (``Worker.steps_in_threads``)
+        self._threads: StepThreads | None = None
+        self.in_threads: set[asyncio.Future[Any]] = set()
+
+    def in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        """Call ``fn`` in a step thread: the future of its outcome, on the event loop (which
+        a cancellation abandons: the thread runs on, what it returns is ignored)."""
+        pool = self._threads
+        if pool is None:
+            pool = self._threads = StepThreads(self.config.step_threads)
+        fut = asyncio.wrap_future(pool.submit(fn, *args, **kwargs))
+        self.in_threads.add(fut)
+        fut.add_done_callback(self.in_threads.discard)
+        return fut
+
+    def close(self) -> None:
+        """The worker stopped: the step threads end, without waiting for those still busy
+        with an abandoned step (daemon threads: they end when its function returns)."""
+        pool, self._threads = self._threads, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
         """Claim ``run_id`` (unless ``claimed``: leased here already, with its history), pass

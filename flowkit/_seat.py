@@ -15,6 +15,7 @@ from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from ._recovery import MAX_STORE_FAILURES, LeaseProof
 from ._replay import Activation
 from ._run import Run
+from ._threads import DEFAULT_STEP_THREADS
 from .events import Event
 from .stores.base import Store
 
@@ -47,6 +48,8 @@ class WorkerConfig:
     max_store_failures: int = MAX_STORE_FAILURES
     # the largest payload an activation records (``Engine(max_payload_bytes=...)``)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    # the threads sync step functions run in (``Engine(step_threads=...)``; ``_threads.py``)
+    step_threads: int = DEFAULT_STEP_THREADS
 
 
 class Seat(Protocol):

@@ -113,6 +113,7 @@ class Worker:
         if graceful and held:
             now = self.clock.now()
             await asyncio.gather(*(self._give_back(run_id, now) for run_id in held))
+        self._drive.close()  # (its step threads: those busy are abandoned, not waited for)
         self._active.clear()
         self._leases.clear()
         self._renewing.clear()
@@ -169,6 +170,11 @@ class Worker:
         in-process deadline of one (``Drive.timers``) passes."""
         d = self._drive
         return min((*d.retry_at.values(), *d.timers.values()), default=None)
+
+    def steps_in_threads(self) -> list[asyncio.Future[Any]]:
+        """The sync steps running in step threads now, that a step still waits for (not
+        those abandoned): ``TestEnv`` counts them as running, not blocked."""
+        return list(self._drive.in_threads)
 
     def holds(self, run_id: str) -> bool:
         """Whether an activation of ``run_id`` (claimed, past its gate) runs here: it ends by

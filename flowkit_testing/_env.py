@@ -176,7 +176,9 @@ class TestEnv:
     # -- driving -----------------------------------------------------------------------
     async def settle(self, max_rounds: int = 100_000) -> None:
         """Return once every task is blocked (like trio's ``wait_all_tasks_blocked``);
-        virtual time stands still. A step awaiting something outside counts as blocked."""
+        virtual time stands still. A step awaiting something outside counts as blocked; a
+        sync step running in a step thread counts as running (it is waited for, in real
+        time), as it would on the event loop: virtual time never moves while one runs."""
         loop = asyncio.get_running_loop()
         quiet = 0
         for _ in range(max_rounds):
@@ -184,10 +186,22 @@ class TestEnv:
             if _nothing_ready(loop):
                 quiet += 1
                 if quiet >= 3:
-                    return
+                    busy = self._steps_in_threads()
+                    if not busy:
+                        return
+                    await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+                    quiet = 0
             else:
                 quiet = 0
         raise RuntimeError("settle(): tasks kept running; is a workflow busy-looping?")
+
+    def _steps_in_threads(self) -> list[asyncio.Future[Any]]:
+        return [
+            f
+            for eng, proxy in zip(self.engines, self._proxies, strict=True)
+            if not proxy.crashed
+            for f in eng.steps_in_threads()
+        ]
 
     def _poke(self) -> None:
         for eng, proxy in zip(self.engines, self._proxies, strict=True):
