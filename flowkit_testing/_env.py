@@ -243,10 +243,15 @@ class TestEnv:
                 t = r.wake_at
             if t is not None and t > now and (best is None or t < best):
                 best = t
-        for eng in live.values():  # an activation waiting to try a failed store call again
+        for eng in live.values():
+            # an activation waiting to try a failed store call again, or for an in-process
+            # deadline (a step's timeout): it holds its run's lease meanwhile, so time moves
+            # there in steps of a lease renewal period, and the renewals keep it provable
             t = eng.retry_due()
-            if t is not None and t > now and (best is None or t < best):
-                best = t
+            if t is not None and t > now:
+                t = min(t, now + self.lease_ttl / 3)
+                if best is None or t < best:
+                    best = t
         return best
 
     async def _jump(self, to: float) -> None:
