@@ -89,6 +89,20 @@ class Rollout:
         return f"{build}@{env}"
 
 
+class Registry:
+    """Its first lookup of a name never answers (an event nobody sets); later ones do."""
+
+    def __init__(self) -> None:
+        self.lookups: Counter[str] = Counter()
+        self.never = asyncio.Event()
+
+    async def lookup(self, name: str) -> str:
+        self.lookups[name] += 1
+        if self.lookups[name] == 1:
+            await self.never.wait()
+        return f"{name}.internal"
+
+
 # -- the workflows ----------------------------------------------------------------------------
 @workflow(name="order")
 class Order:
@@ -202,6 +216,20 @@ class Deploy:
         return f"{where} is live"
 
 
+@workflow(name="lookup")
+class Lookup:
+    """A step bounded by a timeout: its first attempt times out (``StepTimeoutError``, a
+    ``step_failed``), the retry answers."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def run(self, ctx: WorkflowCtx, name: str) -> str:
+        return await ctx.step(
+            self.registry.lookup, name, timeout=60, retry=RetryPolicy(initial_interval=5.0)
+        )
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -212,6 +240,7 @@ def workflows() -> list[Any]:
         Import(Loader()),
         Job(Worksite()),
         Deploy(Rollout()),
+        Lookup(Registry()),
     ]
 
 
@@ -290,6 +319,12 @@ async def deploys(env: TestEnv) -> list[str]:
     return ["deploy-1", "deploy-2"]
 
 
+async def lookup_timed_out(env: TestEnv) -> list[str]:
+    await env.start("lookup", "db", "lookup-1")
+    await env.result("lookup-1")  # virtual time: the attempt's 60 s, the 5 s backoff
+    return ["lookup-1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -299,6 +334,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     cancelled,
     cancelled_while_down,
     deploys,
+    lookup_timed_out,
 )
 
 
