@@ -4,8 +4,8 @@ run side by side in the engine's step threads instead of one after another on th
 32 runs (one engine, ``MemoryStore``: the store is not what is measured), each with one
 synchronous step that sleeps 50 ms, started at once; measured from the first start to the
 last result, for several ``Engine(step_threads=N)``. The baseline, measured in the same run:
-the same 32 sleeps one after another (what a sync step on the event loop costs: 32 × 50 ms).
-Printed per N: the seconds, the speed-up over the baseline, and the ideal ``32 × 50 ms / N``
+the same 32 sleeps one after another (what a sync step on the event loop costs: 32 * 50 ms).
+Printed per N: the seconds, the speed-up over the baseline, and the ideal ``32 * 50 ms / N``
 (N ≤ 32) with how close to it the engine gets. Nothing is asserted: other work on the
 machine skews every figure.
 
