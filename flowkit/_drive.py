@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -30,7 +31,7 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from ._seat import Registry, Seat, Settled, WorkerConfig
-from ._threads import StepThreads
+from ._threads import StepThreads, waited_for
 from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
 from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Update
@@ -121,23 +122,32 @@ class Drive:
         # execution_timeout), by a token of their own: ``Worker.retry_due`` reports the
         # earliest, so that ``TestEnv``'s virtual clock jumps to it as to a timer
         self.timers: dict[object, float] = {}
-        # the threads sync steps run in, started with the first one (``_threads.py``), and
-        # the calls in them that a step still waits for (``Worker.steps_in_threads``)
+        # the threads sync steps run in, started with the first one (``_threads.py``)
         self._threads: StepThreads | None = None
-        self.in_threads: set[asyncio.Future[Any]] = set()
 
     def in_thread(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> asyncio.Future[Any]:
         """Call ``fn`` in a step thread: the future of its outcome, on the event loop (which
-        a cancellation abandons: the thread runs on, what it returns is ignored)."""
+        a cancellation abandons: the thread runs on, what it returns is ignored). With
+        ``wait_for_step_threads`` (``TestEnv``) the loop waits for the thread instead."""
         pool = self._threads
         if pool is None:
             pool = self._threads = StepThreads(self.config.step_threads)
-        fut = asyncio.wrap_future(pool.submit(fn, *args, **kwargs))
-        self.in_threads.add(fut)
-        fut.add_done_callback(self.in_threads.discard)
-        return fut
+        call = pool.submit(fn, *args, **kwargs)
+        if not self.config.wait_for_step_threads:
+            fut = asyncio.wrap_future(call)
+            waited_for(fut)
+            return fut
+        futures.wait((call,))  # (blocks the loop, as a sync step on it did)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        exc = call.exception()
+        if exc is None:
+            done.set_result(call.result())
+        else:
+            done.set_exception(exc)
+        del exc, call
+        return done
 
     def close(self) -> None:
         """The worker stopped: the step threads end, without waiting for those still busy

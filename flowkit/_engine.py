@@ -211,11 +211,6 @@ class Engine:
         again (``None``: no activation waits to): a due time for ``TestEnv``'s clock."""
         return None if self._worker is None else self._worker.retry_due()
 
-    def steps_in_threads(self) -> list[asyncio.Future[Any]]:
-        """The sync step functions running in this engine's step threads that a step still
-        waits for (abandoned ones left out): ``TestEnv`` waits for them to settle."""
-        return [] if self._worker is None else self._worker.steps_in_threads()
-
     def poke(self) -> None:
         """Have the worker poll the store now rather than at its next deadline (new work
         may be due); a no-op without a running worker."""

@@ -50,6 +50,9 @@ class WorkerConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     # the threads sync step functions run in (``Engine(step_threads=...)``; ``_threads.py``)
     step_threads: int = DEFAULT_STEP_THREADS
+    # the event loop waits for each sync step's thread (``TestEnv``: a seed then decides
+    # every interleaving, as when sync steps ran on the loop)
+    wait_for_step_threads: bool = False
 
 
 class Seat(Protocol):

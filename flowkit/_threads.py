@@ -8,6 +8,7 @@ not wait for it. (``concurrent.futures.ThreadPoolExecutor`` joins its threads at
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import queue
 import threading
@@ -23,6 +24,24 @@ DEFAULT_STEP_THREADS = 32
 started only as sync steps need them (an engine whose steps are all async starts none)."""
 
 _Item = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+# the step calls running in threads that a step waits for, on whichever event loop
+_WAITED: set[asyncio.Future[Any]] = set()
+
+
+def waited_for(fut: asyncio.Future[Any]) -> None:
+    """A step waits for ``fut`` (a call in a step thread) until it is done or abandoned."""
+    _WAITED.add(fut)
+    fut.add_done_callback(_WAITED.discard)
+
+
+def steps_in_threads() -> list[asyncio.Future[Any]]:
+    """The sync steps of the running event loop's engines that run in their threads now and
+    that a step still waits for (abandoned ones left out): ``TestEnv.settle`` counts them as
+    running, not blocked."""
+    loop = asyncio.get_running_loop()
+    return [f for f in _WAITED if f.get_loop() is loop]
 
 
 def check_size(step_threads: object) -> int:

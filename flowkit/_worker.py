@@ -171,11 +171,6 @@ class Worker:
         d = self._drive
         return min((*d.retry_at.values(), *d.timers.values()), default=None)
 
-    def steps_in_threads(self) -> list[asyncio.Future[Any]]:
-        """The sync steps running in step threads now, that a step still waits for (not
-        those abandoned): ``TestEnv`` counts them as running, not blocked."""
-        return list(self._drive.in_threads)
-
     def holds(self, run_id: str) -> bool:
         """Whether an activation of ``run_id`` (claimed, past its gate) runs here: it ends by
         telling ``settled``, with the snapshot or ``None``."""

@@ -12,6 +12,7 @@ from typing import Any
 from flowkit import Engine, History, Run, RunStatus
 from flowkit._bus import Bus
 from flowkit._eager import others_ready
+from flowkit._threads import steps_in_threads
 from flowkit.stores import MemoryStore
 
 from ._clock import DEFAULT_START, VirtualClock
@@ -72,6 +73,8 @@ class TestEnv:
             poll_interval=None,
             bus=self.bus,
         )
+        # the loop waits for each sync step's thread: the seed decides every interleaving
+        eng.config.wait_for_step_threads = True
         if i < len(self.engines):
             self._proxies[i] = proxy
             self.engines[i] = eng
@@ -186,7 +189,7 @@ class TestEnv:
             if _nothing_ready(loop):
                 quiet += 1
                 if quiet >= 3:
-                    busy = self._steps_in_threads()
+                    busy = steps_in_threads()
                     if not busy:
                         return
                     await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
@@ -194,14 +197,6 @@ class TestEnv:
             else:
                 quiet = 0
         raise RuntimeError("settle(): tasks kept running; is a workflow busy-looping?")
-
-    def _steps_in_threads(self) -> list[asyncio.Future[Any]]:
-        return [
-            f
-            for eng, proxy in zip(self.engines, self._proxies, strict=True)
-            if not proxy.crashed
-            for f in eng.steps_in_threads()
-        ]
 
     def _poke(self) -> None:
         for eng, proxy in zip(self.engines, self._proxies, strict=True):

@@ -21,7 +21,7 @@ import pytest
 import flowkit
 from flowkit import Engine, WorkflowCtx, workflow
 from flowkit._serde import is_async
-from flowkit._threads import DEFAULT_STEP_THREADS, StepThreads
+from flowkit._threads import DEFAULT_STEP_THREADS, StepThreads, steps_in_threads
 from flowkit_testing import TestEnv
 
 try:
@@ -249,7 +249,7 @@ async def test_test_env_waits_for_a_sync_step_in_its_thread(backend: Backend) ->
     async with TestEnv([BusyFlow()], store=backend.store) as env:
         await env.start("busy", 20, "r1")  # (settles)
         assert (await env.get_run("r1")).status is flowkit.RunStatus.COMPLETED
-        assert env.engines[0].steps_in_threads() == []
+        assert steps_in_threads() == []
 
 
 # -- the engine keyword and the pool -----------------------------------------------------------

@@ -245,6 +245,7 @@ async def _execute(
         finally:
             st.step_tasks.discard(fut)
             st.cancelled_hosts.discard(fut)
+            del fut  # (it holds what the step raised, whose traceback holds this frame)
     # a coroutine runs inline, in the task of the branch that awaits it (as a plain
     # ``await`` would): no task of its own, no extra turn of the event loop per step.
     # Cancelling the step cancels that task while it is inside the step (request_cancel)
@@ -262,6 +263,9 @@ async def _execute(
         if host in st.cancelled_hosts:
             st.cancelled_hosts.discard(host)
             host.uncancel()
+        # (this frame is in the traceback of what the step raised, which the task may keep
+        # as its outcome: no local may hold the task, a cycle only the cyclic GC would free)
+        del host
 
 
 async def _in_thread(
@@ -270,12 +274,13 @@ async def _in_thread(
     """Call a sync step function in a step thread, the branch's task waiting for it; when the
     wait is cancelled (the run's cancellation, a timeout, a teardown) the thread is abandoned:
     it runs on until ``fn`` returns, and what it returns is ignored."""
-    fut = st.host.in_thread(fn, args, kwargs)
     host = asyncio.current_task()
     assert host is not None
     st.step_tasks.add(host)
     try:
-        return await fut
+        # (the future is not kept in a local: it holds the exception the step raised, whose
+        # traceback holds this frame, a cycle only the cyclic GC would free)
+        return await st.host.in_thread(fn, args, kwargs)
     except asyncio.CancelledError:
         if host in st.cancelled_hosts:
             raise _StepCancelled() from None
@@ -285,6 +290,9 @@ async def _in_thread(
         if host in st.cancelled_hosts:
             st.cancelled_hosts.discard(host)
             host.uncancel()
+        # (this frame is in the traceback of what the step raised, which the task may keep
+        # as its outcome: no local may hold the task, a cycle only the cyclic GC would free)
+        del host
 
 
 async def _timed(
@@ -308,11 +316,14 @@ async def _timed(
             result = await _execute(st, fn, args, kwargs, is_async)
         finally:
             fired = timer.stop()
+            del timer
     except asyncio.CancelledError:
         # (a teardown, or a cancellation from elsewhere as well, goes on as it would have)
         if fired and not st.tearing_down and not host.cancelling():
             raise StepTimeoutError(name, timeout) from None
         raise
+    finally:
+        del host  # (as in ``_execute``: no local holds the task once the step has ended)
     if fired:
         raise StepTimeoutError(name, timeout)
     return result
