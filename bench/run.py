@@ -27,6 +27,7 @@ import lock_bench
 import replay_bench
 import singleton_bench
 import store_bench
+import sync_steps_bench
 import timer_bench
 
 
@@ -52,6 +53,7 @@ def main() -> int:
             "sqlite_lock_wait": lambda: lock_bench.main(args.smoke, Path(tmp)),
             "timer_lateness": lambda: timer_bench.main(args.smoke, pg_url, Path(tmp)),
             "latency": lambda: latency_bench.main(args.smoke, pg_url),
+            "sync_steps": lambda: sync_steps_bench.main(args.smoke),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

@@ -29,6 +29,7 @@ class Runtime(Protocol):
         kwargs: dict[str, Any],
         name: str | None,
         retry: RetryPolicy | None,
+        timeout: float | None = None,
     ) -> Coroutine[Any, Any, Any]: ...
 
     def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]: ...
@@ -68,6 +69,7 @@ class WorkflowCtx:
         *args: Any,
         name: str | None = None,
         retry: RetryPolicy | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -78,6 +80,7 @@ class WorkflowCtx:
         *args: Any,
         name: str | None = None,
         retry: RetryPolicy | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -87,14 +90,18 @@ class WorkflowCtx:
         *args: Any,
         name: str | None = None,
         retry: RetryPolicy | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]:
         """Run ``fn(*args, **kwargs)`` (sync or async) once and memoize its outcome.
 
         The position is taken when ``step`` is called, so ``ctx.gather(ctx.step(a),
         ctx.step(b))`` replays in argument order. ``retry`` retries with durable backoff; a
-        final failure raises ``StepFailedError``."""
-        return self._rt.step(fn, args, kwargs, name, retry)
+        final failure raises ``StepFailedError``. ``timeout`` (seconds > 0, per attempt, on
+        the engine's clock) fails an attempt that runs longer with ``StepTimeoutError``: an
+        async ``fn`` is cancelled, a sync one (it runs in a step thread, never on the event
+        loop) is abandoned there and keeps running until it returns."""
+        return self._rt.step(fn, args, kwargs, name, retry, timeout)
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         """A durable timer: the run suspends and a worker resumes it when due."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -30,6 +31,7 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from ._seat import Seat, Settled, WorkerConfig
+from ._threads import StepThreads, waited_for
 from ._versions import Registry
 from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
@@ -67,6 +69,20 @@ class _Host:
 
     def lease_live(self) -> bool:
         return self._proof.live()
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self._d.clock.sleep_until(deadline)
+
+    def add_timer(self, token: object, at: float) -> None:
+        self._d.timers[token] = at
+
+    def drop_timer(self, token: object) -> None:
+        self._d.timers.pop(token, None)
+
+    def in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        return self._d.in_thread(fn, args, kwargs)
 
     async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
         d = self._d
@@ -117,6 +133,39 @@ class Drive:
         # execution_timeout), by a token of their own: ``Worker.retry_due`` reports the
         # earliest, so that ``TestEnv``'s virtual clock jumps to it as to a timer
         self.timers: dict[object, float] = {}
+        # the threads sync steps run in, started with the first one (``_threads.py``)
+        self._threads: StepThreads | None = None
+
+    def in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        """Call ``fn`` in a step thread: the future of its outcome, on the event loop (which
+        a cancellation abandons: the thread runs on, what it returns is ignored). With
+        ``wait_for_step_threads`` (``TestEnv``) the loop waits for the thread instead."""
+        pool = self._threads
+        if pool is None:
+            pool = self._threads = StepThreads(self.config.step_threads)
+        call = pool.submit(fn, *args, **kwargs)
+        if not self.config.wait_for_step_threads:
+            fut = asyncio.wrap_future(call)
+            waited_for(fut)
+            return fut
+        futures.wait((call,))  # (blocks the loop, as a sync step on it did)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        exc = call.exception()
+        if exc is None:
+            done.set_result(call.result())
+        else:
+            done.set_exception(exc)
+        del exc, call
+        return done
+
+    def close(self) -> None:
+        """The worker stopped: the step threads end, without waiting for those still busy
+        with an abandoned step (daemon threads: they end when its function returns)."""
+        pool, self._threads = self._threads, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
         """Claim ``run_id`` (unless ``claimed``: leased here already, with its history), pass

@@ -19,6 +19,7 @@ from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
 from ._history import History
 from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._threads import DEFAULT_STEP_THREADS, check_size
 from ._worker import WORKER_SEEN_WINDOW, Worker, WorkerConfig, no_live_worker
 from .errors import (
     InvalidInputError,
@@ -90,6 +91,7 @@ class Engine:
         bus: Bus | None = None,
         notify_on_release: bool = True,
         max_payload_bytes: int | None = None,
+        step_threads: int = DEFAULT_STEP_THREADS,
     ) -> None:
         rng = rng or random.Random()
         if instance_id is not None:
@@ -111,6 +113,8 @@ class Engine:
             max_payload_bytes=limits.payload_limit(store)
             if max_payload_bytes is None
             else max_payload_bytes,
+            # the most sync step functions running at once here, each in a thread
+            step_threads=check_size(step_threads),
         )
         self.namespace = namespace
         self.is_worker = worker
@@ -131,6 +135,8 @@ class Engine:
     blocked_retry = _Setting[float]()
     notify_on_release = _Setting[bool]()
     max_payload_bytes = _Setting[int]()
+    # threads for sync step functions (read when the worker starts its first one)
+    step_threads = _Setting[int]()
     # failures of a run's store writes, the same way in a row, before the run ends
     # (docs/stores.md, "When the store fails")
     max_store_failures = _Setting[int]()

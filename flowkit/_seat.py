@@ -14,6 +14,7 @@ from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from ._recovery import MAX_STORE_FAILURES, LeaseProof
 from ._replay import Activation
 from ._run import Run
+from ._threads import DEFAULT_STEP_THREADS
 from ._versions import Registry
 from .events import Event
 from .stores.base import Store
@@ -45,6 +46,11 @@ class WorkerConfig:
     max_store_failures: int = MAX_STORE_FAILURES
     # the largest payload an activation records (``Engine(max_payload_bytes=...)``)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    # the threads sync step functions run in (``Engine(step_threads=...)``; ``_threads.py``)
+    step_threads: int = DEFAULT_STEP_THREADS
+    # the event loop waits for each sync step's thread (``TestEnv``: a seed then decides
+    # every interleaving, as when sync steps ran on the loop)
+    wait_for_step_threads: bool = False
 
 
 class Seat(Protocol):

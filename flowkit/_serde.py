@@ -130,23 +130,37 @@ def return_adapter(fn: Callable[..., Any]) -> TypeAdapter[Any]:
     return adapter_for(ret)
 
 
-_META: dict[Any, tuple[str, TypeAdapter[Any]]] = {}
+_META: dict[Any, tuple[str, TypeAdapter[Any], bool]] = {}
 
 
-def step_meta(fn: Callable[..., Any]) -> tuple[str, TypeAdapter[Any]]:
-    """``(step_name(fn), return_adapter(fn))``, cached by the function (a step runs, or is
-    replayed, many times: one dictionary lookup instead of unwrapping it twice)."""
+def step_meta(fn: Callable[..., Any]) -> tuple[str, TypeAdapter[Any], bool]:
+    """``(step_name(fn), return_adapter(fn), is_async(fn))``, cached by the function (a step
+    runs, or is replayed, many times: one dictionary lookup instead of unwrapping it again)."""
     target = _unwrap(fn)
     try:
         return _META[target]
     except KeyError:
-        meta = (step_name(target), return_adapter(fn))
+        meta = (step_name(target), return_adapter(fn), is_async(target))
         if len(_META) >= 4096:  # (functions made on the fly: keep it bounded)
             _META.clear()
         _META[target] = meta
         return meta
     except TypeError:  # unhashable callable
-        return step_name(target), return_adapter(fn)
+        return step_name(target), return_adapter(fn), is_async(target)
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` only creates a coroutine (an ``async def`` function, a method or
+    ``functools.partial`` of one, an object whose ``__call__`` is one): a step runs it on the
+    event loop. Anything else is synchronous and runs in a step thread (a sync function that
+    returns an awaitable too: the awaitable is then awaited on the loop)."""
+    target = _unwrap(fn)
+    if inspect.iscoroutinefunction(target):
+        return True
+    if inspect.isroutine(target) or isinstance(target, type):
+        return False
+    call = getattr(type(target), "__call__", None)  # noqa: B004
+    return call is not None and inspect.iscoroutinefunction(call)
 
 
 def step_name(fn: Callable[..., Any]) -> str:

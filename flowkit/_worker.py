@@ -167,6 +167,7 @@ class Worker:
         if graceful and held:
             now = self.clock.now()
             await asyncio.gather(*(self._give_back(run_id, now) for run_id in held))
+        self._drive.close()  # (its step threads: those busy are abandoned, not waited for)
         self._active.clear()
         self._leases.clear()
         self._renewing.clear()

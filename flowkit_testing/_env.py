@@ -12,6 +12,7 @@ from typing import Any
 from flowkit import Engine, History, Run, RunStatus
 from flowkit._bus import Bus
 from flowkit._eager import others_ready
+from flowkit._threads import steps_in_threads
 from flowkit.stores import MemoryStore
 
 from ._clock import DEFAULT_START, VirtualClock
@@ -72,6 +73,8 @@ class TestEnv:
             poll_interval=None,
             bus=self.bus,
         )
+        # the loop waits for each sync step's thread: the seed decides every interleaving
+        eng.config.wait_for_step_threads = True
         if i < len(self.engines):
             self._proxies[i] = proxy
             self.engines[i] = eng
@@ -176,7 +179,9 @@ class TestEnv:
     # -- driving -----------------------------------------------------------------------
     async def settle(self, max_rounds: int = 100_000) -> None:
         """Return once every task is blocked (like trio's ``wait_all_tasks_blocked``);
-        virtual time stands still. A step awaiting something outside counts as blocked."""
+        virtual time stands still. A step awaiting something outside counts as blocked; a
+        sync step running in a step thread counts as running (it is waited for, in real
+        time), as it would on the event loop: virtual time never moves while one runs."""
         loop = asyncio.get_running_loop()
         quiet = 0
         for _ in range(max_rounds):
@@ -184,7 +189,11 @@ class TestEnv:
             if _nothing_ready(loop):
                 quiet += 1
                 if quiet >= 3:
-                    return
+                    busy = steps_in_threads()
+                    if not busy:
+                        return
+                    await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+                    quiet = 0
             else:
                 quiet = 0
         raise RuntimeError("settle(): tasks kept running; is a workflow busy-looping?")
@@ -229,10 +238,15 @@ class TestEnv:
                 t = r.wake_at
             if t is not None and t > now and (best is None or t < best):
                 best = t
-        for eng in live.values():  # an activation waiting to try a failed store call again
+        for eng in live.values():
+            # an activation waiting to try a failed store call again, or for an in-process
+            # deadline (a step's timeout): it holds its run's lease meanwhile, so time moves
+            # there in steps of a lease renewal period, and the renewals keep it provable
             t = eng.retry_due()
-            if t is not None and t > now and (best is None or t < best):
-                best = t
+            if t is not None and t > now:
+                t = min(t, now + self.lease_ttl / 3)
+                if best is None or t < best:
+                    best = t
         return best
 
     async def _jump(self, to: float) -> None:

@@ -37,9 +37,9 @@ class Cancellable:
             raise
         return "unblocked"
 
-    def cleanup(self, where: str) -> str:
+    async def cleanup(self, where: str) -> str:
         self.calls[f"cleanup:{where}"] += 1
-        # a step runs in the task of the body that awaits it: the cancelled step's request
+        # an async step runs in the task of the body that awaits it: the cancelled step's request
         # must be taken back, or the task would stay "cancelling" (asyncio.timeout breaks)
         task = asyncio.current_task()
         assert task is not None

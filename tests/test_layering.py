@@ -35,6 +35,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._bus",
         "flowkit._gate",
         "flowkit._recovery",
+        "flowkit._threads",
         "flowkit._seat",
         "flowkit._drive",
         "flowkit._worker",

@@ -71,6 +71,11 @@ class Trap:
                     await ctx.gather(ctx.step(svc.slow), ctx.step(svc.mark, "sibling"))
             except TimeoutError:
                 return "timed out"
+        if trap == "wait-for-around-step":
+            try:
+                return await asyncio.wait_for(ctx.step(svc.slow), 5)
+            except TimeoutError:
+                return "timed out"
         if trap == "asyncio-sleep":
             await asyncio.sleep(5)
         if trap == "asyncio-sleep-0":
@@ -163,9 +168,29 @@ async def test_a_timeout_around_ctx_calls_blocks_the_run_instead_of_branching(
     async with TestEnv([Trap(svc)], max_yields=2 if in_write else 0, seed=1) as env:
         message, h = await _blocked(env, trap)
         assert "cancelled by code outside flowkit" in message
-        assert "asyncio.timeout" in message and "inside the step function" in message
+        assert "asyncio.timeout" in message and "ctx.step(fn, ..., timeout=seconds)" in message
         assert svc.calls["slow"] == (0 if in_write else 1)
         assert "step_failed" not in h.types
+
+
+async def test_wait_for_around_a_step_blocks_the_run_and_names_the_step_timeout() -> None:
+    """``asyncio.wait_for`` around a step (an await of its own, the step in a task of its
+    own) is refused, and the message points to the recorded alternative, ``ctx.step(...,
+    timeout=...)``; the step never ran."""
+    svc = Services()
+    async with TestEnv([Trap(svc)]) as env:
+        message, h = await _blocked(env, "wait-for-around-step")
+        assert "asyncio.tasks.wait_for()" in message and "not a ctx call" in message
+        assert "ctx.step(fn, ..., timeout=seconds)" in message
+        assert "step_failed" not in h.types
+        assert svc.calls["slow"] == 0
+
+
+async def test_a_bare_await_names_the_step_timeout_as_the_way_to_bound_io() -> None:
+    svc = Services()
+    async with TestEnv([Trap(svc)]) as env:
+        message, _ = await _blocked(env, "asyncio-sleep")
+        assert "ctx.step(fn, ..., timeout=seconds)" in message
 
 
 async def test_the_blocked_run_continues_on_fixed_code() -> None:

@@ -66,9 +66,12 @@ class Calls:
         kwargs: dict[str, Any],
         name: str | None,
         retry: RetryPolicy | None,
+        timeout: float | None = None,
     ) -> Coroutine[Any, Any, Any]:
         if not callable(fn):
             raise TypeError(f"ctx.step needs a callable, got {fn!r}")
+        if timeout is not None:
+            timeout = check_timeout(timeout)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError("retry= takes a flowkit.RetryPolicy")
         if name is not None and not isinstance(name, str):
@@ -86,15 +89,28 @@ class Calls:
         coro: Coroutine[Any, Any, Any]
         if isinstance(fn, ReplayStub):  # an injected service stubbed out by replay()
             name = name or ReplayStub.ANY_NAME
-            coro = run_step(st, br, idx, pos, fn, args, kwargs, name, retry, None)
+            coro = run_step(st, br, idx, pos, fn, args, kwargs, name, retry, None, True, timeout)
         else:
             try:
-                default, adapter = _serde.step_meta(fn)
+                default, adapter, is_async = _serde.step_meta(fn)
             except BaseException:
                 if idx == br.next:  # (the call failed as it was made: nothing to await)
                     br.next = idx + 1
                 raise
-            coro = run_step(st, br, idx, pos, fn, args, kwargs, name or default, retry, adapter)
+            coro = run_step(
+                st,
+                br,
+                idx,
+                pos,
+                fn,
+                args,
+                kwargs,
+                name or default,
+                retry,
+                adapter,
+                is_async,
+                timeout,
+            )
         if idx == br.next:
             br.head = coro  # (for the report, should it never be awaited)
         return coro
@@ -233,6 +249,17 @@ class Calls:
                 group.parent_unblocked = True
                 st.blocked -= 1
             st.check_stuck()
+
+
+def check_timeout(timeout: object) -> float:
+    """``ctx.step``'s ``timeout=``: finite seconds > 0, else ``ValueError`` (nothing runs)."""
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < float("inf")
+    ):
+        raise ValueError(f"ctx.step timeout= takes seconds > 0, got {timeout!r}")
+    return float(timeout)
 
 
 def _made_on_branch(aw: object, br: Branch) -> bool:

@@ -25,21 +25,21 @@ USE_INSTEAD = (
     "a workflow body may only await ctx calls, whose outcomes are recorded and replayed: "
     "use ctx.sleep()/ctx.sleep_until() for a durable pause, "
     "ctx.wait_for_signal(name, timeout=...) to wait for the outside world, "
-    "ctx.gather() to run ctx calls concurrently, and put I/O and its timeouts inside a "
-    "step function"
+    "ctx.gather() to run ctx calls concurrently, and put I/O inside a step function, "
+    "bounded by ctx.step(fn, ..., timeout=seconds)"
 )
 FOREIGN_AWAIT = "it is not recorded, so a replay cannot reproduce it; " + USE_INSTEAD
 FOREIGN_CANCEL = (
     "a cancellation flowkit did not request (asyncio.timeout, asyncio.wait_for, task.cancel) "
     "is not recorded, so a replay would run the call again and could take another branch; "
-    "bound a wait with ctx.wait_for_signal(name, timeout=...) or a ctx.sleep() in a "
-    "ctx.gather, and put a step's timeout inside the step function (e.g. asyncio.timeout "
-    "inside an async step)"
+    "bound a step with ctx.step(fn, ..., timeout=seconds) (recorded as a StepTimeoutError "
+    "its retry policy sees), a wait with ctx.wait_for_signal(name, timeout=...) or a "
+    "ctx.sleep() in a ctx.gather"
 )
 FOREIGN_TASK = (
     "ctx calls must be awaited by the workflow body itself, not in a task of their own "
     "(asyncio.create_task, asyncio.gather, asyncio.shield, asyncio.wait_for): use ctx.gather() "
-    "to run them concurrently"
+    "to run them concurrently, and ctx.step(fn, ..., timeout=seconds) to bound a step"
 )
 UNAWAITED = (
     "every ctx call must be awaited where it is made, before the next one starts (a missing "

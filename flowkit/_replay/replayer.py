@@ -7,7 +7,7 @@ changes against "golden" histories."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +41,21 @@ class _ReplayHost:
 
     def lease_live(self) -> bool:
         return True  # (nothing runs: a replay-only activation stops before any step)
+
+    # (a replay-only activation stops before any step runs: no timeout, no step thread)
+    async def sleep_until(self, deadline: float) -> None:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
+    def add_timer(self, token: object, at: float) -> None:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
+    def drop_timer(self, token: object) -> None:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
+    def in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
 
 
 async def replay_async(history: History, workflow: Any) -> None:

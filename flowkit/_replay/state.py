@@ -6,7 +6,7 @@ running, and how the activation is ending (cancellation, teardown, eviction, div
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,9 +22,27 @@ from .signals import _Diverged, _Evicted
 
 
 class Host(Protocol):
-    """What an activation needs from the engine: time, durable appends, the signal inbox."""
+    """What an activation needs from the engine: time, durable appends, the signal inbox,
+    the step threads."""
 
     def now(self) -> float: ...
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Return once the engine's clock reaches ``deadline`` (a step's timeout)."""
+        ...
+
+    def add_timer(self, token: object, at: float) -> None:
+        """An in-process deadline of the activation (a step's timeout) until ``drop_timer``:
+        the engine reports it as a due time (``TestEnv``'s clock jumps to it)."""
+        ...
+
+    def drop_timer(self, token: object) -> None: ...
+
+    def in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        """Call a sync step function in one of the engine's step threads."""
+        ...
 
     async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
         """Append events under the lease; returns whether cancellation was requested."""

@@ -1,6 +1,11 @@
 """The step call: a step function run once and its outcome recorded, or its recorded outcome
 returned on replay; failed attempts retried after a durable backoff (``RetryPolicy``); the
-run's cancellation delivered in place of a step not started yet, or into a running one."""
+run's cancellation delivered in place of a step not started yet, or into a running one.
+
+An async step function runs inline in the task of its branch; a sync one in a step thread
+(``Host.in_thread``), never on the event loop. ``timeout=`` bounds each attempt on the
+engine's clock (``_Timeout``): the attempt is cancelled (a thread is abandoned) and fails with
+``StepTimeoutError``, recorded as any failure, so that a replay takes the same branch."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _serde
 from .._definition import RetryPolicy
 from .._history import step_completed
-from ..errors import SerializationError, StepFailedError
+from ..errors import SerializationError, StepFailedError, StepTimeoutError
 from ..events import ErrorInfo, StepCompleted, StepFailed
 from .branch import Branch
 from .guard import cancel_left, running_branch, unawaited
@@ -35,9 +40,13 @@ async def run_step(
     name: str,
     retry: RetryPolicy | None,
     adapter: TypeAdapter[Any] | None,
+    is_async: bool = True,
+    timeout: float | None = None,
 ) -> Any:
     """The step at ``pos`` (call ``idx`` of ``made_in``): its recorded outcome, else ``fn``
-    run (again after each failed attempt's backoff, as ``retry`` allows) and recorded."""
+    run (again after each failed attempt's backoff, as ``retry`` allows; each attempt within
+    ``timeout``) and recorded. ``is_async``: ``fn`` only creates a coroutine (else it runs in
+    a step thread)."""
     # (the hot path of every run: no closures, and a position nothing was recorded at,
     # the live case, skips the history lookup)
     # (``enter``, inlined: the hot path)
@@ -104,7 +113,10 @@ async def run_step(
                 raise asyncio.CancelledError()
             st.check_lease()  # (after the flush: a write may take a while)
             try:
-                result = await _execute(st, fn, args, kwargs)
+                if timeout is None:
+                    result = await _execute(st, fn, args, kwargs, is_async)
+                else:
+                    result = await _timed(st, fn, args, kwargs, is_async, name, timeout)
             except _StepCancelled:
                 info = ErrorInfo(
                     type="CancelledError", message="cancelled", step=name, attempts=attempt
@@ -206,10 +218,14 @@ async def _step_failed(
 
 
 async def _execute(
-    st: ActivationState, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    st: ActivationState,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    is_async: bool = True,
 ) -> Any:
     """Call the step function; ``_StepCancelled`` when ``request_cancel`` cancelled it."""
-    value = fn(*args, **kwargs)
+    value = fn(*args, **kwargs) if is_async else await _in_thread(st, fn, args, kwargs)
     if type(value) is not CoroutineType and (
         not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future)
     ):
@@ -229,6 +245,7 @@ async def _execute(
         finally:
             st.step_tasks.discard(fut)
             st.cancelled_hosts.discard(fut)
+            del fut  # (it holds what the step raised, whose traceback holds this frame)
     # a coroutine runs inline, in the task of the branch that awaits it (as a plain
     # ``await`` would): no task of its own, no extra turn of the event loop per step.
     # Cancelling the step cancels that task while it is inside the step (request_cancel)
@@ -246,6 +263,102 @@ async def _execute(
         if host in st.cancelled_hosts:
             st.cancelled_hosts.discard(host)
             host.uncancel()
+        # (this frame is in the traceback of what the step raised, which the task may keep
+        # as its outcome: no local may hold the task, a cycle only the cyclic GC would free)
+        del host
+
+
+async def _in_thread(
+    st: ActivationState, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Call a sync step function in a step thread, the branch's task waiting for it; when the
+    wait is cancelled (the run's cancellation, a timeout, a teardown) the thread is abandoned:
+    it runs on until ``fn`` returns, and what it returns is ignored."""
+    host = asyncio.current_task()
+    assert host is not None
+    st.step_tasks.add(host)
+    try:
+        # (the future is not kept in a local: it holds the exception the step raised, whose
+        # traceback holds this frame, a cycle only the cyclic GC would free)
+        return await st.host.in_thread(fn, args, kwargs)
+    except asyncio.CancelledError:
+        if host in st.cancelled_hosts:
+            raise _StepCancelled() from None
+        raise
+    finally:
+        st.step_tasks.discard(host)
+        if host in st.cancelled_hosts:
+            st.cancelled_hosts.discard(host)
+            host.uncancel()
+        # (this frame is in the traceback of what the step raised, which the task may keep
+        # as its outcome: no local may hold the task, a cycle only the cyclic GC would free)
+        del host
+
+
+async def _timed(
+    st: ActivationState,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    is_async: bool,
+    name: str,
+    timeout: float,
+) -> Any:
+    """One attempt of the step, bounded by ``timeout`` seconds of the engine's clock: past
+    them its task is cancelled inside the step (an async step is cancelled, a sync one is
+    abandoned in its thread) and the attempt fails with ``StepTimeoutError``, also when the
+    step swallowed the cancellation and returned."""
+    host = asyncio.current_task()
+    assert host is not None
+    timer = _Timeout(st, host, round(st.host.now() + timeout, 6))
+    try:
+        try:
+            result = await _execute(st, fn, args, kwargs, is_async)
+        finally:
+            fired = timer.stop()
+            del timer
+    except asyncio.CancelledError:
+        # (a teardown, or a cancellation from elsewhere as well, goes on as it would have)
+        if fired and not st.tearing_down and not host.cancelling():
+            raise StepTimeoutError(name, timeout) from None
+        raise
+    finally:
+        del host  # (as in ``_execute``: no local holds the task once the step has ended)
+    if fired:
+        raise StepTimeoutError(name, timeout)
+    return result
+
+
+class _Timeout:
+    """The deadline of one attempt: at ``deadline`` (by the host's clock) it cancels the task
+    running the step. It is registered with the host as a timer while it runs (an in-process
+    deadline: ``TestEnv``'s virtual clock jumps to it as to a durable timer)."""
+
+    __slots__ = ("_st", "_task", "_waiter", "fired")
+
+    def __init__(self, st: ActivationState, task: asyncio.Task[Any], deadline: float) -> None:
+        self.fired = False
+        self._st = st
+        self._task = task
+        st.host.add_timer(self, deadline)
+        self._waiter: asyncio.Future[None] | None = asyncio.ensure_future(self._wait(deadline))
+
+    async def _wait(self, deadline: float) -> None:
+        await self._st.host.sleep_until(deadline)
+        if self._waiter is not None:  # (not stopped meanwhile)
+            self.fired = True
+            self._st.host.drop_timer(self)
+            self._task.cancel()
+
+    def stop(self) -> bool:
+        """End the timer (once); whether it fired, its cancellation then taken back."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.cancel()
+            self._st.host.drop_timer(self)
+            if self.fired:
+                self._task.uncancel()
+        return self.fired
 
 
 async def _await(aw: Awaitable[Any]) -> Any:

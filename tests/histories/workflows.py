@@ -100,6 +100,20 @@ class Biller:
         return f"{plan}: billed {cents}"
 
 
+class Registry:
+    """Its first lookup of a name never answers (an event nobody sets); later ones do."""
+
+    def __init__(self) -> None:
+        self.lookups: Counter[str] = Counter()
+        self.never = asyncio.Event()
+
+    async def lookup(self, name: str) -> str:
+        self.lookups[name] += 1
+        if self.lookups[name] == 1:
+            await self.never.wait()
+        return f"{name}.internal"
+
+
 # -- the workflows ----------------------------------------------------------------------------
 @workflow(name="order")
 class Order:
@@ -241,6 +255,20 @@ class Renewal(RenewalV1):
         return await ctx.step(self.biller.bill, plan, cents)
 
 
+@workflow(name="lookup")
+class Lookup:
+    """A step bounded by a timeout: its first attempt times out (``StepTimeoutError``, a
+    ``step_failed``), the retry answers."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def run(self, ctx: WorkflowCtx, name: str) -> str:
+        return await ctx.step(
+            self.registry.lookup, name, timeout=60, retry=RetryPolicy(initial_interval=5.0)
+        )
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -252,6 +280,7 @@ def workflows() -> list[Any]:
         Job(Worksite()),
         Deploy(Rollout()),
         Renewal(Biller()),
+        Lookup(Registry()),
     ]
 
 
@@ -344,6 +373,12 @@ async def patched_deploy(env: TestEnv) -> list[str]:
     return ["renewal-old", "renewal-new"]
 
 
+async def lookup_timed_out(env: TestEnv) -> list[str]:
+    await env.start("lookup", "db", "lookup-1")
+    await env.result("lookup-1")  # virtual time: the attempt's 60 s, the 5 s backoff
+    return ["lookup-1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -354,6 +389,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     cancelled_while_down,
     deploys,
     patched_deploy,
+    lookup_timed_out,
 )
 
 
