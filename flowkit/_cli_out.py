@@ -14,8 +14,10 @@ from rich.text import Text
 from . import _serde
 from ._run import Run, RunStatus
 from .events import (
+    CancelRequested,
     Event,
     RunCompleted,
+    RunDead,
     RunFailed,
     RunRetried,
     RunStarted,
@@ -41,6 +43,7 @@ STATUS_STYLE = {
     RunStatus.COMPLETED: "green",
     RunStatus.FAILED: "bold red",
     RunStatus.CANCELLED: "magenta",
+    RunStatus.DEAD: "bold red reverse",
 }
 
 
@@ -229,7 +232,14 @@ def _describe(ev: Event, t0: float) -> str:
         case RunFailed():
             return f"{ev.error.type}: {_text(ev.error.message)}"
         case RunRetried():
-            return f"attempt {ev.attempt}"
+            return f"attempt {ev.attempt}" + (
+                f" with new input {_value(ev.input)}" if ev.new_input else ""
+            )
+        case CancelRequested() if ev.reason is not None:
+            return f"reason {ev.reason.replace('_', ' ')}"
+        case RunDead():
+            why = f" {ev.error.type}: {_text(ev.error.message)}" if ev.error is not None else ""
+            return f"activation lost {ev.recoveries} times;{why}"
         case _:
             return ""
 
@@ -239,6 +249,7 @@ EVENT_STYLE = {
     "run_failed": "bold red",
     "step_failed": "red",
     "run_cancelled": "magenta",
+    "run_dead": "bold red",
     "cancel_requested": "magenta",
     "signal_received": "cyan",
 }

@@ -13,6 +13,7 @@ from flowkit import Engine, History, Run, RunStatus
 from flowkit._bus import Bus
 from flowkit._eager import others_ready
 from flowkit.stores import MemoryStore
+from flowkit.stores.base import UNSET
 
 from ._clock import DEFAULT_START, VirtualClock
 from ._faults import CRASH_SITES, CrashSite, FaultPlan, InstanceStore, Rule
@@ -223,8 +224,11 @@ class TestEnv:
                 and r.singleton_key is not None
                 and not r.admitted
             ):
-                # blocked runs re-check only when a test advances time explicitly
-                continue
+                # blocked runs re-check only when a test advances time explicitly; at their
+                # deadline (``execution_timeout``) they are due whatever the test does
+                if r.deadline_at is None:
+                    continue
+                t = r.deadline_at
             else:
                 t = r.wake_at
             if t is not None and t > now and (best is None or t < best):
@@ -300,8 +304,8 @@ class TestEnv:
         await self.settle()
         return run
 
-    async def retry(self, run_id: str) -> Run:
-        run = await self._client().retry(run_id)
+    async def retry(self, run_id: str, *, input: Any = UNSET) -> Run:
+        run = await self._client().retry(run_id, input=input)
         await self.settle()
         return run
 

@@ -36,6 +36,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._gate",
         "flowkit._recovery",
         "flowkit._seat",
+        "flowkit._cancel",
         "flowkit._drive",
         "flowkit._worker",
     ),
