@@ -17,7 +17,7 @@ from pydantic import BaseModel
 import flowkit
 from flowkit import RunStatus, Singleton, WorkflowCtx, workflow
 from flowkit._definition import DEFAULT_MAX_RECOVERY_ATTEMPTS
-from flowkit.stores import MemoryStore, SqlStore
+from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
 from flowkit_testing import TestEnv
 
 
@@ -237,3 +237,48 @@ def test_the_default_bound_is_finite() -> None:
     assert defn is not None
     assert defn.max_recovery_attempts == DEFAULT_MAX_RECOVERY_ATTEMPTS == 10
     assert defn.execution_timeout is None
+
+
+# -- a retry's new input is a payload: CodecStore encrypts it -------------------------------
+
+NEW_SECRET = "RETRY-INPUT-SECRET-7f3a"
+
+
+@workflow(name="vault-retry")
+class VaultRetry:
+    def __init__(self) -> None:
+        self.fail = True
+
+    def open(self, secret: str) -> int:
+        if self.fail:
+            raise RuntimeError("locked")
+        return len(secret)
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, str]) -> int:
+        return await ctx.step(self.open, input["secret"])
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "codec"])
+async def test_a_retry_input_is_ciphertext_at_rest(encrypted: bool, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'vault.db'}"
+    inner = SqlStore(url)
+    store: Any = CodecStore(inner, AESGCMCodec([("k1", bytes(range(32)))])) if encrypted else inner
+    wf = VaultRetry()
+    try:
+        async with TestEnv(workflows=[wf], store=store) as env:
+            await env.start("vault-retry", {"secret": "old"}, "v")
+            await env.run_until_idle()
+            assert (await env.get_run("v")).status is RunStatus.FAILED
+            wf.fail = False
+            await env.retry("v", input={"secret": NEW_SECRET})
+            assert await env.result("v") == len(NEW_SECRET)
+            retried = next(e for e in (await env.history("v")).events if e.type == "run_retried")
+            assert retried.input == {"secret": NEW_SECRET}  # decoded through the store
+            assert (await env.get_run("v")).input == {"secret": NEW_SECRET}
+    finally:
+        inner.close()
+    path = Path(url.removeprefix("sqlite:///"))
+    raw = b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
+    # the plain database holds it (so this test can fail), the encrypted one does not
+    assert (NEW_SECRET.encode() in raw) is not encrypted
+    assert b"run_retried" in raw

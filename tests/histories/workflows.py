@@ -337,8 +337,8 @@ async def timed_out(env: TestEnv) -> list[str]:
 
 async def dead_then_retried(env: TestEnv) -> list[str]:
     """A poison run: instance 0 dies recording its step, twice; the claim of the second
-    recovery finds it past ``max_recovery_attempts`` and it goes ``dead``. Retried with a new input (the
-    cause fixed: no more crashes), it completes."""
+    recovery finds it past ``max_recovery_attempts`` and it goes ``dead``. Retried with a new
+    input (the cause fixed: no more crashes), it completes."""
     rule = env.crash_at(0, "before_step_record", times=None)
     await env.start("ingest", {"file": "huge.csv"}, "ingest-1")
     while (await env.store.get_run("ingest-1")).status.active:
