@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_kit import flowkit as cli
 from pydantic import BaseModel
 
 import flowkit
@@ -282,3 +283,43 @@ async def test_a_retry_input_is_ciphertext_at_rest(encrypted: bool, tmp_path: Pa
     # the plain database holds it (so this test can fail), the encrypted one does not
     assert (NEW_SECRET.encode() in raw) is not encrypted
     assert b"run_retried" in raw
+
+
+# -- the CLI: `dead` everywhere, run_dead and the cancel reason in a timeline --------------
+
+
+@workflow(name="timed-cli", execution_timeout=60)
+class TimedCli:
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        await ctx.wait_for_signal("go")
+        return "done"
+
+
+async def test_cli_lists_dead_runs_and_prints_their_timeline(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    store = SqlStore(url)
+    try:
+        async with TestEnv(workflows=[Poison(), TimedCli()], store=store) as env:
+            env.crash_at(0, "before_step_record", times=None)
+            await env.start("poison", {"qty": 2}, "p")
+            await _crash_until_settled(env, "p")
+            env.rules.clear()
+            await env.start("timed-cli", None, "t")
+            await env.run_until_idle()
+            assert (await env.get_run("t")).status is RunStatus.CANCELLED
+    finally:
+        store.close()
+    runs = cli(tmp_path, "--db", url, "runs", "--status", "dead")
+    assert runs.returncode == 0, runs.stderr
+    lines = runs.stdout.splitlines()
+    assert any(line.startswith("p ") and "dead" in line for line in lines), runs.stdout
+    assert not any(line.startswith("t ") for line in lines)
+    shown = cli(tmp_path, "--db", url, "show", "p")
+    assert "[dead]" in shown.stdout and "recovered 3 times" in shown.stdout
+    assert "RunDead:" in shown.stdout
+    dead = cli(tmp_path, "--db", url, "history", "p")
+    assert dead.returncode == 0, dead.stderr
+    assert "run_dead" in dead.stdout and "activation lost 3 times" in dead.stdout
+    timed = cli(tmp_path, "--db", url, "history", "t")
+    line = next(ln for ln in timed.stdout.splitlines() if "cancel_requested" in ln)
+    assert "reason execution timeout" in line
