@@ -356,7 +356,8 @@ class Engine:
     async def cancel(self, run_id: str) -> Run:
         """Request cancellation; a run that never got past its singleton gate (or never
         started) settles ``cancelled`` at once. Cancelling a settled run is a no-op."""
-        await self._get(run_id)  # (RunNotFoundError for an unknown or unstorable id)
+        if not limits.storable(run_id):  # (no store holds such an id)
+            raise RunNotFoundError(run_id)
         run = await _cancel.request(
             self.store,
             self.clock,
@@ -390,8 +391,11 @@ class Engine:
                 raise WorkflowNotFoundError(run.workflow)
             new_input = self._validated_input(entry[0], input)
         timeout = entry[0].execution_timeout if entry is not None else None
-        if entry is None and run.deadline_at is not None:  # (not registered here: its own)
-            timeout = run.deadline_at - run.created_at
+        if entry is None and run.deadline_at is not None:
+            # not registered here: the timeout its last (re)start gave it
+            events = await self.store.load_events(run_id)
+            began = next(e.at for e in reversed(events) if e.type in ("run_started", "run_retried"))
+            timeout = run.deadline_at - began
         now = self.clock.now()
         attempt = run.attempt + 1
         retried = RunRetried(attempt=attempt, at=now)

@@ -277,10 +277,19 @@ async def test_retry_gives_a_fresh_deadline(store: Any) -> None:
         await env.run_until_idle()
         assert (await env.get_run("f")).status is RunStatus.FAILED
         await env.advance(2 * HOUR)  # long past the first deadline
-        wf.fail = False
         t1 = env.clock.now()
         run = await env.retry("f")
         assert run.deadline_at == pytest.approx(t1 + HOUR, abs=1e-6)
+        await env.run_until_idle()
+        assert (await env.get_run("f")).status is RunStatus.FAILED  # (the step failed again)
+        # a client engine that does not have the workflow: the run's own timeout is kept
+        await env.advance(5 * HOUR)
+        client = flowkit.Engine(env.store, [], clock=env.clock, worker=False)
+        t2 = env.clock.now()
+        run = await client.retry("f")
+        assert run.deadline_at == pytest.approx(t2 + HOUR, abs=1e-6)
+        wf.fail = False
+        env.engines[0].poke()
         assert await env.result("f") == "ok"
 
 
