@@ -74,7 +74,11 @@ async def request(
     never got past its gate, or is blocked) and that nobody holds settles ``cancelled`` at
     once; otherwise it goes ``cancelling`` (event ``cancel_requested`` with ``reason``) and
     ``deliver`` hands the cancellation to an activation of this process (``False``: none
-    here, so ``wake`` has a worker claim the run)."""
+    here, so ``wake`` has a worker claim the run).
+
+    TODO(#21, children): once runs have children (DESIGN §10), cancel the run's unfinished
+    children here too (a deadline's cancellation with it: DESIGN §9 "its children are
+    cancelled with it"), and in ``Drive._deadline_passed``, the deadline's path at a claim."""
     while True:
         run = await store.get_run(run_id)
         if run is None or run.status.terminal or run.status is RunStatus.CANCELLING:

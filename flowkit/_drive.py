@@ -383,6 +383,7 @@ class Drive:
         died): cancel it. A run no body can receive it in settles ``cancelled`` at once
         (``None``); otherwise it goes ``cancelling`` and the body receives the cancellation
         (the run as committed)."""
+        # TODO(#21, children): cancel the run's unfinished children with it (``_cancel.request``)
         now = self.clock.now()
         reason = _cancel.EXECUTION_TIMEOUT
         t.op = "cancel at the run's deadline"

@@ -154,7 +154,8 @@ def lost_activation(run: Run) -> bool:
     ``release_leases`` of a restarted worker) takes over an activation that died: the run was
     ``running`` or ``cancelling`` under a lease nobody gave back. Stores count these in
     ``Run.recoveries``, atomically with the claim (``max_recovery_attempts``); a graceful
-    stop gives its leases back first, so it never counts."""
+    stop gives its leases back first, so it never counts. (A release's hand-off takes only
+    singleton waiters, whose body never ran: it counts nothing.)"""
     return run.lease_owner is not None and run.status in (
         RunStatus.RUNNING,
         RunStatus.CANCELLING,
