@@ -7,6 +7,7 @@ input validated as ``start`` validates it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -323,3 +324,33 @@ async def test_cli_lists_dead_runs_and_prints_their_timeline(tmp_path: Path) -> 
     timed = cli(tmp_path, "--db", url, "history", "t")
     line = next(ln for ln in timed.stdout.splitlines() if "cancel_requested" in ln)
     assert "reason execution timeout" in line
+
+
+async def test_a_worker_restarted_under_its_id_counts_the_leases_it_takes_back(
+    store: Any,
+) -> None:
+    """The same instance id back after a crash takes its dead predecessor's leases back at
+    once (``release_leases``): each is a lost activation."""
+    gate = asyncio.Event()
+
+    @workflow(name="hangs", max_recovery_attempts=1)
+    class Hangs:
+        async def wait(self) -> str:
+            await gate.wait()
+            return "free"
+
+        async def run(self, ctx: WorkflowCtx, input: None) -> str:
+            return await ctx.step(self.wait)
+
+    async with TestEnv(workflows=[Hangs()], store=store) as env:
+        eng = env.engines[0]
+        await env.start("hangs", None, "h")
+        for lost in (1, 2):
+            assert eng.executing("h")
+            await eng.crash()  # (the engine object stays: its next worker has the same id)
+            await eng.start_worker()
+            await env.settle()
+            run = await env.get_run("h")
+            assert run.recoveries == lost
+        assert run.status is RunStatus.DEAD
+        assert not eng.executing("h")
