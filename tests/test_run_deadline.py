@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import flowkit
 from flowkit import RunStatus, Singleton, WorkflowCtx, workflow
@@ -301,3 +303,51 @@ def test_bad_execution_timeout_is_refused_at_decoration(bad: Any) -> None:
         class Bad:
             async def run(self, ctx: WorkflowCtx, input: None) -> None:
                 return None
+
+
+# -- property: any program under any deadline settles, and its history replays --------------
+
+try:
+    from test_replay_property import _leaves, _ProgramBody, programs
+except ImportError:  # tests/ imported as a package
+    from tests.test_replay_property import _leaves, _ProgramBody, programs
+
+
+async def _check_timed_program(prog: list[Any], timeout: float) -> None:
+    timed = workflow(name="timed-program", execution_timeout=timeout)(
+        type("TimedProgram", (_ProgramBody,), {})
+    )
+    wf = timed()
+    leaves = _leaves(prog)
+    async with TestEnv([wf], seed=len(prog)) as env:
+        t0 = env.clock.now()
+        await env.start("timed-program", prog, "p")
+        for sig in (op for op in leaves if op[0] == "signal" and op[2]):
+            await env.signal("p", sig[1], f"{sig[1]}-payload")
+        await env.run_until_idle()  # a late signal is never sent: only the deadline ends it
+        run = await env.get_run("p")
+        h = await env.history("p")
+        assert [e.seq for e in h] == list(range(1, len(h) + 1))
+        assert all(n == 1 for n in wf.execs.values())  # no step ran twice
+        requests = [e for e in h.events if e.type == "cancel_requested"]
+        if run.status is RunStatus.CANCELLED:
+            assert h.types[-1] == "run_cancelled"
+            assert [e.reason for e in requests] == ["execution_timeout"]
+            assert requests[0].at == pytest.approx(t0 + timeout, abs=1e-6)
+        else:
+            assert run.status is RunStatus.COMPLETED, (run.status, run.error)
+            assert requests == [] and h.events[-1].at <= t0 + timeout
+        await flowkit.replay_async(h, timed)
+        assert flowkit.History.from_json(h.to_json()) == h
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(prog=programs(), timeout=st.sampled_from([0.5, 1, 30, 3600, 1_000_000]))
+async def test_random_programs_under_a_deadline_settle_and_replay(
+    prog: list[Any], timeout: float
+) -> None:
+    await _check_timed_program(prog, timeout)
