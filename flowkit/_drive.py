@@ -8,7 +8,6 @@ retried here from a fresh read (``Drive.run``; the rules are ``_recovery.py``'s)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from . import _cancel
+from . import _bounds, _cancel
 from . import _gate as gate
 from ._definition import WorkflowDefinition
 from ._recovery import Backoff, LeaseProof, is_transient
@@ -35,12 +34,10 @@ from ._run import Run, RunStatus
 from ._seat import Registry, Seat, Settled, WorkerConfig
 from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import (
-    CancelRequested,
     ErrorInfo,
     Event,
     RunCancelled,
     RunCompleted,
-    RunDead,
     RunFailed,
 )
 from .stores.base import AppendsEvents, ConflictError, InboxSignal, Notify, Update
@@ -267,25 +264,15 @@ class Drive:
             events = await self.store.load_events(run.id)
         bound = defn.max_recovery_attempts
         if bound is not None and run.recoveries > bound:
-            await self._dead(run, defn, bound, t)  # a poison run: never run its body again
+            await _bounds.settle_dead(self, run, defn, bound, t)  # poison: never run it again
             return
         if _cancel.passed(run, self.clock.now()):
-            fired = await self._deadline_passed(run, events, defn, t)
+            fired = await _bounds.deadline_passed(self, run, events, t)
             if fired is None:
                 return  # settled cancelled at once
             run = fired
-        if run.deadline_at is None or run.status is RunStatus.CANCELLING:
+        async with _bounds.deadline_watch(self, run, proof):
             await self._activate(run, events, defn, instance, proof, t)
-            return
-        # the deadline passes while the run is here: an in-process timer on the engine clock
-        token = object()
-        self.timers[token] = run.deadline_at
-        watch = asyncio.ensure_future(self._deadline_timer(run.id, run.deadline_at, token, proof))
-        try:
-            await self._activate(run, events, defn, instance, proof, t)
-        finally:
-            self.timers.pop(token, None)
-            watch.cancel()
 
     async def _activate(
         self,
@@ -342,103 +329,6 @@ class Drive:
             if not proof.live() and self._seat.running:
                 log.warning("run %s: its lease can no longer be proven; dropped here", run.id)
         await self._settle(run, outcome, admitted, notify, act.pending, t)
-
-    async def _dead(self, run: Run, defn: WorkflowDefinition, bound: int, t: _Try) -> None:
-        """Settle a run ``dead`` whose activation was lost more than ``bound`` times (it is
-        leased here, its body has not run again): ``singleton_released`` (a slot it held) and
-        ``run_dead`` in one commit, which hands its slot to the key's next waiter as any
-        terminal settlement does."""
-        now = self.clock.now()
-        info = ErrorInfo(
-            type="RunDead",
-            message=(
-                f"its activation was lost {run.recoveries} times (the worker running it died "
-                f"or its lease expired), more than max_recovery_attempts={bound}: not run "
-                "again; fix the cause and engine.retry it"
-            ),
-        )
-        log.error("run %s is dead: %s", run.id, info.message)
-        notify = None
-        if run.singleton_key is not None and self.config.notify_on_release:
-            notify = gate.release_notify(run, defn)
-        t.op = "commit of the dead outcome"
-        await self._commit(
-            run,
-            Update(
-                events=[
-                    *gate.Gate.released(run, run.admitted, now),
-                    RunDead(recoveries=run.recoveries, error=info, at=now),
-                ],
-                status=RunStatus.DEAD,
-                error=info.model_dump(),
-                notify=notify,
-            ),
-            t,
-        )
-
-    async def _deadline_passed(
-        self, run: Run, events: Sequence[Event], defn: WorkflowDefinition, t: _Try
-    ) -> Run | None:
-        """The run's deadline passed before this activation (it was parked, or its worker
-        died): cancel it. A run no body can receive it in settles ``cancelled`` at once
-        (``None``); otherwise it goes ``cancelling`` and the body receives the cancellation
-        (the run as committed)."""
-        # TODO(#21, children): cancel the run's unfinished children with it (``_cancel.request``)
-        now = self.clock.now()
-        reason = _cancel.EXECUTION_TIMEOUT
-        t.op = "cancel at the run's deadline"
-        if not _cancel.receives(run, events):
-            update = gate.cancel_at_once(
-                run, _cancel.limit_of(self.config.registry, run.workflow), now, reason
-            )
-            if not self.config.notify_on_release:
-                update = dataclasses.replace(update, notify=None)
-            await self._commit(run, update, t)
-            return None
-        return await self._commit(
-            run,
-            Update(events=[CancelRequested(at=now, reason=reason)], status=RunStatus.CANCELLING),
-            t,
-        )
-
-    async def _deadline_timer(
-        self, run_id: str, at: float, token: object, proof: LeaseProof
-    ) -> None:
-        """Cancel ``run_id`` (an activation here) once its deadline ``at`` passes, as
-        ``Engine.cancel`` does; a failed request is tried again while the activation lasts
-        (else the claim that next takes the run cancels it).
-
-        The lease is renewed first: the body's cleanup after the cancellation needs it
-        provably live, and the renewal loop may not have had its turn yet (virtual time in
-        ``TestEnv`` jumps straight to the deadline). A lease found lost cancels nothing here:
-        the instance that took the run cancels it when it claims it."""
-        backoff = Backoff(self.clock, self.config.rng)
-        await self.clock.sleep_until(at)
-        self.timers.pop(token, None)
-        seat = self._seat
-        while True:
-            try:
-                sent = self.clock.now()
-                held = await self.store.renew_lease(
-                    run_id, self.owner, sent + self.config.lease_ttl
-                )
-                if held is None:
-                    return
-                proof.granted(sent)
-                await _cancel.request(
-                    self.store,
-                    self.clock,
-                    self.config.registry,
-                    run_id,
-                    reason=_cancel.EXECUTION_TIMEOUT,
-                    settled=self._settled,
-                    wake=seat.dispatch,
-                    deliver=seat.cancel_local,
-                )
-                return
-            except Exception:
-                log.warning("run %s: cancelling it at its deadline failed", run_id, exc_info=True)
-            await backoff.sleep()
 
     async def _give_up(self, run_id: str, t: _Try, err: Exception, tries: int) -> None:
         """End a run whose store writes failed the same non-transient way ``tries`` times.

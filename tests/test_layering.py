@@ -37,6 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._recovery",
         "flowkit._seat",
         "flowkit._cancel",
+        "flowkit._bounds",
         "flowkit._drive",
         "flowkit._worker",
     ),
