@@ -15,9 +15,11 @@ from . import _serde
 from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW, no_live_worker
 from .events import (
+    CancelRequested,
     Event,
     PatchMarker,
     RunCompleted,
+    RunDead,
     RunFailed,
     RunRetried,
     RunStarted,
@@ -43,6 +45,7 @@ STATUS_STYLE = {
     RunStatus.COMPLETED: "green",
     RunStatus.FAILED: "bold red",
     RunStatus.CANCELLED: "magenta",
+    RunStatus.DEAD: "bold red reverse",
 }
 
 
@@ -267,7 +270,14 @@ def _describe(ev: Event, t0: float) -> str:
         case RunFailed():
             return f"{ev.error.type}: {_text(ev.error.message)}"
         case RunRetried():
-            return f"attempt {ev.attempt}"
+            return f"attempt {ev.attempt}" + (
+                f" with new input {_value(ev.input)}" if ev.new_input else ""
+            )
+        case CancelRequested() if ev.reason is not None:
+            return f"reason {ev.reason.replace('_', ' ')}"
+        case RunDead():
+            why = f" {ev.error.type}: {_text(ev.error.message)}" if ev.error is not None else ""
+            return f"activation lost {ev.recoveries} times;{why}"
         case PatchMarker():
             return f"took patch {ev.patch_id}"
         case _:
@@ -279,6 +289,7 @@ EVENT_STYLE = {
     "run_failed": "bold red",
     "step_failed": "red",
     "run_cancelled": "magenta",
+    "run_dead": "bold red",
     "cancel_requested": "magenta",
     "signal_received": "cyan",
     "patch_marker": "yellow",

@@ -124,6 +124,36 @@ class _RunAnnotations:
         return text
 
 
+DEFAULT_MAX_RECOVERY_ATTEMPTS = 10
+"""How many lost activations (a worker that died while running the run) a run survives by
+default before it settles ``dead``. Finite on purpose: a *poison* run (one whose body kills
+its worker: a segfaulting extension, an out-of-memory step) would otherwise be recovered for
+ever, taking every other run of each worker it lands on down with it. A graceful stop gives
+its leases back and never counts, so ten real deaths of one run is a strong sign of poison;
+``engine.retry`` revives a dead run once the cause is fixed (docs/writing-workflows.md,
+"Dead letters")."""
+
+
+def _check_timeout(value: Any) -> float | None:
+    """``execution_timeout``: seconds > 0 (finite), or ``None``; ``ValueError`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"execution_timeout must be a number of seconds > 0, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"execution_timeout must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+def _check_recoveries(value: Any) -> int | None:
+    """``max_recovery_attempts``: an int >= 0, or ``None`` (unbounded); ``ValueError`` else."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_recovery_attempts must be an int >= 0 or None, got {value!r}")
+    return value
+
+
 _LAZY = frozenset({"input_type", "output_type", "input_adapter", "output_adapter"})
 
 
@@ -141,6 +171,10 @@ class WorkflowDefinition:
     version: str
     singleton: Singleton | None
     annotations: _RunAnnotations = field(repr=False)
+    # seconds after its start at which a run still active is cancelled (``None``: never)
+    execution_timeout: float | None = None
+    # lost activations a run survives before it settles ``dead`` (``None``: unbounded)
+    max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS
     input_type: Any = field(init=False, repr=False)
     output_type: Any = field(init=False, repr=False)
     input_adapter: TypeAdapter[Any] = field(init=False, repr=False)
@@ -201,12 +235,20 @@ def _run_annotations(cls: type, frame: FrameType | None) -> _RunAnnotations:
 
 
 def _declare(
-    klass: Any, name: str | None, version: str, singleton: Any, frame: FrameType | None
+    klass: Any,
+    name: str | None,
+    version: str,
+    singleton: Any,
+    frame: FrameType | None,
+    execution_timeout: Any = None,
+    max_recovery_attempts: Any = DEFAULT_MAX_RECOVERY_ATTEMPTS,
 ) -> Any:
     if not isinstance(klass, type):
         raise TypeError("@workflow decorates a class")
     if singleton is not None and not isinstance(singleton, Singleton):
         raise ValueError("singleton= takes a flowkit.Singleton(...)")
+    timeout = _check_timeout(execution_timeout)
+    recoveries = _check_recoveries(max_recovery_attempts)
     for what, value in (("name", name or klass.__name__), ("version", str(version))):
         problem = _limits.identifier_problem(value, _limits.MAX_WORKFLOW_NAME_LENGTH)
         if problem is not None:  # (no store could keep its runs)
@@ -217,6 +259,8 @@ def _declare(
         version=str(version),
         singleton=singleton,
         annotations=_run_annotations(klass, frame),
+        execution_timeout=timeout,
+        max_recovery_attempts=recoveries,
     )
     try:
         defn.resolve()
@@ -236,19 +280,26 @@ def workflow(
     name: str | None = None,
     version: str = "1",
     singleton: Singleton | None = None,
+    execution_timeout: float | None = None,
+    max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
 ) -> Any:
     """Declare a workflow class: ``@workflow(name=..., version=..., singleton=...)``.
+
+    ``execution_timeout`` (seconds): a run still active that long after its start is
+    cancelled. ``max_recovery_attempts``: a run whose activation was lost (its worker died)
+    more often settles ``dead`` (``None``: never). Bad values raise ``ValueError`` here.
 
     ``run``'s input and return annotations are resolved with the module's names, the class
     body's and those of the function that applies the decorator; one that cannot be resolved
     raises ``TypeError`` here (or, for a name a later line of the module may define, when
     the workflow is first used)."""
+    limits = (execution_timeout, max_recovery_attempts)
 
     def wrap(klass: T) -> T:
-        return typing.cast(T, _declare(klass, name, version, singleton, sys._getframe(1)))
+        return typing.cast(T, _declare(klass, name, version, singleton, sys._getframe(1), *limits))
 
     if cls is not None:
-        return _declare(cls, name, version, singleton, sys._getframe(1))
+        return _declare(cls, name, version, singleton, sys._getframe(1), *limits)
     return wrap
 
 

@@ -16,7 +16,9 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
+from . import _bounds, _cancel
 from . import _gate as gate
+from ._definition import WorkflowDefinition
 from ._recovery import Backoff, LeaseProof, is_transient
 from ._replay import (
     Activation,
@@ -322,6 +324,29 @@ class Drive:
         if events is None:
             t.op = "load_events"
             events = await self.store.load_events(run.id)
+        bound = defn.max_recovery_attempts
+        if bound is not None and run.recoveries > bound:
+            await _bounds.settle_dead(self, run, defn, bound, t)  # poison: never run it again
+            return
+        if _cancel.passed(run, self.clock.now()):
+            fired = await _bounds.deadline_passed(self, run, events, t)
+            if fired is None:
+                return  # settled cancelled at once
+            run = fired
+        async with _bounds.deadline_watch(self, run, proof):
+            await self._activate(run, events, defn, instance, proof, t)
+
+    async def _activate(
+        self,
+        run: Run,
+        events: list[Event],
+        defn: WorkflowDefinition,
+        instance: Any,
+        proof: LeaseProof,
+        t: _Try,
+    ) -> None:
+        """Pass the gate, replay the body and settle: the rest of ``_once``."""
+        cfg = self.config
         admitted = False
         unwritten: list[Event] = []
         notify: Notify | None = None
@@ -402,7 +427,10 @@ class Drive:
                 Update(
                     status=RunStatus.BLOCKED,
                     error=info.model_dump(),
-                    wake_at=round(now + self.config.blocked_retry, 6),
+                    wake_at=_cancel.clamp(
+                        round(now + self.config.blocked_retry, 6),
+                        run.deadline_at if run is not None else None,
+                    ),
                     release_lease=True,
                 ),
             )
@@ -501,7 +529,7 @@ class Drive:
                     Update(
                         events=pending,
                         status=RunStatus.SUSPENDED,
-                        wake_at=wake_at,
+                        wake_at=_cancel.clamp(wake_at, run.deadline_at),
                         waiting_signals=signals,
                         error=None,
                         release_lease=True,
@@ -515,7 +543,9 @@ class Drive:
                         events=pending,
                         status=RunStatus.BLOCKED,
                         error={"type": "NonDeterminismError", "message": str(err)},
-                        wake_at=round(now + self.config.blocked_retry, 6),
+                        wake_at=_cancel.clamp(
+                            round(now + self.config.blocked_retry, 6), run.deadline_at
+                        ),
                         release_lease=True,
                     ),
                 )

@@ -11,8 +11,8 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
+from . import _cancel, _serde
 from . import _gate as gate
-from . import _serde
 from ._bus import Bus
 from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
@@ -33,9 +33,9 @@ from .errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
-from .events import CancelRequested, RunRetried, RunStarted
+from .events import RunRetried, RunStarted
 from .stores import limits
-from .stores.base import AdmitsOnCreate, ConflictError, Store, Update
+from .stores.base import UNSET, AdmitsOnCreate, ConflictError, Store, Update
 
 T = TypeVar("T")
 
@@ -273,6 +273,9 @@ class Engine:
         if run_id is None:
             run_id = str(uuid.UUID(int=cfg.rng.getrandbits(128), version=4))
         now = cfg.clock.now()
+        # (durable: the deadline is stored with the run, so a crash or restart does not reset it)
+        timeout = defn.execution_timeout
+        deadline = None if timeout is None else round(now + timeout, 6)
         # A worker with free capacity creates the run already claimed by itself and runs it at
         # once: one transaction less per run, and no window in which another instance could
         # take it first. Otherwise the run waits `pending` for any worker's poll.
@@ -290,12 +293,15 @@ class Engine:
             singleton_key=key,
             lease_owner=cfg.instance_id if claim else None,
             lease_expires=round(now + cfg.lease_ttl, 6) if claim else None,
+            deadline_at=deadline,
         )
         first = RunStarted(
             seq=1, at=now, workflow=defn.name, version=defn.version, input=input_json, tags=clean
         )
         cap = gate.queue_cap(defn, key)
-        admission = self._gate.admission(defn, key, now) if claim and key is not None else None
+        admission = (
+            self._gate.admission(defn, key, now, deadline) if claim and key is not None else None
+        )
         if admission is not None:
             stored, created = await cast(AdmitsOnCreate, cfg.store).create_run(
                 run, [first], queue_cap=cap, admission=admission
@@ -319,6 +325,20 @@ class Engine:
     ) -> tuple[Any, list[str], str | None]:
         """Validate a new run's input and singleton key: its stored input, its tags (the
         singleton tag first) and its key. Raises before anything is written."""
+        value, input_json = self._validated(defn, input)
+        clean = [
+            t
+            for t in dict.fromkeys(tags)
+            if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
+        ]
+        key = gate.singleton_key(defn, value, self.store)
+        if key is not None:
+            clean.insert(0, SINGLETON_TAG_PREFIX + key)
+        return input_json, clean, key
+
+    def _validated(self, defn: WorkflowDefinition, input: Any) -> tuple[Any, Any]:
+        """A run's input, validated as ``start`` validates it: the value and its stored JSON;
+        ``InvalidInputError`` when it does not fit."""
         try:
             value = defn.input_adapter.validate_python(input)
         except ValidationError as exc:
@@ -329,15 +349,11 @@ class Engine:
             )
         except SerializationError as exc:
             raise InvalidInputError(defn.name, str(exc)) from None
-        clean = [
-            t
-            for t in dict.fromkeys(tags)
-            if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
-        ]
-        key = gate.singleton_key(defn, value, self.store)
-        if key is not None:
-            clean.insert(0, SINGLETON_TAG_PREFIX + key)
-        return input_json, clean, key
+        return value, input_json
+
+    def _validated_input(self, defn: WorkflowDefinition, input: Any) -> Any:
+        """``_validated``'s stored JSON only (``retry``'s new input)."""
+        return self._validated(defn, input)[1]
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it."""
@@ -367,66 +383,71 @@ class Engine:
     async def cancel(self, run_id: str) -> Run:
         """Request cancellation; a run that never got past its singleton gate (or never
         started) settles ``cancelled`` at once. Cancelling a settled run is a no-op."""
-        while True:
-            run = await self._get(run_id)
-            if run.status.terminal or run.status is RunStatus.CANCELLING:
-                return run
-            now = self.clock.now()
-            # Settle at once when no body can receive the cancellation: it never started (or
-            # never got past its gate), or it is blocked on code that no longer replays.
-            direct = run.status in (RunStatus.PENDING, RunStatus.BLOCKED) or gate.waiting(run)
-            try:
-                if direct and not run.leased(now):
-                    found = self._definition(run)
-                    sg = found.singleton if found else None
-                    update = gate.cancel_at_once(run, sg.limit if sg else None, now)
-                    res = await self.store.commit(run_id, None, now, update)
-                    self.bus.settled(run_id, res.run)
-                    for wid in res.woken:
-                        self._wake(wid)
-                    return res.run
-                res = await self.store.commit(
-                    run_id,
-                    None,
-                    now,
-                    Update(
-                        events=[CancelRequested(at=now)],
-                        status=RunStatus.CANCELLING,
-                        wake_at=now,
-                        expect_status=frozenset({run.status}),
-                        ignore_lease=True,
-                    ),
-                )
-            except ConflictError:
-                continue  # the run moved under us: decide again on fresh state
-            if not (self._worker is not None and self._worker.cancel_local(run_id)):
-                self._wake(run_id)
-            return res.run
+        if not limits.storable(run_id):  # (no store holds such an id)
+            raise RunNotFoundError(run_id)
+        run = await _cancel.request(
+            self.store,
+            self.clock,
+            self.registry,
+            run_id,
+            reason=None,
+            settled=self.bus.settled,
+            wake=self._wake,
+            deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),
+        )
+        if run is None:
+            raise RunNotFoundError(run_id)
+        return run
 
-    async def retry(self, run_id: str) -> Run:
-        """Re-open a ``failed`` run: it replays its completed steps and runs the failed one
-        again. A singleton run must claim a slot again."""
+    async def retry(self, run_id: str, *, input: Any = UNSET) -> Run:
+        """Re-open a ``failed`` or ``dead`` run: it replays its completed steps and runs the
+        failed one (or the lost activation) again, with its recovery count reset and, when the
+        workflow has an ``execution_timeout``, a fresh deadline from now. ``input`` replaces
+        the run's input: validated as ``start`` validates it (``InvalidInputError``, nothing
+        written), recorded in ``run_retried``, and what the body gets from now on. A singleton
+        run keeps its key (the one its original input gave) and must claim a slot again."""
         run = await self._get(run_id)
-        if run.status is not RunStatus.FAILED:
-            raise RunStateError(run_id, run.status, "only failed runs can be retried")
+        retryable = frozenset({RunStatus.FAILED, RunStatus.DEAD})
+        why = "only failed or dead runs can be retried"
+        if run.status not in retryable:
+            raise RunStateError(run_id, run.status, why)
+        entry = self.registry.get(run.workflow, run.workflow_version)
+        new_input: Any = UNSET
+        if input is not UNSET:
+            if entry is None:
+                raise WorkflowNotFoundError(run.workflow, run.workflow_version)
+            new_input = self._validated_input(entry[0], input)
+        timeout = entry[0].execution_timeout if entry is not None else None
+        if entry is None and run.deadline_at is not None:
+            # not registered here: the timeout its last (re)start gave it
+            events = await self.store.load_events(run_id)
+            began = next(e.at for e in reversed(events) if e.type in ("run_started", "run_retried"))
+            timeout = run.deadline_at - began
         now = self.clock.now()
+        attempt = run.attempt + 1
+        retried = RunRetried(attempt=attempt, at=now)
+        if new_input is not UNSET:
+            retried = RunRetried(attempt=attempt, at=now, new_input=True, input=new_input)
         try:
             res = await self.store.commit(
                 run_id,
                 None,
                 now,
                 Update(
-                    events=[RunRetried(attempt=run.attempt + 1, at=now)],
+                    events=[retried],
                     status=RunStatus.PENDING,
                     error=None,
                     wake_at=None,
-                    attempt=run.attempt + 1,
-                    expect_status=frozenset({RunStatus.FAILED}),
+                    attempt=attempt,
+                    expect_status=retryable,
+                    input=new_input,
+                    recoveries=0,
+                    deadline_at=UNSET if timeout is None else round(now + timeout, 6),
                 ),
             )
         except ConflictError:
             fresh = await self._get(run_id)
-            raise RunStateError(run_id, fresh.status, "only failed runs can be retried") from None
+            raise RunStateError(run_id, fresh.status, why) from None
         self._wake(run_id)
         return res.run
 
@@ -538,6 +559,7 @@ class Engine:
             return defn.output_adapter.validate_python(run.output)
         if run.status is RunStatus.CANCELLED:
             raise RunCancelledError(run.id)
+        # (a dead run raises WorkflowFailedError too: its error's type is "RunDead")
         err = run.error or {"type": "Error", "message": "unknown failure"}
         cause: BaseException | None = None
         if err.get("step"):

@@ -52,10 +52,12 @@ Claimed = Callable[[Run, Sequence[Event]], None]
 """Where a run handed over to this instance goes: the worker's ``run_claimed``."""
 
 
-def retry_wake_at(now: float, rng: random.Random) -> float:
+def retry_wake_at(now: float, rng: random.Random, deadline_at: float | None = None) -> float:
     """When a denied waiter re-checks: ``GATE_RETRY`` seconds on, jittered from the injected
-    RNG so that waiters denied together do not all come back together."""
-    return round(now + GATE_RETRY + rng.uniform(-GATE_JITTER, GATE_JITTER), 6)
+    RNG so that waiters denied together do not all come back together; never later than the
+    run's deadline (``deadline_at``: its ``execution_timeout`` cancels it then)."""
+    at = round(now + GATE_RETRY + rng.uniform(-GATE_JITTER, GATE_JITTER), 6)
+    return at if deadline_at is None else min(at, deadline_at)
 
 
 def _last_gate_event(events: Sequence[Event]) -> str | None:
@@ -121,16 +123,17 @@ def waiting(run: Run) -> bool:
     return run.singleton_key is not None and not run.admitted
 
 
-def cancel_at_once(run: Run, limit: int | None, now: float) -> Update:
+def cancel_at_once(run: Run, limit: int | None, now: float, reason: str | None = None) -> Update:
     """The commit that settles ``run`` ``cancelled`` without an activation (it never started,
     never got past its gate, or is blocked). A slot it held is released and its key's waiters
-    notified; ``limit`` is the workflow's (``None``: unknown here)."""
+    notified; ``limit`` is the workflow's (``None``: unknown here); ``reason`` is the
+    ``cancel_requested`` event's (``"execution_timeout"``: its deadline passed)."""
     tag = run.singleton_tag
     released: list[Event] = []
     if run.admitted and run.singleton_key is not None:
         released.append(SingletonReleased(key=run.singleton_key, at=now))
     return Update(
-        events=[CancelRequested(at=now), *released, RunCancelled(at=now)],
+        events=[CancelRequested(at=now, reason=reason), *released, RunCancelled(at=now)],
         status=RunStatus.CANCELLED,
         expect_status=frozenset({run.status}),
         notify=None if tag is None else Notify(run.workflow, tag, limit),
@@ -215,7 +218,9 @@ class Gate:
         self.records_admission = records_admission(store)
 
     # -- at creation -------------------------------------------------------------------------
-    def admission(self, defn: WorkflowDefinition, key: str, now: float) -> Admission | None:
+    def admission(
+        self, defn: WorkflowDefinition, key: str, now: float, deadline_at: float | None = None
+    ) -> Admission | None:
         """What ``create_run`` needs to decide a new run's admission in its own transaction, on
         a store with ``admits_on_create`` (``None`` elsewhere: the worker admits the run).
 
@@ -225,7 +230,7 @@ class Gate:
         sg = defn.singleton
         if sg is None or not getattr(self.store, "admits_on_create", False):
             return None
-        retry_at = retry_wake_at(now, self.rng)
+        retry_at = retry_wake_at(now, self.rng, deadline_at)
         return Admission(
             defn.name,
             SINGLETON_TAG_PREFIX + key,
@@ -283,7 +288,7 @@ class Gate:
             )
             return None
         now = self.clock.now()
-        retry_at = retry_wake_at(now, self.rng)
+        retry_at = retry_wake_at(now, self.rng, run.deadline_at)
         limit = _limit(defn)
         if self.records_admission:  # the store writes singleton_admitted with the marker
             ok = await cast(RecordsAdmission, self.store).try_admit_singleton(

@@ -90,6 +90,10 @@ class Seat(Protocol):
 
     def executing(self, run_id: str) -> bool: ...
 
+    def cancel_local(self, run_id: str) -> bool:
+        """Deliver a cancellation to the activation executing ``run_id`` here, if any."""
+        ...
+
     def resume(self, run_id: str) -> None:
         """Execute ``run_id``, leased here already, from a fresh read (if it still is)."""
         ...

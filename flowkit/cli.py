@@ -194,6 +194,10 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
         out.line(f"  wakes   {_fmt_time(run.wake_at)}")
     if run.attempt > 1:
         out.line(f"  attempt {run.attempt}")
+    if run.deadline_at is not None and run.status.active:
+        out.line(f"  deadline {_fmt_time(run.deadline_at)} (execution_timeout)")
+    if run.recoveries:
+        out.line(f"  recovered {run.recoveries} times (activations lost: their worker died)")
     if run.singleton_key is not None:
         lane = (await _lanes(store, [run])).get(run.id, "")
         out.line(f"  singleton {run.singleton_key}" + (f": {lane}" if lane else ""))

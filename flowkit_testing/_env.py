@@ -14,6 +14,7 @@ from flowkit._bus import Bus
 from flowkit._eager import others_ready
 from flowkit._threads import steps_in_threads
 from flowkit.stores import MemoryStore
+from flowkit.stores.base import UNSET
 
 from ._clock import DEFAULT_START, VirtualClock
 from ._faults import CRASH_SITES, CrashSite, FaultPlan, InstanceStore, Rule
@@ -232,8 +233,11 @@ class TestEnv:
                 and r.singleton_key is not None
                 and not r.admitted
             ):
-                # blocked runs re-check only when a test advances time explicitly
-                continue
+                # blocked runs re-check only when a test advances time explicitly; at their
+                # deadline (``execution_timeout``) they are due whatever the test does
+                if r.deadline_at is None:
+                    continue
+                t = r.deadline_at
             else:
                 t = r.wake_at
             if t is not None and t > now and (best is None or t < best):
@@ -315,8 +319,8 @@ class TestEnv:
         await self.settle()
         return run
 
-    async def retry(self, run_id: str) -> Run:
-        run = await self._client().retry(run_id)
+    async def retry(self, run_id: str, *, input: Any = UNSET) -> Run:
+        run = await self._client().retry(run_id, input=input)
         await self.settle()
         return run
 

@@ -119,6 +119,7 @@ def test_registry_covers_every_check_function() -> None:
     assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {
         "namespace_scoping",
         "release_leases",
+        "release_leases_counts_lost_activations",
         "next_due_after",
         *appends,
         "claim_by_version",

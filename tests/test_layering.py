@@ -37,6 +37,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._recovery",
         "flowkit._threads",
         "flowkit._seat",
+        "flowkit._cancel",
+        "flowkit._bounds",
         "flowkit._drive",
         "flowkit._worker",
     ),

@@ -74,7 +74,7 @@ async def replay_async(history: History, workflow: Any) -> None:
         defn,
         instance,
         history.run_id,
-        defn.input_adapter.validate_python(first.input),
+        defn.input_adapter.validate_python(latest_input(history.events)),
         history.events,
         _ReplayHost(last.at),
         # (the cancellation's request: the activation reads it from the history, as a worker's
@@ -123,6 +123,16 @@ async def replay_async(history: History, workflow: Any) -> None:
 def patches_taken(history: Sequence[Event]) -> tuple[str, ...]:
     """The ids of the patches ``history`` took (its ``patch_marker`` events), in order."""
     return tuple(dict.fromkeys(e.patch_id for e in history if isinstance(e, PatchMarker)))
+
+
+def latest_input(events: Sequence[Event]) -> Any:
+    """The input the run's body got last: ``run_started``'s, or the input of the latest
+    ``run_retried`` that carried one (``engine.retry(run_id, input=...)``)."""
+    for ev in reversed(events):
+        if isinstance(ev, RunRetried) and ev.new_input:
+            return ev.input
+    first = events[0] if events else None
+    return first.input if isinstance(first, RunStarted) else None
 
 
 def _bare_instance(cls: type) -> Any:

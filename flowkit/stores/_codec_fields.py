@@ -21,7 +21,9 @@ from ..events import (
     ErrorInfo,
     Event,
     RunCompleted,
+    RunDead,
     RunFailed,
+    RunRetried,
     RunStarted,
     SignalReceived,
     StepCompleted,
@@ -191,6 +193,12 @@ class CodecFields:
         if isinstance(ev, RunFailed):
             ctx = (run_id, "event", "run_failed")
             return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
+        if isinstance(ev, RunRetried) and ev.new_input:
+            ctx = (run_id, "event", "run_retried", str(ev.attempt), "input")
+            return ev.model_copy(update={"input": self._enc(ev.input, ctx)})
+        if isinstance(ev, RunDead) and ev.error is not None:
+            ctx = (run_id, "event", "run_dead")
+            return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
         return ev
 
     def _event_out(self, ev: Event, run_id: str) -> Event:
@@ -223,6 +231,12 @@ class CodecFields:
             return ev.model_copy(update={"output": self._dec(ev.output, ctx)})
         if isinstance(ev, RunFailed):
             ctx = (run_id, "event", "run_failed")
+            return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
+        if isinstance(ev, RunRetried) and ev.new_input:
+            ctx = (run_id, "event", "run_retried", str(ev.attempt), "input")
+            return ev.model_copy(update={"input": self._dec(ev.input, ctx)})
+        if isinstance(ev, RunDead) and ev.error is not None:
+            ctx = (run_id, "event", "run_dead")
             return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
         return ev
 

@@ -17,7 +17,9 @@ from ..errors import EncryptedStoreError
 from ..events import (
     Event,
     RunCompleted,
+    RunDead,
     RunFailed,
+    RunRetried,
     RunStarted,
     SignalReceived,
     StepCompleted,
@@ -44,6 +46,10 @@ def event_carries_payload(ev: Event) -> bool:
         return ev.payload is not None
     if isinstance(ev, RunCompleted):
         return ev.output is not None
+    if isinstance(ev, RunRetried):
+        return ev.new_input and ev.input is not None
+    if isinstance(ev, RunDead):
+        return ev.error is not None
     return False
 
 
@@ -56,6 +62,8 @@ def update_carries_payload(update: Update) -> bool:
     if update.output is not UNSET and update.output is not None:
         return True
     if update.error is not UNSET and update.error is not None:
+        return True
+    if update.input is not UNSET and update.input is not None:
         return True
     return events_carry_payload(update.events)
 

@@ -125,7 +125,10 @@ class Update:
 
     Fields left ``UNSET`` keep their value. A terminal ``status`` also removes the admission
     marker, clears the lease, ``wake_at`` and ``waiting_signals``. ``cancelling`` is sticky: a
-    non-terminal status never replaces it (a suspend then becomes due at once)."""
+    non-terminal status never replaces it (a suspend then becomes due at once).
+
+    ``input``, ``deadline_at`` and ``recoveries`` are ``engine.retry``'s: the run's new input
+    (a payload, encoded by ``CodecStore``), its fresh deadline and its reset recovery count."""
 
     events: Sequence[Event] = ()
     status: RunStatus | None = None
@@ -139,6 +142,17 @@ class Update:
     expect_status: frozenset[RunStatus] | None = None
     ignore_lease: bool = False
     notify: Notify | None = None
+    input: Any = UNSET
+    deadline_at: Any = UNSET
+    recoveries: int | None = None
+
+    @property
+    def revives(self) -> bool:
+        """Whether it sets a field only a retry sets (``input``, ``deadline_at``,
+        ``recoveries``): stores apply such a commit by their general path."""
+        return (
+            self.input is not UNSET or self.deadline_at is not UNSET or self.recoveries is not None
+        )
 
 
 @dataclass(frozen=True)
@@ -185,7 +199,9 @@ class Store(Protocol):
     async def claim(self, run_id: str, owner: str, now: float, lease_expires: float) -> Run | None:
         """Atomically take the execution lease when the run is claimable: ``pending``;
         ``suspended``/``blocked`` with ``wake_at <= now``; ``cancelling`` or ``running`` with no
-        live lease. Sets ``running`` (``cancelling`` stays), clears ``wake_at``. ``None`` when
+        live lease. Sets ``running`` (``cancelling`` stays), clears ``wake_at``. A claim that
+        takes over the expired lease of a ``running``/``cancelling`` run (its worker died:
+        ``rules.lost_activation``) adds 1 to ``recoveries`` in the same write. ``None`` when
         not claimable: two claimers never both win."""
         ...
 
@@ -303,7 +319,9 @@ class ReleasesLeases(Protocol):
     async def release_leases(self, owner: str, now: float) -> list[str]:
         """Give back every lease ``owner`` holds on an active run (a worker restarted under
         the same instance id: its old activations are gone), leaving each run claimable at
-        ``now``; return their ids. Each run's release is atomic; a visible run only."""
+        ``now``; return their ids. Each run's release is atomic; a visible run only. A
+        ``running``/``cancelling`` run's ``recoveries`` goes up by 1 with it (its activation
+        was lost: ``rules.lost_activation``)."""
         ...
 
 

@@ -291,6 +291,11 @@ class CodecStore(CodecFields):
                 else self._enc(update.output, (run_id, "output"))
             ),
             error=update.error if update.error is UNSET else self._enc_error(update.error, ctx),
+            input=(
+                update.input
+                if update.input is UNSET
+                else self._enc(update.input, (run_id, "input"))
+            ),
         )
         res: CommitResult = await self.inner.commit(run_id, owner, now, encoded)
         handed: list[HandOff] = []

@@ -123,14 +123,16 @@ def check_run(run: Run, events: Sequence[Event], max_bytes: int) -> None:
 
 
 def check_update(update: Update, max_bytes: int) -> None:
-    """What ``commit`` writes of ``update`` (its events, output, error, awaited signal
-    names), before anything is written."""
+    """What ``commit`` writes of ``update`` (its events, output, error, new input, awaited
+    signal names), before anything is written."""
     if update.events:
         check_events(update.events, max_bytes)
     if update.output is not UNSET:
         check_json("run output", update.output, max_bytes)
     if update.error is not UNSET:
         _check_error("run error", update.error)
+    if update.input is not UNSET:
+        check_json("run input", update.input, max_bytes)
     if update.waiting_signals:
         for name in update.waiting_signals:
             check_identifier("signal name", name, MAX_SIGNAL_NAME_LENGTH)

@@ -45,6 +45,7 @@ from .rules import (
     check_commit,
     claimable,
     due_time,
+    lost_activation,
     of_versions,
     plan_release,
 )
@@ -277,6 +278,7 @@ class MemoryStore:
             lease_owner=owner,
             lease_expires=lease_expires,
             updated_at=now,
+            recoveries=run.recoveries + lost_activation(run),
         )
         self._put(new)
         return new
@@ -287,7 +289,13 @@ class MemoryStore:
             run = self._d.runs[rid]
             if run.lease_owner == owner and self._visible(run):
                 self._put(
-                    dataclasses.replace(run, lease_owner=None, lease_expires=None, updated_at=now)
+                    dataclasses.replace(
+                        run,
+                        lease_owner=None,
+                        lease_expires=None,
+                        updated_at=now,
+                        recoveries=run.recoveries + lost_activation(run),
+                    )
                 )
                 released.append(rid)
         return released

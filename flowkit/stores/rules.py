@@ -38,6 +38,12 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
             changes["wake_at"] = now
     if u.attempt is not None:
         changes["attempt"] = u.attempt
+    if u.input is not UNSET:
+        changes["input"] = u.input
+    if u.deadline_at is not UNSET:
+        changes["deadline_at"] = u.deadline_at
+    if u.recoveries is not None:
+        changes["recoveries"] = u.recoveries
     if u.release_lease:
         changes["lease_owner"] = None
         changes["lease_expires"] = None
@@ -156,6 +162,19 @@ def of_versions(run: Run, versions: Sequence[tuple[str, str]] | None) -> bool:
     return versions is None or (run.workflow, run.workflow_version) in versions
 
 
+def lost_activation(run: Run) -> bool:
+    """Whether taking ``run``'s lease away from its owner (a claim of an expired lease, or
+    ``release_leases`` of a restarted worker) takes over an activation that died: the run was
+    ``running`` or ``cancelling`` under a lease nobody gave back. Stores count these in
+    ``Run.recoveries``, atomically with the claim (``max_recovery_attempts``); a graceful
+    stop gives its leases back first, so it never counts. (A release's hand-off takes only
+    singleton waiters, whose body never ran: it counts nothing.)"""
+    return run.lease_owner is not None and run.status in (
+        RunStatus.RUNNING,
+        RunStatus.CANCELLING,
+    )
+
+
 def claimable(run: Run, now: float) -> bool:
     """The claim rule every store applies (see ``Store.claim``)."""
     if run.status not in ACTIVE_STATUSES or run.leased(now):
@@ -191,6 +210,7 @@ __all__ = [
     "claimable",
     "due_time",
     "hand_off_ok",
+    "lost_activation",
     "of_versions",
     "plan_release",
 ]

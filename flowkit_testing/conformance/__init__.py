@@ -62,6 +62,12 @@ from ._on_create import (
     check_create_admits_on_a_free_key,
     check_create_gates_behind_holders,
 )
+from ._recoveries import (
+    check_claim_counts_lost_activations,
+    check_dead_is_terminal,
+    check_release_leases_counts_lost_activations,
+    check_retry_sets_input_deadline_and_recoveries,
+)
 from ._registry import (
     CHECKS,
     OPTIONAL_CAPABILITIES,
@@ -183,6 +189,7 @@ __all__ = [
     "check_append_events_respects_namespaces",
     "check_cancelling_is_sticky",
     "check_claim_by_version",
+    "check_claim_counts_lost_activations",
     "check_claim_exclusive",
     "check_claimable_rules",
     "check_commit_applies_update",
@@ -200,6 +207,7 @@ __all__ = [
     "check_create_gates_behind_holders",
     "check_create_run_idempotent",
     "check_create_run_writes_its_events",
+    "check_dead_is_terminal",
     "check_deliver_signal_wakes_waiter",
     "check_denial_parks_waiter",
     "check_due_runs_and_next_due_at",
@@ -221,7 +229,9 @@ __all__ = [
     "check_record_worker",
     "check_refused_append_events_writes_nothing",
     "check_release_leases",
+    "check_release_leases_counts_lost_activations",
     "check_renew_lease",
+    "check_retry_sets_input_deadline_and_recoveries",
     "check_signal_name_limits",
     "check_signal_peek_fifo",
     "check_terminal_commit_clears_bookkeeping",

@@ -11,6 +11,7 @@ from flowkit.events import (
     RunCompleted,
 )
 from flowkit.stores.base import Update
+from flowkit.stores.rules import lost_activation
 
 from ._registry import check
 from ._support import (
@@ -93,6 +94,7 @@ async def check_claimable_rules(factory: StoreFactory) -> None:
         "completed": mk("completed", status=S.COMPLETED),
         "failed": mk("failed", status=S.FAILED),
         "cancelled": mk("cancelled", status=S.CANCELLED),
+        "dead": mk("dead", status=S.DEAD),
     }
     claimable = {
         "pending",
@@ -125,6 +127,8 @@ async def check_claimable_rules(factory: StoreFactory) -> None:
                 lease_owner="w9",
                 lease_expires=now + 30,
                 updated_at=now,
+                # (taking over a dead worker's lease counts: check_claim_counts_lost_activations)
+                recoveries=run.recoveries + lost_activation(run),
             ),
             f"run {rid!r} after claim",
         )
@@ -232,7 +236,7 @@ async def check_terminal_commit_clears_bookkeeping(factory: StoreFactory) -> Non
     """A terminal commit removes the admission marker and clears the lease, ``wake_at`` and
     ``waiting_signals``: the run is never due, claimable or renewable again."""
     s = await make_store(factory)
-    for i, status in enumerate((S.COMPLETED, S.FAILED, S.CANCELLED)):
+    for i, status in enumerate((S.COMPLETED, S.FAILED, S.CANCELLED, S.DEAD)):
         rid = f"r-{status}"
         await put(
             s,

@@ -269,6 +269,43 @@ class Lookup:
         )
 
 
+class Ingest:
+    def parse(self, file: str) -> int:
+        return len(file)
+
+    def cleanup(self, file: str) -> str:
+        return f"removed {file}.partial"
+
+
+@workflow(name="batch", execution_timeout=3600)
+class Batch:
+    """Its hour (``execution_timeout``) runs out during a day-long sleep: the deadline cancels
+    it (``cancel_requested`` with ``reason="execution_timeout"``) and it cleans up."""
+
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+
+    async def run(self, ctx: WorkflowCtx, file: str) -> int:
+        try:
+            await ctx.sleep(86400)
+            return await ctx.step(self.ingest.parse, file)
+        except asyncio.CancelledError:
+            await ctx.step(self.ingest.cleanup, file)
+            raise
+
+
+@workflow(name="ingest", max_recovery_attempts=1)
+class IngestFile:
+    """Its worker dies in every activation: after one recovery it is ``dead``; retried with a
+    new input, it completes."""
+
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, str]) -> int:
+        return await ctx.step(self.ingest.parse, input["file"])
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -281,6 +318,8 @@ def workflows() -> list[Any]:
         Deploy(Rollout()),
         Renewal(Biller()),
         Lookup(Registry()),
+        Batch(Ingest()),
+        IngestFile(Ingest()),
     ]
 
 
@@ -379,6 +418,30 @@ async def lookup_timed_out(env: TestEnv) -> list[str]:
     return ["lookup-1"]
 
 
+async def timed_out(env: TestEnv) -> list[str]:
+    await env.start("batch", "day.csv", "batch-timed-out")
+    await env.run_until_idle()  # the hour is up long before the day's sleep
+    return ["batch-timed-out"]
+
+
+async def dead_then_retried(env: TestEnv) -> list[str]:
+    """A poison run: instance 0 dies recording its step, twice; the claim of the second
+    recovery finds it past ``max_recovery_attempts`` and it goes ``dead``. Retried with a new
+    input (the cause fixed: no more crashes), it completes."""
+    rule = env.crash_at(0, "before_step_record", times=None)
+    await env.start("ingest", {"file": "huge.csv"}, "ingest-1")
+    while (await env.store.get_run("ingest-1")).status.active:
+        if env.crashed:
+            await env.restart(0)
+        else:
+            await env.run_until_idle()  # the dead worker's lease expires: recovered
+    rule.times = rule.fired
+    await env.advance(60)
+    await env.retry("ingest-1", input={"file": "small.csv"})
+    await env.result("ingest-1")
+    return ["ingest-1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -390,6 +453,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     deploys,
     patched_deploy,
     lookup_timed_out,
+    timed_out,
+    dead_then_retried,
 )
 
 

@@ -35,6 +35,10 @@ def claimable(now: str) -> str:
     )
 
 
+LOST = "CASE WHEN lease_owner IS NOT NULL AND status IN ('running', 'cancelling') THEN 1 ELSE 0 END"
+"""``rules.lost_activation`` (1 or 0): a claim or a ``release_leases`` takes over the lease
+of an activation that died (``Run.recoveries``)."""
+
 DUE = (
     "CASE WHEN lease_owner IS NOT NULL AND lease_expires IS NOT NULL THEN"
     " CASE WHEN status NOT IN ('pending', 'running') AND wake_at IS NOT NULL"
@@ -52,6 +56,7 @@ def common_release(u: Update, n: Notify) -> bool:
     singleton key whose freed slot may be handed over (``Notify.claim_owner``)."""
     return (
         n.limit == 1
+        and not u.revives
         and n.claim_owner is not None
         and (n.max_hand_offs is None or n.max_hand_offs >= 1)
         and u.consume_signal is None
@@ -104,6 +109,7 @@ class Statements:
         self.claim = (
             f"UPDATE flowkit_runs SET"
             f" status = CASE WHEN status = 'cancelling' THEN status ELSE 'running' END,"
+            f" recoveries = recoveries + {LOST},"
             f" wake_at = NULL, lease_owner = {p('owner')}, lease_expires = {p('until')},"
             f" updated_at = {p('now')}"
             f" WHERE id = {p('id')}{ns} AND {claimable(p('now'))} RETURNING {cols}"
@@ -122,7 +128,7 @@ class Statements:
         )
         self.release_owned = (
             f"UPDATE flowkit_runs SET lease_owner = NULL, lease_expires = NULL,"
-            f" updated_at = {p('now')}"
+            f" updated_at = {p('now')}, recoveries = recoveries + {LOST}"
             f" WHERE lease_owner = {p('owner')}{ns} AND status IN ({ACTIVE}) RETURNING id"
         )
         wakes = f"status = 'suspended' AND {self.waits_for('name')}"
@@ -341,7 +347,7 @@ class Statements:
         precondition, or a terminal commit of an admitted run, whose tags change) comes back
         empty: the caller then takes the general path, which decides and raises. The flag:
         the statement inserts the events too (``CTE_WRITES``)."""
-        if u.consume_signal is not None or u.notify is not None:
+        if u.consume_signal is not None or u.notify is not None or u.revives:
             return None
         shape, params, inline = self.commit_shape(run_id, owner, now, u)
         sql = self._commits.get(shape)
@@ -545,6 +551,7 @@ __all__ = [
     "ACTIVE",
     "DUE",
     "HANDABLE",
+    "LOST",
     "NAMES",
     "Statements",
     "claimable",

@@ -1,0 +1,148 @@
+"""The bounds of a run's life as an activation applies them (docs/deadlines-and-dead-letters.md):
+a run lost more than ``max_recovery_attempts`` times settles ``dead`` before its body runs
+again, a run claimed after its deadline is cancelled, and an activation running as the
+deadline passes is cancelled by an in-process timer on the engine clock (``Drive.timers``).
+
+Kept apart from ``_drive.py`` so that the drive stays one story: claim → gate → replay →
+settle. Every write goes through the drive's own commit (lease fencing, hand-offs, the bus)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from . import _cancel
+from . import _gate as gate
+from ._definition import WorkflowDefinition
+from ._recovery import Backoff, LeaseProof
+from ._run import Run, RunStatus
+from .events import CancelRequested, ErrorInfo, Event, RunDead
+from .stores.base import Update
+
+if TYPE_CHECKING:
+    from ._drive import Drive, _Try
+
+log = logging.getLogger("flowkit")
+
+
+async def settle_dead(
+    drive: Drive, run: Run, defn: WorkflowDefinition, bound: int, t: _Try
+) -> None:
+    """Settle a run ``dead`` whose activation was lost more than ``bound`` times (it is leased
+    by ``drive``, its body has not run again): ``singleton_released`` (a slot it held) and
+    ``run_dead`` in one commit, which hands its slot to the key's next waiter as any terminal
+    settlement does."""
+    now = drive.clock.now()
+    info = ErrorInfo(
+        type="RunDead",
+        message=(
+            f"its activation was lost {run.recoveries} times (the worker running it died "
+            f"or its lease expired), more than max_recovery_attempts={bound}: not run "
+            "again; fix the cause and engine.retry it"
+        ),
+    )
+    log.error("run %s is dead: %s", run.id, info.message)
+    notify = None
+    if run.singleton_key is not None and drive.config.notify_on_release:
+        notify = gate.release_notify(run, defn)
+    t.op = "commit of the dead outcome"
+    await drive._commit(
+        run,
+        Update(
+            events=[
+                *gate.Gate.released(run, run.admitted, now),
+                RunDead(recoveries=run.recoveries, error=info, at=now),
+            ],
+            status=RunStatus.DEAD,
+            error=info.model_dump(),
+            notify=notify,
+        ),
+        t,
+    )
+
+
+async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: _Try) -> Run | None:
+    """The run's deadline passed before this activation (it was parked, or its worker died):
+    cancel it. A run no body can receive it in (``_cancel.receives``) settles ``cancelled``
+    at once (``None``); otherwise it goes ``cancelling`` and the body receives the
+    cancellation (the run as committed)."""
+    # TODO(#21, children): cancel the run's unfinished children with it (``_cancel.request``)
+    now = drive.clock.now()
+    reason = _cancel.EXECUTION_TIMEOUT
+    t.op = "cancel at the run's deadline"
+    if not _cancel.receives(run, events):
+        limit = _cancel.limit_of(drive.config.registry, run)
+        update = gate.cancel_at_once(run, limit, now, reason)
+        if not drive.config.notify_on_release:
+            update = dataclasses.replace(update, notify=None)
+        await drive._commit(run, update, t)
+        return None
+    return await drive._commit(
+        run,
+        Update(events=[CancelRequested(at=now, reason=reason)], status=RunStatus.CANCELLING),
+        t,
+    )
+
+
+@contextlib.asynccontextmanager
+async def deadline_watch(drive: Drive, run: Run, proof: LeaseProof) -> AsyncIterator[None]:
+    """While the activation of ``run`` lasts: cancel it when its deadline passes (an
+    in-process timer, registered in ``drive.timers`` so that ``TestEnv``'s virtual clock
+    jumps to it). Nothing to watch without a deadline or once cancellation is requested."""
+    at = run.deadline_at
+    if at is None or run.status is RunStatus.CANCELLING:
+        yield
+        return
+    token = object()
+    drive.timers[token] = at
+    watch = asyncio.ensure_future(_deadline_timer(drive, run.id, at, token, proof))
+    try:
+        yield
+    finally:
+        drive.timers.pop(token, None)
+        watch.cancel()
+
+
+async def _deadline_timer(
+    drive: Drive, run_id: str, at: float, token: object, proof: LeaseProof
+) -> None:
+    """Cancel ``run_id`` (an activation of ``drive``) once its deadline ``at`` passes, as
+    ``Engine.cancel`` does; a failed request is tried again while the activation lasts (else
+    the claim that next takes the run cancels it).
+
+    The lease is renewed first: the body's cleanup after the cancellation needs it provably
+    live, and the renewal loop may not have had its turn yet (virtual time in ``TestEnv``
+    jumps straight to the deadline). A lease found lost cancels nothing here: the instance
+    that took the run cancels it when it claims it."""
+    backoff = Backoff(drive.clock, drive.config.rng)
+    await drive.clock.sleep_until(at)
+    drive.timers.pop(token, None)
+    seat = drive._seat
+    while True:
+        try:
+            sent = drive.clock.now()
+            until = sent + drive.config.lease_ttl
+            if await drive.store.renew_lease(run_id, drive.owner, until) is None:
+                return
+            proof.granted(sent)
+            await _cancel.request(
+                drive.store,
+                drive.clock,
+                drive.config.registry,
+                run_id,
+                reason=_cancel.EXECUTION_TIMEOUT,
+                settled=drive._settled,
+                wake=seat.dispatch,
+                deliver=seat.cancel_local,
+            )
+            return
+        except Exception:
+            log.warning("run %s: cancelling it at its deadline failed", run_id, exc_info=True)
+        await backoff.sleep()
+
+
+__all__ = ["deadline_passed", "deadline_watch", "settle_dead"]
