@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import flowkit
 from flowkit import RunStatus, Singleton, WorkflowCtx, workflow
 from flowkit._definition import definition_of
+from flowkit._versions import Registry
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit_testing import TestEnv
 
@@ -247,7 +248,9 @@ async def test_deadline_settles_a_blocked_run_at_once(store: Any) -> None:
         t0 = env.clock.now()
         await env.start("drift", None, "b")
         await env.engines[0].stop()
-        env.engines[0].registry["drift"] = (definition_of(Drifted), Drifted())
+        deployed = Registry()
+        deployed.add(definition_of(Drifted), Drifted())
+        env.engines[0].registry = deployed
         await env.engines[0].start_worker()
         await env.advance(61)
         assert (await env.get_run("b")).status is RunStatus.BLOCKED
