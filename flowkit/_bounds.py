@@ -24,14 +24,13 @@ from .events import CancelRequested, ErrorInfo, Event, RunDead
 from .stores.base import Update
 
 if TYPE_CHECKING:
-    from ._drive import Drive, _Try
+    from ._drive import Drive
+    from ._host import Try
 
 log = logging.getLogger("flowkit")
 
 
-async def settle_dead(
-    drive: Drive, run: Run, defn: WorkflowDefinition, bound: int, t: _Try
-) -> None:
+async def settle_dead(drive: Drive, run: Run, defn: WorkflowDefinition, bound: int, t: Try) -> None:
     """Settle a run ``dead`` whose activation was lost more than ``bound`` times (it is leased
     by ``drive``, its body has not run again): ``singleton_released`` (a slot it held) and
     ``run_dead`` in one commit, which hands its slot to the key's next waiter as any terminal
@@ -65,7 +64,7 @@ async def settle_dead(
     )
 
 
-async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: _Try) -> Run | None:
+async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Try) -> Run | None:
     """The run's deadline passed before this activation (it was parked, or its worker died):
     cancel it. A run no body can receive it in (``_cancel.receives``) settles ``cancelled``
     at once (``None``); otherwise it goes ``cancelling`` and the body receives the

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent import futures
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
 from pydantic import ValidationError
@@ -19,6 +17,7 @@ from pydantic import ValidationError
 from . import _bounds, _cancel
 from . import _gate as gate
 from ._definition import WorkflowDefinition
+from ._host import Host, StepRunner, Try, clean
 from ._recovery import Backoff, LeaseProof, is_transient
 from ._replay import (
     Activation,
@@ -33,7 +32,6 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from ._seat import Seat, Settled, WorkerConfig
-from ._threads import StepThreads, waited_for
 from ._versions import Registry
 from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
@@ -41,7 +39,6 @@ from .stores.base import (
     AppendsEvents,
     ClaimsByVersion,
     ConflictError,
-    InboxSignal,
     Notify,
     Update,
     claims_by_version,
@@ -50,64 +47,6 @@ from .stores.base import (
 log = logging.getLogger("flowkit")
 
 __all__ = ["Drive", "Registry", "Seat", "Settled", "WorkerConfig"]
-
-
-class _Host:
-    """The activation's window on the store: appends fenced by this worker's lease."""
-
-    __slots__ = ("_d", "_proof", "_run_id")
-
-    def __init__(self, drive: Drive, run_id: str, proof: LeaseProof) -> None:
-        self._d = drive
-        self._run_id = run_id
-        self._proof = proof
-
-    def now(self) -> float:
-        return self._d.clock.now()
-
-    @property
-    def max_payload_bytes(self) -> int:
-        return self._d.config.max_payload_bytes
-
-    def lease_live(self) -> bool:
-        return self._proof.live()
-
-    async def sleep_until(self, deadline: float) -> None:
-        await self._d.clock.sleep_until(deadline)
-
-    def add_timer(self, token: object, at: float) -> None:
-        self._d.timers[token] = at
-
-    def drop_timer(self, token: object) -> None:
-        self._d.timers.pop(token, None)
-
-    def in_thread(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> asyncio.Future[Any]:
-        return self._d.in_thread(fn, args, kwargs)
-
-    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
-        d = self._d
-        if not self._proof.live():
-            raise LeaseLostError(self._run_id)  # (the activation stops, writing nothing)
-        # a step's record: events only (AppendsEvents); None: not that simple, commit
-        if (
-            d.appends is not None
-            and events
-            and consume_signal is None
-            and await d.appends.append_events(self._run_id, d.owner, d.clock.now(), events)
-        ):
-            return False  # (the run was ``running``, so not cancelling)
-        res = await d.store.commit(
-            self._run_id,
-            d.owner,
-            d.clock.now(),
-            Update(events=events, consume_signal=consume_signal),
-        )
-        return res.run.status is RunStatus.CANCELLING
-
-    async def peek_signal(self, name: str) -> InboxSignal | None:
-        return await self._d.store.peek_signal(self._run_id, name)
 
 
 class Drive:
@@ -135,39 +74,12 @@ class Drive:
         # execution_timeout), by a token of their own: ``Worker.retry_due`` reports the
         # earliest, so that ``TestEnv``'s virtual clock jumps to it as to a timer
         self.timers: dict[object, float] = {}
-        # the threads sync steps run in, started with the first one (``_threads.py``)
-        self._threads: StepThreads | None = None
-
-    def in_thread(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> asyncio.Future[Any]:
-        """Call ``fn`` in a step thread: the future of its outcome, on the event loop (which
-        a cancellation abandons: the thread runs on, what it returns is ignored). With
-        ``wait_for_step_threads`` (``TestEnv``) the loop waits for the thread instead."""
-        pool = self._threads
-        if pool is None:
-            pool = self._threads = StepThreads(self.config.step_threads)
-        call = pool.submit(fn, *args, **kwargs)
-        if not self.config.wait_for_step_threads:
-            fut = asyncio.wrap_future(call)
-            waited_for(fut)
-            return fut
-        futures.wait((call,))  # (blocks the loop, as a sync step on it did)
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        exc = call.exception()
-        if exc is None:
-            done.set_result(call.result())
-        else:
-            done.set_exception(exc)
-        del exc, call
-        return done
+        # the threads sync steps run in (``_host.StepRunner``)
+        self.steps = StepRunner(config)
 
     def close(self) -> None:
-        """The worker stopped: the step threads end, without waiting for those still busy
-        with an abandoned step (daemon threads: they end when its function returns)."""
-        pool, self._threads = self._threads, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        """The worker stopped: its step threads end (``StepRunner.close``)."""
+        self.steps.close()
 
     async def run(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
         """Claim ``run_id`` (unless ``claimed``: leased here already, with its history), pass
@@ -191,7 +103,7 @@ class Drive:
         seen = -1  # the history's length at the last fresh read: a longer one is progress
         deterministic = 0  # non-transient failures of this activation, whatever their kind
         while True:
-            t = _Try(proof)
+            t = Try(proof)
             try:
                 if fresh:
                     t.op = "get_run"
@@ -288,7 +200,7 @@ class Drive:
         run_id: str,
         claimed: tuple[Run, list[Event]] | None,
         proof: LeaseProof,
-        t: _Try,
+        t: Try,
     ) -> None:
         """One try of the activation; raises what failed (``t`` says where it was)."""
         cfg = self.config
@@ -343,7 +255,7 @@ class Drive:
         defn: WorkflowDefinition,
         instance: Any,
         proof: LeaseProof,
-        t: _Try,
+        t: Try,
     ) -> None:
         """Pass the gate, replay the body and settle: the rest of ``_once``."""
         cfg = self.config
@@ -377,7 +289,7 @@ class Drive:
             run.id,
             value,
             events,
-            _Host(self, run.id, proof),
+            Host(self, run.id, proof),
             cancel_requested=run.status is RunStatus.CANCELLING,
             attempt=run.attempt,
             unwritten=unwritten,
@@ -392,7 +304,7 @@ class Drive:
                 log.warning("run %s: its lease can no longer be proven; dropped here", run.id)
         await self._settle(run, outcome, admitted, notify, act.pending, t)
 
-    async def _give_up(self, run_id: str, t: _Try, err: Exception, tries: int) -> None:
+    async def _give_up(self, run_id: str, t: Try, err: Exception, tries: int) -> None:
         """End a run whose store writes failed the same non-transient way ``tries`` times.
 
         Bad data (``SerializationError``, ``InvalidInputError``: a value the store cannot
@@ -403,7 +315,7 @@ class Drive:
         blocked; when nothing can be written, it is left to recovery."""
         info = ErrorInfo(
             type=type(err).__name__,
-            message=_clean(f"{t.op} failed {tries} times in a row: {err}"),
+            message=clean(f"{t.op} failed {tries} times in a row: {err}"),
         )
         log.error("run %s: %s; giving up", run_id, info.message)
         run = t.run
@@ -484,7 +396,7 @@ class Drive:
         admitted: bool,
         notify: Notify | None,
         pending: Sequence[Event],
-        t: _Try,
+        t: Try,
     ) -> None:
         """Commit the activation's outcome, together with its deferred step records."""
         now = self.clock.now()
@@ -552,7 +464,7 @@ class Drive:
             case Evicted():
                 pass
 
-    def _committer(self, t: _Try) -> gate.Commit:
+    def _committer(self, t: Try) -> gate.Commit:
         """``_commit`` for the try ``t`` (the gate writes through it too)."""
 
         async def commit(run: Run, update: Update) -> Run:
@@ -560,7 +472,7 @@ class Drive:
 
         return commit
 
-    async def _commit(self, run: Run, update: Update, t: _Try) -> Run:
+    async def _commit(self, run: Run, update: Update, t: Try) -> Run:
         """Commit under this worker's lease, then act on what the commit says: start the runs
         it handed over, dispatch the runs it woke, tell ``Engine.result`` of a settlement, and
         come back for a run that is due again. Nothing is written once the lease cannot be
@@ -597,23 +509,3 @@ class Drive:
             seat.dispatch(wid)
         self._follow(res.run)
         return res.run
-
-
-@dataclass(eq=False)
-class _Try:
-    """What one try of an activation got to: where it failed (``op``, named in a give-up's
-    error) and what a final commit needs (the run, its admission, its release)."""
-
-    proof: LeaseProof
-    op: str = "claim"
-    run: Run | None = None
-    admitted: bool = False
-    notify: Notify | None = None
-    releasing: Notify | None = None  # a commit releasing a slot is in flight
-    pending: list[Event] = field(default_factory=list)  # the outcome commit's step records
-
-
-def _clean(text: str, limit: int = 2000) -> str:
-    """An error message every store can hold: no NUL, bounded length."""
-    text = text.replace("\x00", "\\x00")
-    return text if len(text) <= limit else text[: limit - 3] + "..."

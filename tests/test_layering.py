@@ -39,6 +39,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._seat",
         "flowkit._cancel",
         "flowkit._bounds",
+        "flowkit._host",
         "flowkit._drive",
         "flowkit._worker",
     ),

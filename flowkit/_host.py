@@ -1,0 +1,145 @@
+"""What a ``Drive`` hands its activations and keeps per try: the activation's window on the
+store (``Host``: appends fenced by the worker's lease, timers, step threads), the threads sync
+steps run in (``StepRunner``), and the record of one try of an activation (``Try``). Kept apart
+from ``_drive.py`` so that the drive stays one story: claim → gate → replay → settle."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._recovery import LeaseProof
+from ._run import Run, RunStatus
+from ._seat import WorkerConfig
+from ._threads import StepThreads, waited_for
+from .errors import LeaseLostError
+from .events import Event
+from .stores.base import InboxSignal, Notify, Update
+
+if TYPE_CHECKING:
+    from ._drive import Drive
+
+
+class Host:
+    """The activation's window on the store: appends fenced by this worker's lease."""
+
+    __slots__ = ("_d", "_proof", "_run_id")
+
+    def __init__(self, drive: Drive, run_id: str, proof: LeaseProof) -> None:
+        self._d = drive
+        self._run_id = run_id
+        self._proof = proof
+
+    def now(self) -> float:
+        return self._d.clock.now()
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._d.config.max_payload_bytes
+
+    def lease_live(self) -> bool:
+        return self._proof.live()
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self._d.clock.sleep_until(deadline)
+
+    def add_timer(self, token: object, at: float) -> None:
+        self._d.timers[token] = at
+
+    def drop_timer(self, token: object) -> None:
+        self._d.timers.pop(token, None)
+
+    def in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        return self._d.steps.submit(fn, args, kwargs)
+
+    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
+        d = self._d
+        if not self._proof.live():
+            raise LeaseLostError(self._run_id)  # (the activation stops, writing nothing)
+        # a step's record: events only (AppendsEvents); None: not that simple, commit
+        if (
+            d.appends is not None
+            and events
+            and consume_signal is None
+            and await d.appends.append_events(self._run_id, d.owner, d.clock.now(), events)
+        ):
+            return False  # (the run was ``running``, so not cancelling)
+        res = await d.store.commit(
+            self._run_id,
+            d.owner,
+            d.clock.now(),
+            Update(events=events, consume_signal=consume_signal),
+        )
+        return res.run.status is RunStatus.CANCELLING
+
+    async def peek_signal(self, name: str) -> InboxSignal | None:
+        return await self._d.store.peek_signal(self._run_id, name)
+
+
+class StepRunner:
+    """The threads a worker's sync steps run in, started with the first one (``_threads.py``)."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self._config = config
+        self._pool: StepThreads | None = None
+
+    @property
+    def pool(self) -> StepThreads | None:
+        """The pool, once a sync step started it."""
+        return self._pool
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> asyncio.Future[Any]:
+        """Call ``fn`` in a step thread: the future of its outcome, on the event loop (which
+        a cancellation abandons: the thread runs on, what it returns is ignored). With
+        ``wait_for_step_threads`` (``TestEnv``) the loop waits for the thread instead."""
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = StepThreads(self._config.step_threads)
+        call = pool.submit(fn, *args, **kwargs)
+        if not self._config.wait_for_step_threads:
+            fut = asyncio.wrap_future(call)
+            waited_for(fut)
+            return fut
+        futures.wait((call,))  # (blocks the loop, as a sync step on it did)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        exc = call.exception()
+        if exc is None:
+            done.set_result(call.result())
+        else:
+            done.set_exception(exc)
+        del exc, call
+        return done
+
+    def close(self) -> None:
+        """The worker stopped: the step threads end, without waiting for those still busy
+        with an abandoned step (daemon threads: they end when its function returns)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(eq=False)
+class Try:
+    """What one try of an activation got to: where it failed (``op``, named in a give-up's
+    error) and what a final commit needs (the run, its admission, its release)."""
+
+    proof: LeaseProof
+    op: str = "claim"
+    run: Run | None = None
+    admitted: bool = False
+    notify: Notify | None = None
+    releasing: Notify | None = None  # a commit releasing a slot is in flight
+    pending: list[Event] = field(default_factory=list)  # the outcome commit's step records
+
+
+def clean(text: str, limit: int = 2000) -> str:
+    """An error message every store can hold: no NUL, bounded length."""
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
