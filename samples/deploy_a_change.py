@@ -1,11 +1,14 @@
 """deploy_a_change: change a workflow in place while its runs are in flight, with ``ctx.patched``.
 
-Version 1 of ``welcome`` sends a plain welcome mail, then sleeps before a follow-up. Two runs
-start and go to sleep on a SQLite file. Then the process "redeploys": the engine stops, and a
-new engine running version 2 opens the same file. Version 2 sends a personalised mail instead,
-behind ``if ctx.patched("personal-mail")``. The runs already asleep had sent their mail with
-the old code, so ``patched`` is False for them and they finish on the old branch; runs started
-after the deploy take the new branch. Every history then replays against version 2.
+The first deploy of ``welcome`` (``WelcomeV1``) sends a plain welcome mail, then sleeps before
+a follow-up. Two runs start and go to sleep on a SQLite file. Then the process "redeploys": the
+engine stops, and a new engine running the patched code (``WelcomeV2``, the same workflow
+version: a patch changes the body in place) opens the same file. It sends a personalised mail
+instead, behind ``if ctx.patched("personal-mail")``. The runs already asleep had sent their
+mail with the old code, so ``patched`` is False for them and they finish on the old branch;
+runs started after the deploy take the new branch. Every history then replays against the
+patched code. (For a deeper change, register a new ``version`` beside the old one instead:
+docs/writing-workflows.md, "Versions".)
 
 Run it with ``python samples/deploy_a_change.py``; it takes about two seconds.
 """
@@ -60,15 +63,15 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'flowkit.db'}"
 
-        # -- version 1 is deployed: two runs start and sleep --------------------------------
+        # -- the first deploy: two runs start and sleep ------------------------------------
         async with Engine(SqlStore(url), [WelcomeV1()], poll_interval=0.05) as v1:
             for user in ("ada", "bob"):
                 await v1.start("welcome", user, f"welcome-{user}")
             for user in ("ada", "bob"):
                 await asleep(v1, f"welcome-{user}")
-        print("version 1 stopped with 2 runs asleep")
+        print("deploy 1 stopped with 2 runs asleep")
 
-        # -- version 2 is deployed on the same database -------------------------------------
+        # -- the patched code is deployed on the same database ----------------------------
         async with Engine(SqlStore(url), [WelcomeV2()], poll_interval=0.05) as v2:
             await v2.start("welcome", "cy", "welcome-cy")
             took: dict[str, str] = {}
