@@ -21,7 +21,7 @@ from ._definition import WorkflowDefinition
 from ._recovery import Backoff, LeaseProof
 from ._run import Run, RunStatus
 from .events import CancelRequested, ErrorInfo, Event, RunDead
-from .stores.base import Update
+from .stores.base import ConflictError, Update
 
 if TYPE_CHECKING:
     from ._drive import Drive
@@ -73,18 +73,35 @@ async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Tr
     now = drive.clock.now()
     reason = _cancel.EXECUTION_TIMEOUT
     t.op = "cancel at the run's deadline"
-    if not _cancel.receives(run, events):
-        limit = _cancel.limit_of(drive.config.registry, run)
-        update = gate.cancel_at_once(run, limit, now, reason)
-        if not drive.config.notify_on_release:
-            update = dataclasses.replace(update, notify=None)
-        await drive._commit(run, update, t)
+    # (both commits expect the status the claim left: an ``engine.cancel`` landing since
+    # wins, and the run is not cancelled twice)
+    try:
+        if not _cancel.receives(run, events):
+            limit = _cancel.limit_of(drive.config.registry, run)
+            update = gate.cancel_at_once(run, limit, now, reason)
+            if not drive.config.notify_on_release:
+                update = dataclasses.replace(update, notify=None)
+            await drive._commit(run, update, t)
+            return None
+        return await drive._commit(
+            run,
+            Update(
+                events=[CancelRequested(at=now, reason=reason)],
+                status=RunStatus.CANCELLING,
+                expect_status=frozenset({run.status}),
+            ),
+            t,
+        )
+    except ConflictError:
+        fresh = await drive.store.get_run(run.id)
+        if (
+            fresh is not None
+            and fresh.status is RunStatus.CANCELLING
+            and fresh.lease_owner == drive.owner
+        ):
+            return fresh  # cancelled by a user meanwhile: the body receives that one
+        drive._follow(fresh)
         return None
-    return await drive._commit(
-        run,
-        Update(events=[CancelRequested(at=now, reason=reason)], status=RunStatus.CANCELLING),
-        t,
-    )
 
 
 @contextlib.asynccontextmanager

@@ -201,10 +201,11 @@ def _lease(run: Run, now: float) -> str:
     return f"{run.lease_owner} ({_lease_left(run, now)})"
 
 
-async def unserved(store: Any, runs: Sequence[Run], now: float) -> set[tuple[str, str]]:
-    """The ``(workflow, version)`` of the active runs among ``runs`` that no worker seen in
-    the last ``WORKER_SEEN_WINDOW`` seconds has (a store that ``records_workers``; otherwise,
-    or when the store cannot say, none: nothing is claimed that is not known)."""
+async def unserved(store: Any, runs: Sequence[Run], now: float) -> set[str]:
+    """The ids of the active runs among ``runs`` that no worker seen in the last
+    ``WORKER_SEEN_WINDOW`` seconds can run (``no_live_worker``: a store that
+    ``records_workers``; otherwise, or when the store cannot say, none: nothing is claimed
+    that is not known)."""
     active = [r for r in runs if r.status.active]
     if not active:
         return set()
@@ -220,10 +221,10 @@ def no_worker(run: Run) -> str:
     return f"no worker with {run.workflow} v{run.workflow_version} seen"
 
 
-def lease_cell(run: Run, now: float, missing: set[tuple[str, str]]) -> tuple[str, str]:
+def lease_cell(run: Run, now: float, missing: set[str]) -> tuple[str, str]:
     """The ``lease`` column: the lease, and the marker of a run no live worker can run."""
     lease = _lease(run, now)
-    if run.status.active and (run.workflow, run.workflow_version) in missing:
+    if run.status.active and run.id in missing:
         return ("; ".join(x for x in (lease, no_worker(run)) if x), "bold red")
     return (lease, "bold red" if _lease_expired(run, now) else "")
 

@@ -18,7 +18,7 @@ from . import _bounds, _cancel
 from . import _gate as gate
 from ._definition import WorkflowDefinition
 from ._host import Host, StepRunner, Try, clean
-from ._recovery import Backoff, LeaseProof, is_transient
+from ._recovery import Backoff, LeaseProof, bounded, is_transient
 from ._replay import (
     Activation,
     Cancelled,
@@ -145,8 +145,9 @@ class Drive:
                 first_failure = now
             if isinstance(err, CodecError) and err.missing_key:
                 # this process lacks the key (or writes in clear into an encrypted store):
-                # the run is fine, leave it for a worker that has the key (its lease expires)
+                # the run is fine, leave it for a worker that has the key
                 log.error("run %s: %s; left for a worker with the key", run_id, err)
+                await self._step_away(run_id, t)
                 return
             if not is_transient(err):
                 # (consecutive failures of the same kind at the same place)
@@ -179,6 +180,31 @@ class Drive:
             if not self._seat.running:
                 return
             fresh, claimed = True, None
+
+    async def _step_away(self, run_id: str, t: Try) -> None:
+        """Give back the lease of a run this worker cannot execute (it lacks the codec key),
+        parked until one lease period from now: any worker may claim it then, and no
+        activation of it was lost (a lease left to expire would count as one, and a healthy
+        run would end ``dead``). Best effort, bounded: else the lease expires. (The store
+        checks the owner: it gives back only a lease that is still this worker's, even one
+        whose claim failed to decode.)"""
+        now = self.clock.now()
+        deadline = t.run.deadline_at if t.run is not None else None
+        update = Update(
+            status=RunStatus.SUSPENDED,
+            wake_at=_cancel.clamp(round(now + self.config.lease_ttl, 6), deadline),
+            release_lease=True,
+        )
+        try:
+            await bounded(
+                self.clock,
+                self.store.commit(run_id, self.owner, now, update),
+                self.config.lease_ttl / 3,
+            )
+        except CodecError:
+            pass  # (the write landed; the run it returns cannot be read here)
+        except Exception:
+            log.debug("could not give back the lease of %s", run_id, exc_info=True)
 
     async def _settles(self, unsettled: Awaitable[None], proof: LeaseProof) -> bool:
         """Wait for an abandoned call to have really returned, while the lease is provable:

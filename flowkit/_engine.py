@@ -418,12 +418,18 @@ class Engine:
                 raise WorkflowNotFoundError(run.workflow, run.workflow_version)
             new_input = self._validated_input(entry[0], input)
         timeout = entry[0].execution_timeout if entry is not None else None
+        # (registered here: its timeout now, none included; else the one it had)
+        deadline: Any = None
         if entry is None and run.deadline_at is not None:
             # not registered here: the timeout its last (re)start gave it
             events = await self.store.load_events(run_id)
             began = next(e.at for e in reversed(events) if e.type in ("run_started", "run_retried"))
             timeout = run.deadline_at - began
         now = self.clock.now()
+        if timeout is not None:
+            deadline = round(now + timeout, 6)
+        elif entry is None:
+            deadline = UNSET  # (unknown here, and it had none)
         attempt = run.attempt + 1
         retried = RunRetried(attempt=attempt, at=now)
         if new_input is not UNSET:
@@ -442,7 +448,7 @@ class Engine:
                     expect_status=retryable,
                     input=new_input,
                     recoveries=0,
-                    deadline_at=UNSET if timeout is None else round(now + timeout, 6),
+                    deadline_at=deadline,
                 ),
             )
         except ConflictError:
@@ -482,7 +488,7 @@ class Engine:
             missing = await no_live_worker(self.store, [run], self.clock.now())
         except Exception:  # (best effort: the hint goes without it)
             return None
-        if not missing or (run.workflow, run.workflow_version) not in missing:
+        if not missing or run.id not in missing:
             return None
         return (
             f"no worker with workflow {run.workflow!r} version {run.workflow_version!r} has "

@@ -36,19 +36,24 @@ WORKER_SEEN_WINDOW = 5 * WORKER_REFRESH
 __all__ = ["WORKER_REFRESH", "WORKER_SEEN_WINDOW", "Worker", "WorkerConfig", "no_live_worker"]
 
 
-async def no_live_worker(
-    store: Any, runs: Sequence[Run], now: float
-) -> set[tuple[str, str]] | None:
-    """The ``(workflow, version)`` pairs of ``runs`` that no worker seen within
-    ``WORKER_SEEN_WINDOW`` before ``now`` has (``stores.base.RecordsWorkers``); ``None`` when
-    the store does not keep workers (nothing can be said)."""
+async def no_live_worker(store: Any, runs: Sequence[Run], now: float) -> set[str] | None:
+    """The ids of the ``runs`` that no worker seen within ``WORKER_SEEN_WINDOW`` before
+    ``now`` can run: none has the run's ``(workflow, version)`` on a store that sees the run's
+    namespace (an unscoped worker sees them all; ``stores.base.RecordsWorkers``). ``None``
+    when the store does not keep workers (nothing can be said)."""
     if not records_workers(store):
         return None
-    seen: set[tuple[str, str]] = set()
+    seen: dict[str | None, set[tuple[str, str]]] = {}
     for w in await cast(RecordsWorkers, store).workers():
         if w.last_seen >= now - WORKER_SEEN_WINDOW:
-            seen.update(w.versions)
-    return {(r.workflow, r.workflow_version) for r in runs} - seen
+            seen.setdefault(w.namespace, set()).update(w.versions)
+    anywhere = seen.get(None, set())
+    return {
+        r.id
+        for r in runs
+        if (pair := (r.workflow, r.workflow_version)) not in anywhere
+        and pair not in seen.get(r.namespace, ())
+    }
 
 
 class Worker:

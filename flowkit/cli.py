@@ -188,7 +188,7 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
             )
     elif run.status is RunStatus.RUNNING:
         out.line(f"  lease   none: any worker running {run.workflow} claims it at its next poll")
-    if (run.workflow, run.workflow_version) in await unserved(store, [run], now):
+    if run.id in await unserved(store, [run], now):
         out.line("  ", (no_worker_line(run), "bold red"))
     if run.wake_at is not None and run.status.active:
         out.line(f"  wakes   {_fmt_time(run.wake_at)}")

@@ -20,7 +20,7 @@ import flowkit
 from flowkit import RunStatus, Singleton, WorkflowCtx, workflow
 from flowkit._definition import DEFAULT_MAX_RECOVERY_ATTEMPTS
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
-from flowkit_testing import TestEnv
+from flowkit_testing import TestEnv, VirtualClock
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -284,6 +284,48 @@ async def test_a_retry_input_is_ciphertext_at_rest(encrypted: bool, tmp_path: Pa
     # the plain database holds it (so this test can fail), the encrypted one does not
     assert (NEW_SECRET.encode() in raw) is not encrypted
     assert b"run_retried" in raw
+
+
+class _RawListing(CodecStore):
+    """A keyless worker's store, for ``TestEnv``: its time skipping reads every run's due
+    time with ``list_runs``, which the raw rows answer (nothing of them needs decoding)."""
+
+    async def list_runs(self, **kw: Any) -> Any:
+        return await self.inner.list_runs(**kw)
+
+
+@workflow(name="keyed", max_recovery_attempts=1)
+class Keyed:
+    async def run(self, ctx: WorkflowCtx, input: dict[str, str]) -> str:
+        return input["secret"].upper()
+
+
+async def test_a_worker_without_the_key_steps_away_without_counting_a_loss(
+    tmp_path: Path,
+) -> None:
+    """A worker that cannot decode a run (it lacks the key of a rotation in progress) gives
+    its lease back, parked for a lease period: no activation was lost, so the run does not
+    go ``dead``, and a worker with the key runs it."""
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    k1, k2 = bytes(range(32)), bytes(range(1, 33))
+    inner_full, inner_old = SqlStore(url), SqlStore(url)
+    full = CodecStore(inner_full, AESGCMCodec([("k1", k1), ("k2", k2)]))  # writes with k2
+    old = _RawListing(inner_old, AESGCMCodec([("k1", k1)]))
+    try:
+        client = flowkit.Engine(full, [Keyed()], worker=False, clock=VirtualClock())
+        await client.start("keyed", {"secret": "s"}, "r")
+        async with TestEnv(workflows=[Keyed()], store=old) as keyless:
+            for _ in range(5):  # five lease periods of trying: never a loss
+                await keyless.advance(30)
+        run = await inner_full.get_run("r")
+        assert run is not None and run.status is RunStatus.SUSPENDED
+        assert run.recoveries == 0 and run.lease_owner is None
+        async with TestEnv(workflows=[Keyed()], store=full, start=run.updated_at) as keyed:
+            await keyed.advance(30)
+            assert await keyed.result("r") == "S"
+    finally:
+        inner_full.close()
+        inner_old.close()
 
 
 # -- the CLI: `dead` everywhere, run_dead and the cancel reason in a timeline --------------

@@ -354,3 +354,68 @@ async def test_random_programs_under_a_deadline_settle_and_replay(
     prog: list[Any], timeout: float
 ) -> None:
     await _check_timed_program(prog, timeout)
+
+
+async def test_retry_under_code_without_a_timeout_drops_the_passed_deadline(store: Any) -> None:
+    """A fix deployed under the same version without an ``execution_timeout``: a retry after
+    the old deadline runs the run, not cancels it at once (the deadline is the code's now)."""
+
+    def boom() -> str:
+        raise RuntimeError("bug")
+
+    def fine() -> str:
+        return "ok"
+
+    @workflow(name="job", execution_timeout=100)
+    class Job:
+        async def run(self, ctx: WorkflowCtx, input: None) -> str:
+            return await ctx.step(boom, name="work")
+
+    @workflow(name="job")
+    class JobFixed:
+        async def run(self, ctx: WorkflowCtx, input: None) -> str:
+            return await ctx.step(fine, name="work")
+
+    async with TestEnv(workflows=[Job()], store=store) as env:
+        await env.start("job", None, "r")
+        await env.run_until_idle()
+        assert (await env.get_run("r")).status is RunStatus.FAILED
+        later = env.clock.now() + 200  # past the old deadline
+    async with TestEnv(workflows=[JobFixed()], store=store, start=later) as env:
+        retried = await env.retry("r")
+        assert retried.deadline_at is None
+        assert await env.result("r") == "ok"
+        assert _reasons((await env.history("r")).events) == []
+
+
+async def test_a_users_cancel_landing_as_the_deadline_fires_is_not_doubled(store: Any) -> None:
+    """An ``engine.cancel`` that lands between the claim that finds the deadline passed and
+    its cancel: one ``cancel_requested`` (the user's), not two."""
+
+    @workflow(name="slow", execution_timeout=60)
+    class Slow:
+        async def run(self, ctx: WorkflowCtx, input: None) -> str:
+            await ctx.sleep(10)
+            await ctx.sleep(HOUR)
+            return "done"
+
+    armed: list[TestEnv] = []
+    load_events = store.load_events
+
+    async def racing_load_events(run_id: str) -> Any:
+        if armed:
+            env = armed.pop()
+            await env.engines[0].cancel(run_id)  # the user cancels now
+        return await load_events(run_id)
+
+    store.load_events = racing_load_events
+    async with TestEnv(workflows=[Slow()], store=store) as env:
+        await env.start("slow", None, "r")
+        await env.advance(10)  # parked in the second sleep, due at the deadline
+        armed.append(env)
+        await env.advance(60)
+        await env.run_until_idle()
+        assert not armed  # (the race happened)
+        events = (await env.history("r")).events
+        assert _reasons(events) == [None]
+        assert events[-1].type == "run_cancelled"

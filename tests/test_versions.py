@@ -305,3 +305,21 @@ async def test_a_store_without_the_capabilities_still_runs_each_version_where_it
         run = await env.get_run("v2")
         assert (run.status, run.lease_owner, run.workflow_version) == (RunStatus.RUNNING, None, "2")
         assert (await env.history("v2")).types == ["run_started"]
+
+
+async def test_a_run_is_served_by_the_workers_of_its_namespace(backend: Backend) -> None:
+    """``flowkit runs`` reads every namespace through an unscoped store: a run counts as
+    served by a worker of its own namespace (or an unscoped one), not by one of another."""
+    from flowkit._worker import no_live_worker
+
+    store = backend.store
+    tenant_a, tenant_b = store.scoped("tenant-a"), store.scoped("tenant-b")
+    await put(tenant_a, dataclasses.replace(mk("a1"), workflow=NAME, namespace="tenant-a"))
+    await put(tenant_b, dataclasses.replace(mk("b1"), workflow=NAME, namespace="tenant-b"))
+    await tenant_a.record_worker("worker-a", [(NAME, "1")], T0)
+    runs = await store.list_runs()
+    assert {w.namespace for w in await store.workers()} == {"tenant-a"}
+    assert [w.instance_id for w in await tenant_b.workers()] == []
+    assert await no_live_worker(store, runs, T0 + 1) == {"b1"}
+    await store.record_worker("everywhere", [(NAME, "1")], T0)  # an unscoped worker
+    assert await no_live_worker(store, runs, T0 + 1) == set()

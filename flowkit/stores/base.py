@@ -475,6 +475,8 @@ class WorkerSeen:
     instance_id: str
     versions: tuple[tuple[str, str], ...]
     last_seen: float
+    # the namespace of the store it works on (None: unscoped, it runs every namespace's runs)
+    namespace: str | None = None
 
 
 class RecordsWorkers(Protocol):

@@ -410,11 +410,17 @@ class MemoryStore:
 
     async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
         pairs = tuple(sorted((str(w), str(v)) for w, v in versions))
-        self._d.workers[(self.namespace, instance_id)] = WorkerSeen(instance_id, pairs, now)
+        seen = WorkerSeen(instance_id, pairs, now, self.namespace)
+        self._d.workers[(self.namespace, instance_id)] = seen
 
     async def workers(self) -> list[WorkerSeen]:
         return sorted(
-            (w for (ns, _), w in self._d.workers.items() if ns == self.namespace),
+            # (unscoped: the workers of every namespace, as it sees every namespace's runs)
+            (
+                w
+                for (ns, _), w in self._d.workers.items()
+                if self.namespace is None or ns == self.namespace
+            ),
             key=lambda w: w.instance_id,
         )
 

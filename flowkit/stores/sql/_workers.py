@@ -56,7 +56,9 @@ class Workers:
 
     async def workers(self) -> list[WorkerSeen]:
         w = workers_table
-        q = sa.select(w).where(w.c.namespace == (self.namespace or "")).order_by(w.c.instance_id)
+        q = sa.select(w).order_by(w.c.instance_id)
+        if self.namespace is not None:  # (unscoped: every namespace's workers)
+            q = q.where(w.c.namespace == self.namespace)
         db = self._db
 
         def read() -> list[WorkerSeen]:
@@ -66,6 +68,7 @@ class Workers:
                         row.instance_id,
                         tuple((str(a), str(b)) for a, b in row.versions),
                         float(row.last_seen),
+                        row.namespace or None,
                     )
                     for row in conn.execute(q)
                 ]
