@@ -18,6 +18,7 @@ from ._replay.replayer import (
 )
 from ._run import ADMITTED_TAG, Run, RunStatus
 from .errors import (
+    ChildWorkflowError,
     FlowkitError,
     HistoryError,
     InvalidInputError,
@@ -39,6 +40,7 @@ from .events import Event
 
 __all__ = [
     "ADMITTED_TAG",
+    "ChildWorkflowError",
     "Clock",
     "Engine",
     "Event",

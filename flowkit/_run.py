@@ -74,6 +74,8 @@ class Run:
     deadline_at: float | None = None
     # activations lost so far (claims of its expired lease); ``max_recovery_attempts`` bounds it
     recoveries: int = 0
+    # the run whose ctx.child / ctx.start_child started it (None: started by an engine)
+    parent_id: str | None = None
 
     @property
     def singleton_tag(self) -> str | None:

@@ -158,6 +158,24 @@ class WorkflowFailedError(FlowkitError):
         self.__cause__ = cause
 
 
+class ChildWorkflowError(FlowkitError):
+    """Raised in a parent's body by ``ctx.child`` / ``ChildHandle.result()`` when the child
+    failed, was cancelled, died, or could not start (queue full, unknown workflow, invalid
+    input, a store without what it needs, a singleton parent awaiting a child queued behind
+    itself): the parent never hangs on a child that never started. ``cause`` says why (an
+    exception rebuilt from the child's error, or the one its start raised)."""
+
+    def __init__(
+        self, run_id: str, workflow: str, cause: BaseException | None, message: str = ""
+    ) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.cause = cause
+        detail = message or (f"{type(cause).__name__}: {cause}" if cause is not None else "")
+        super().__init__(f"child run {run_id!r} ({workflow}) did not complete: {detail}")
+        self.__cause__ = cause
+
+
 class RunCancelledError(FlowkitError):
     """Raised by ``Engine.result`` for a run that settled ``cancelled``."""
 
@@ -308,6 +326,7 @@ class NotAFlowkitDatabaseError(FlowkitError):
 
 
 __all__ = [
+    "ChildWorkflowError",
     "CodecError",
     "ConflictError",
     "EncryptedStoreError",

@@ -20,11 +20,17 @@ from .errors import HistoryError
 __all__ = [
     "EVENT_TYPES",
     "CancelRequested",
+    "ChildCompleted",
+    "ChildFailed",
+    "ChildStarted",
+    "CompensationCompleted",
+    "CompensationFailed",
     "ErrorInfo",
     "Event",
     "PatchMarker",
     "RunCancelled",
     "RunCompleted",
+    "RunContinued",
     "RunDead",
     "RunFailed",
     "RunRetried",
@@ -151,6 +157,68 @@ class RunRetried(_Base):
     input: Any = None
 
 
+class ChildStarted(_Base):
+    """``ctx.child``/``ctx.start_child`` started (or found, by its id) the child run
+    ``run_id`` at position ``pos``."""
+
+    type: Literal["child_started"] = "child_started"
+    pos: str
+    run_id: str
+    workflow: str
+    version: str | None = None
+
+
+class ChildCompleted(_Base):
+    """The child at ``pos`` completed with ``output`` (what its parent's call returns)."""
+
+    type: Literal["child_completed"] = "child_completed"
+    pos: str
+    run_id: str
+    output: Any = None
+
+
+class ChildFailed(_Base):
+    """The child at ``pos`` failed, was cancelled, died, or could not start: the parent's call
+    raises ``ChildWorkflowError``."""
+
+    type: Literal["child_failed"] = "child_failed"
+    pos: str
+    run_id: str
+    error: ErrorInfo
+
+
+class RunContinued(_Base):
+    """``ctx.continue_as_new(input)``: the run completes and ``next_run_id`` starts with
+    ``input`` in the same transaction (right before ``run_completed``)."""
+
+    type: Literal["run_continued"] = "run_continued"
+    next_run_id: str
+    input: Any = None
+
+
+class CompensationCompleted(_Base):
+    """The compensation of the step at ``step_pos`` ran (as the durable step at ``pos``)."""
+
+    type: Literal["compensation_completed"] = "compensation_completed"
+    pos: str
+    step_pos: str
+    name: str
+    attempt: int = 1
+    result: Any = None
+
+
+class CompensationFailed(_Base):
+    """An attempt of the compensation of the step at ``step_pos`` failed."""
+
+    type: Literal["compensation_failed"] = "compensation_failed"
+    pos: str
+    step_pos: str
+    name: str
+    attempt: int = 1
+    error: ErrorInfo
+    retry_at: float | None = None
+
+
 class RunDead(_Base):
     """The run's activation was lost (its worker died, its lease expired) more than its
     ``max_recovery_attempts`` times: it settles ``dead`` (terminal; ``engine.retry`` revives it)."""
@@ -184,7 +252,13 @@ Event = Annotated[
     | RunCancelled
     | RunRetried
     | RunDead
-    | PatchMarker,
+    | PatchMarker
+    | ChildStarted
+    | ChildCompleted
+    | ChildFailed
+    | RunContinued
+    | CompensationCompleted
+    | CompensationFailed,
     Field(discriminator="type"),
 ]
 """Any event of a history (a pydantic discriminated union on ``type``)."""

@@ -21,11 +21,17 @@ def test_the_public_names() -> None:
     assert flowkit.events.__all__ == [
         "EVENT_TYPES",
         "CancelRequested",
+        "ChildCompleted",
+        "ChildFailed",
+        "ChildStarted",
+        "CompensationCompleted",
+        "CompensationFailed",
         "ErrorInfo",
         "Event",
         "PatchMarker",
         "RunCancelled",
         "RunCompleted",
+        "RunContinued",
         "RunDead",
         "RunFailed",
         "RunRetried",
@@ -62,6 +68,12 @@ def test_the_type_names_are_fixed_and_read_off_the_union() -> None:
         "run_retried",
         "run_dead",
         "patch_marker",
+        "child_started",
+        "child_completed",
+        "child_failed",
+        "run_continued",
+        "compensation_completed",
+        "compensation_failed",
     )
     # every event model the module exports is a member of the union, once
     exported = [getattr(flowkit.events, n) for n in flowkit.events.__all__]

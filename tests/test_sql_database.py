@@ -189,7 +189,13 @@ def test_processes_opening_a_fresh_sqlite_file_at_once_all_succeed(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    "index", ["ix_flowkit_runs_queue", "ix_flowkit_runs_waiting", "ix_flowkit_runs_version"]
+    "index",
+    [
+        "ix_flowkit_runs_queue",
+        "ix_flowkit_runs_waiting",
+        "ix_flowkit_runs_version",
+        "ix_flowkit_runs_parent",
+    ],
 )
 async def test_an_index_added_later_is_created_on_an_existing_database(
     sql_backend: Backend, index: str
@@ -293,27 +299,31 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
 
 
 async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backend) -> None:
-    """Schema version 2 added ``deadline_at`` and ``recoveries`` (and the ``dead`` status):
-    a database of version 1 gets the columns on first use, its runs read back with no
-    deadline and no recovery, and its version becomes 2 (an older flowkit then refuses it
-    rather than misread a ``dead`` run)."""
+    """Schema version 2 added ``deadline_at`` and ``recoveries`` (and the ``dead`` status),
+    version 3 ``parent_id``: a database of version 1 gets the columns on first use, its runs
+    read back with no deadline, no recovery and no parent, and its version becomes the
+    current one (an older flowkit then refuses it rather than misread a ``dead`` run)."""
     s = sql_backend.store
     await put(s, mk("r"))
     with s._db.tx() as conn:
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN deadline_at")
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN recoveries")
+        conn.exec_driver_sql("DROP INDEX ix_flowkit_runs_parent")
+        conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN parent_id")
         conn.exec_driver_sql("UPDATE flowkit_meta SET value = '1' WHERE key = 'schema_version'")
     assert sql_backend.url is not None
     fresh = SqlStore(sql_backend.url)
     try:
         run = await fresh.get_run("r")
         assert run is not None and run.deadline_at is None and run.recoveries == 0
+        assert run.parent_id is None
         with fresh._db.tx(write=False) as conn:
             cols = {c["name"] for c in sa.inspect(conn).get_columns("flowkit_runs")}
             version = conn.exec_driver_sql(
                 "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
             ).scalar()
-        assert {"deadline_at", "recoveries"} <= cols and version == str(SCHEMA_VERSION) == "2"
+        assert {"deadline_at", "recoveries", "parent_id"} <= cols
+        assert version == str(SCHEMA_VERSION) == "3"
         await put(fresh, mk("r2"))
         assert [r.id for r in await fresh.list_runs()] == ["r", "r2"]
     finally:

@@ -8,10 +8,16 @@ from typing import Any, Literal, assert_never
 
 from ..events import (
     CancelRequested,
+    ChildCompleted,
+    ChildFailed,
+    ChildStarted,
+    CompensationCompleted,
+    CompensationFailed,
     Event,
     PatchMarker,
     RunCancelled,
     RunCompleted,
+    RunContinued,
     RunDead,
     RunFailed,
     RunRetried,
@@ -76,6 +82,13 @@ def answers(ev: Event, call: Call, name: str) -> bool:
             | RunRetried()
             | RunDead()
             | PatchMarker()
+            # (issue #21: the helpers building them give them their own rules)
+            | ChildStarted()
+            | ChildCompleted()
+            | ChildFailed()
+            | RunContinued()
+            | CompensationCompleted()
+            | CompensationFailed()
         ):
             return _of_the_run()
         case _:

@@ -37,6 +37,7 @@ RUN_COLS = (
     "waiting_signals",
     "deadline_at",
     "recoveries",
+    "parent_id",
     "last_seq",
 )
 """The columns every run query returns, in ``Run`` field order (``last_seq`` last)."""
@@ -81,6 +82,7 @@ def to_run(row: Sequence[Any]) -> Run:
         tuple(loads(row[16]) or ()),
         row[17],
         row[18],
+        row[19],
     )
 
 
@@ -115,6 +117,7 @@ def run_params(run: Run, last_seq: int) -> dict[str, Any]:
         "waiting_signals": dumps(list(run.waiting_signals)),
         "deadline_at": run.deadline_at,
         "recoveries": run.recoveries,
+        "parent_id": run.parent_id,
         "last_seq": last_seq,
         "admitted": ADMITTED_TAG in run.tags,
     }
@@ -220,6 +223,7 @@ def run_from_mapping(row: sa.Row[Any]) -> Run:
         waiting_signals=tuple(m["waiting_signals"] or ()),
         deadline_at=m["deadline_at"],
         recoveries=m["recoveries"],
+        parent_id=m["parent_id"],
     )
 
 

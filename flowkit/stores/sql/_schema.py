@@ -15,7 +15,7 @@ from sqlalchemy.ext.compiler import compiles
 
 from ...errors import SchemaVersionError, StoreUnavailableError, UnsupportedDatabaseError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The layout this code reads and writes; bump it (and add a migration) on any change."""
 
 SCHEMA_VERSION_KEY = "schema_version"
@@ -97,6 +97,9 @@ runs = sa.Table(
     # since version 2: the execution_timeout's instant, and the count of lost activations
     sa.Column("deadline_at", _TIME),
     sa.Column("recoveries", sa.Integer(), nullable=False, default=0, server_default="0"),
+    # since version 3: the run whose ctx.child started it (looked up by equality only: the
+    # database's collation will do)
+    sa.Column("parent_id", sa.String(255)),
     # due timers: the poller's scan of suspended/blocked runs by wake time
     sa.Index("ix_flowkit_runs_due", "status", "wake_at"),
     # singleton admission and queue caps read only the active runs of one key
@@ -118,6 +121,8 @@ runs = sa.Table(
     sa.Index("ix_flowkit_runs_created", "created_at", "id"),
     # a version's runs (the claim of a worker that has some versions only, ``flowkit runs``)
     sa.Index("ix_flowkit_runs_version", "workflow", "workflow_version", "status"),
+    # a run's children (cancelling a parent, ``list_runs(parent_id=...)``, ``flowkit show``)
+    sa.Index("ix_flowkit_runs_parent", "parent_id"),
 )
 
 events = sa.Table(
@@ -164,12 +169,19 @@ workers = sa.Table(
 _ADDED_INDEXES = [
     ix
     for ix in runs.indexes
-    if ix.name in ("ix_flowkit_runs_queue", "ix_flowkit_runs_waiting", "ix_flowkit_runs_version")
+    if ix.name
+    in (
+        "ix_flowkit_runs_queue",
+        "ix_flowkit_runs_waiting",
+        "ix_flowkit_runs_version",
+        "ix_flowkit_runs_parent",
+    )
 ]
 
 # Columns added since version 1 (``_migrate``): ``ALTER TABLE flowkit_runs ADD COLUMN ...``.
 _ADDED_COLUMNS = {
     2: ("deadline_at DOUBLE PRECISION", "recoveries INTEGER NOT NULL DEFAULT 0"),
+    3: ("parent_id VARCHAR(255)",),
 }
 
 # SQLite: an event inserted past its run's ``last_seq`` moves ``last_seq`` (and ``updated_at``)
