@@ -76,6 +76,8 @@ class Run:
     recoveries: int = 0
     # the run whose ctx.child / ctx.start_child started it (None: started by an engine)
     parent_id: str | None = None
+    # ``ctx.continue_as_new``: the successor this (completed) run continued as
+    continued_as: str | None = None
 
     @property
     def singleton_tag(self) -> str | None:

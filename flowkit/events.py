@@ -133,6 +133,8 @@ class CancelRequested(_Base):
     type: Literal["cancel_requested"] = "cancel_requested"
     # None: ``engine.cancel``; "execution_timeout": the run's deadline passed
     reason: str | None = None
+    # ``engine.cancel(run_id, compensate=True)``: the recorded compensations run first
+    compensate: bool = False
 
 
 class RunCompleted(_Base):

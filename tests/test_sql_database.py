@@ -310,6 +310,7 @@ async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backen
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN recoveries")
         conn.exec_driver_sql("DROP INDEX ix_flowkit_runs_parent")
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN parent_id")
+        conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN continued_as")
         conn.exec_driver_sql("UPDATE flowkit_meta SET value = '1' WHERE key = 'schema_version'")
     assert sql_backend.url is not None
     fresh = SqlStore(sql_backend.url)
@@ -322,7 +323,7 @@ async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backen
             version = conn.exec_driver_sql(
                 "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
             ).scalar()
-        assert {"deadline_at", "recoveries", "parent_id"} <= cols
+        assert {"deadline_at", "recoveries", "parent_id", "continued_as"} <= cols
         assert version == str(SCHEMA_VERSION) == "3"
         await put(fresh, mk("r2"))
         assert [r.id for r in await fresh.list_runs()] == ["r", "r2"]

@@ -38,6 +38,7 @@ RUN_COLS = (
     "deadline_at",
     "recoveries",
     "parent_id",
+    "continued_as",
     "last_seq",
 )
 """The columns every run query returns, in ``Run`` field order (``last_seq`` last)."""
@@ -83,6 +84,7 @@ def to_run(row: Sequence[Any]) -> Run:
         row[17],
         row[18],
         row[19],
+        row[20],
     )
 
 
@@ -118,6 +120,7 @@ def run_params(run: Run, last_seq: int) -> dict[str, Any]:
         "deadline_at": run.deadline_at,
         "recoveries": run.recoveries,
         "parent_id": run.parent_id,
+        "continued_as": run.continued_as,
         "last_seq": last_seq,
         "admitted": ADMITTED_TAG in run.tags,
     }
@@ -224,6 +227,7 @@ def run_from_mapping(row: sa.Row[Any]) -> Run:
         deadline_at=m["deadline_at"],
         recoveries=m["recoveries"],
         parent_id=m["parent_id"],
+        continued_as=m["continued_as"],
     )
 
 

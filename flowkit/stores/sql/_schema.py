@@ -100,6 +100,8 @@ runs = sa.Table(
     # since version 3: the run whose ctx.child started it (looked up by equality only: the
     # database's collation will do)
     sa.Column("parent_id", sa.String(255)),
+    # since version 3: the successor a run continued as (``ctx.continue_as_new``)
+    sa.Column("continued_as", sa.String(255)),
     # due timers: the poller's scan of suspended/blocked runs by wake time
     sa.Index("ix_flowkit_runs_due", "status", "wake_at"),
     # singleton admission and queue caps read only the active runs of one key
@@ -181,7 +183,7 @@ _ADDED_INDEXES = [
 # Columns added since version 1 (``_migrate``): ``ALTER TABLE flowkit_runs ADD COLUMN ...``.
 _ADDED_COLUMNS = {
     2: ("deadline_at DOUBLE PRECISION", "recoveries INTEGER NOT NULL DEFAULT 0"),
-    3: ("parent_id VARCHAR(255)",),
+    3: ("parent_id VARCHAR(255)", "continued_as VARCHAR(255)"),
 }
 
 # SQLite: an event inserted past its run's ``last_seq`` moves ``last_seq`` (and ``updated_at``)
