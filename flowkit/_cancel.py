@@ -67,6 +67,7 @@ async def request(
     run_id: str,
     *,
     reason: str | None,
+    compensate: bool = False,
     settled: Settled,
     wake: Callable[[str], None],
     deliver: Callable[[str], bool],
@@ -76,7 +77,8 @@ async def request(
     never got past its gate, or is blocked) and that nobody holds settles ``cancelled`` at
     once; otherwise it goes ``cancelling`` (event ``cancel_requested`` with ``reason``) and
     ``deliver`` hands the cancellation to an activation of this process (``False``: none
-    here, so ``wake`` has a worker claim the run).
+    here, so ``wake`` has a worker claim the run). ``compensate`` (recorded in the request):
+    the body's compensations run once it let the cancellation out (``_replay/compensation.py``).
 
     TODO(#21, children): once runs have children (DESIGN §10), cancel the run's unfinished
     children here too (a deadline's cancellation with it: DESIGN §9 "its children are
@@ -100,7 +102,7 @@ async def request(
                 None,
                 now,
                 Update(
-                    events=[CancelRequested(at=now, reason=reason)],
+                    events=[CancelRequested(at=now, reason=reason, compensate=compensate)],
                     status=RunStatus.CANCELLING,
                     wake_at=now,
                     expect_status=frozenset({run.status}),

@@ -30,6 +30,7 @@ class Runtime(Protocol):
         name: str | None,
         retry: RetryPolicy | None,
         timeout: float | None = None,
+        compensate: Callable[[Any], Any] | None = None,
     ) -> Coroutine[Any, Any, Any]: ...
 
     def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]: ...
@@ -70,6 +71,7 @@ class WorkflowCtx:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        compensate: Callable[[T], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -81,6 +83,7 @@ class WorkflowCtx:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        compensate: Callable[[T], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -91,6 +94,7 @@ class WorkflowCtx:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        compensate: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]:
         """Run ``fn(*args, **kwargs)`` (sync or async) once and memoize its outcome.
@@ -100,8 +104,15 @@ class WorkflowCtx:
         final failure raises ``StepFailedError``. ``timeout`` (seconds > 0, per attempt, on
         the engine's clock) fails an attempt that runs longer with ``StepTimeoutError``: an
         async ``fn`` is cancelled, a sync one (it runs in a step thread, never on the event
-        loop) is abandoned there and keeps running until it returns."""
-        return self._rt.step(fn, args, kwargs, name, retry, timeout)
+        loop) is abandoned there and keeps running until it returns.
+
+        ``compensate`` (a saga's undo, sync or async) is registered once the step completes:
+        should the body later fail, or ``engine.cancel(run_id, compensate=True)`` cancel the
+        run, the registered undos run in reverse order, each ``compensate(result)`` as a
+        durable step with this step's ``retry`` and ``timeout``. The registrations are
+        rebuilt as the body replays, so the code must pass ``compensate=`` again on every
+        execution (docs/composing-workflows.md, "Compensation (sagas)")."""
+        return self._rt.step(fn, args, kwargs, name, retry, timeout, compensate)
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         """A durable timer: the run suspends and a worker resumes it when due."""

@@ -380,9 +380,15 @@ class Engine:
         await self.signal(run_id, signal, payload)
         return run
 
-    async def cancel(self, run_id: str) -> Run:
+    async def cancel(self, run_id: str, *, compensate: bool = False) -> Run:
         """Request cancellation; a run that never got past its singleton gate (or never
-        started) settles ``cancelled`` at once. Cancelling a settled run is a no-op."""
+        started) settles ``cancelled`` at once. Cancelling a settled run is a no-op.
+
+        ``compensate=True``: once the body has let the cancellation out, the compensations
+        its completed steps registered (``ctx.step(..., compensate=undo)``) run in reverse
+        order before the run settles ``cancelled``; without it they do not run."""
+        if not isinstance(compensate, bool):
+            raise InvalidInputError(None, f"compensate= takes a bool, got {compensate!r}")
         if not limits.storable(run_id):  # (no store holds such an id)
             raise RunNotFoundError(run_id)
         run = await _cancel.request(
@@ -391,6 +397,7 @@ class Engine:
             self.registry,
             run_id,
             reason=None,
+            compensate=compensate,
             settled=self.bus.settled,
             wake=self._wake,
             deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),

@@ -16,7 +16,7 @@ from ._run import Run, RunStatus
 from ._seat import WorkerConfig
 from ._threads import StepThreads, waited_for
 from .errors import LeaseLostError
-from .events import Event
+from .events import CancelRequested, Event
 from .stores.base import InboxSignal, Notify, Update
 
 if TYPE_CHECKING:
@@ -79,6 +79,18 @@ class Host:
 
     async def peek_signal(self, name: str) -> InboxSignal | None:
         return await self._d.store.peek_signal(self._run_id, name)
+
+    async def compensating(self, events: Sequence[Event]) -> None:
+        d = self._d
+        if not self._proof.live():
+            raise LeaseLostError(self._run_id)
+        update = Update(events=events, status=RunStatus.CANCELLING)
+        await d.store.commit(self._run_id, d.owner, d.clock.now(), update)
+
+    async def cancel_compensates(self) -> bool:
+        events = await self._d.store.load_events(self._run_id)
+        asked = [e for e in events if isinstance(e, CancelRequested)]
+        return bool(asked) and asked[-1].compensate
 
 
 class StepRunner:

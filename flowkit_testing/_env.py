@@ -314,8 +314,8 @@ class TestEnv:
         await self.settle()
         return run
 
-    async def cancel(self, run_id: str) -> Run:
-        run = await self._client().cancel(run_id)
+    async def cancel(self, run_id: str, *, compensate: bool = False) -> Run:
+        run = await self._client().cancel(run_id, compensate=compensate)
         await self.settle()
         return run
 

@@ -25,6 +25,7 @@ from .._definition import WorkflowDefinition
 from .._eager import start_next
 from ..errors import NonDeterminismError, SerializationError
 from ..events import ErrorInfo, Event
+from . import compensation
 from .branch import CURRENT, Branch, seed
 from .calls import Calls, silence
 from .guard import Guard, branch_done
@@ -111,7 +112,15 @@ class Activation:
         CURRENT.set((st, root))
         try:
             body = self.instance.run(WorkflowCtx(self.calls), self.input_value)
-            return await Guard(body, root, st)
+            try:
+                return await Guard(body, root, st)
+            except BaseException as exc:
+                run_them = compensation.wanted(st, exc)
+                if run_them is None:  # (cancelled while it ran: was it asked for them?)
+                    run_them = await st.host.cancel_compensates()
+                if run_them:
+                    await compensation.compensate(st, failed=isinstance(exc, Exception))
+                raise
         finally:
             st.live -= 1
             branch_done(st, root)
@@ -187,7 +196,10 @@ class Activation:
             wakes = [p.deadline for p in self._stuck_parks if p.deadline is not None]
             sigs = tuple(sorted({p.signal for p in self._stuck_parks if p.signal}))
             return Suspended(min(wakes) if wakes else None, sigs)
+        left = compensation.unconsumed(st)
         if body.cancelled():
+            if left is not None:
+                return self._left(left)
             if st.cancel_requested:
                 return Cancelled()
             return Failed(ErrorInfo(type="CancelledError", message="body was cancelled"))
@@ -195,11 +207,15 @@ class Activation:
         if exc is not None:
             if isinstance(exc, _Diverged):
                 return Diverged(exc.args[0])
-            if isinstance(exc, asyncio.CancelledError) and st.cancel_requested:
-                return Cancelled()
             if isinstance(exc, _ControlFlow):
                 return Evicted()
-            return Failed(error_info(exc))
+            if left is not None:
+                return self._left(left)
+            if isinstance(exc, asyncio.CancelledError) and st.cancel_requested:
+                return Cancelled()
+            return Failed(compensation.with_notes(error_info(exc), st.compensation_notes))
+        if left is not None:
+            return self._left(left)
         unconsumed = sorted(set(st.index) - st.consumed)
         if unconsumed:
             pos = unconsumed[0]
@@ -221,3 +237,19 @@ class Activation:
         except SerializationError as err:
             return Failed(error_info(err))
         return Completed(data)
+
+    def _left(self, pos: str) -> Diverged:
+        """The history holds a compensation at ``pos`` this execution did not run."""
+        st = self.st
+        return Diverged(
+            NonDeterminismError(
+                pos,
+                describe(st.compensations[pos][0]),
+                None,
+                with_note(
+                    "the body registered no compensation for it (compensate= removed, or the"
+                    " body took another path)",
+                    st.patches.note(),
+                ),
+            )
+        )

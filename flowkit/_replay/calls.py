@@ -67,9 +67,12 @@ class Calls:
         name: str | None,
         retry: RetryPolicy | None,
         timeout: float | None = None,
+        compensate: Callable[[Any], Any] | None = None,
     ) -> Coroutine[Any, Any, Any]:
         if not callable(fn):
             raise TypeError(f"ctx.step needs a callable, got {fn!r}")
+        if compensate is not None and not callable(compensate):
+            raise TypeError(f"ctx.step compensate= takes a callable, got {compensate!r}")
         if timeout is not None:
             timeout = check_timeout(timeout)
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -89,7 +92,9 @@ class Calls:
         coro: Coroutine[Any, Any, Any]
         if isinstance(fn, ReplayStub):  # an injected service stubbed out by replay()
             name = name or ReplayStub.ANY_NAME
-            coro = run_step(st, br, idx, pos, fn, args, kwargs, name, retry, None, True, timeout)
+            coro = run_step(
+                st, br, idx, pos, fn, args, kwargs, name, retry, None, True, timeout, compensate
+            )
         else:
             try:
                 default, adapter, is_async = _serde.step_meta(fn)
@@ -110,6 +115,7 @@ class Calls:
                 adapter,
                 is_async,
                 timeout,
+                compensate,
             )
         if idx == br.next:
             br.head = coro  # (for the report, should it never be awaited)

@@ -87,10 +87,10 @@ def answers(ev: Event, call: Call, name: str) -> bool:
             | ChildCompleted()
             | ChildFailed()
             | RunContinued()
-            | CompensationCompleted()
-            | CompensationFailed()
         ):
             return _of_the_run()
+        case CompensationCompleted() | CompensationFailed():
+            return _compensation()
         case _:
             assert_never(ev)
 
@@ -116,6 +116,21 @@ def _timer_fired(call: Call) -> bool:
 
 def _signal_received(ev: SignalReceived, call: Call, name: str) -> bool:
     return call == "wait_for_signal" and ev.name == name
+
+
+def _compensation() -> bool:
+    # (at the reserved positions ``c<n>``, which no body call takes: ``answers_undo`` matches
+    # them against the undo the body registered)
+    return False
+
+
+def answers_undo(ev: Event, step_pos: str, name: str) -> bool:
+    """Whether ``ev``, recorded at the position of a compensation, is an outcome of the undo
+    ``name`` of the step at ``step_pos``: a changed body (another step completed, in another
+    order) or a changed undo diverges."""
+    if not isinstance(ev, CompensationCompleted | CompensationFailed):
+        return False
+    return ev.step_pos == step_pos and (ev.name == name or name == ReplayStub.ANY_NAME)
 
 
 def _of_the_run() -> bool:

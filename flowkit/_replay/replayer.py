@@ -42,6 +42,12 @@ class _ReplayHost:
     def lease_live(self) -> bool:
         return True  # (nothing runs: a replay-only activation stops before any step)
 
+    async def compensating(self, events: Sequence[Event]) -> None:
+        raise AssertionError("replay-only activations never record")  # pragma: no cover
+
+    async def cancel_compensates(self) -> bool:
+        return False  # (the history holds the request: the activation read it there)
+
     # (a replay-only activation stops before any step runs: no timeout, no step thread)
     async def sleep_until(self, deadline: float) -> None:
         raise AssertionError("replay-only activations run no step")  # pragma: no cover

@@ -11,10 +11,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import _limits, _serde
-from .._definition import WorkflowDefinition
+from .._definition import RetryPolicy, WorkflowDefinition
 from .._run import InboxSignal
 from ..errors import ConflictError, LeaseLostError, NonDeterminismError
-from ..events import CancelRequested, Event, RunRetried, RunStarted, StepFailed
+from ..events import (
+    CancelRequested,
+    CompensationCompleted,
+    CompensationFailed,
+    Event,
+    RunRetried,
+    RunStarted,
+    StepFailed,
+)
 from .branch import CURRENT, Branch
 from .matching import Call, answers, describe
 from .patches import Patches
@@ -54,6 +62,33 @@ class Host(Protocol):
         """Whether this worker can still prove it holds the run's lease (by its own clock):
         no step starts and nothing is recorded once it cannot."""
         ...
+
+    async def compensating(self, events: Sequence[Event]) -> None:
+        """Append ``events`` under the lease and make the run ``cancelling``: it is about to
+        run its compensations after its body failed (``compensation.py``)."""
+        ...
+
+    async def cancel_compensates(self) -> bool:
+        """Whether the run's latest cancellation request asked for its compensations
+        (``engine.cancel(run_id, compensate=True)``): asked when the request reached the
+        activation while it ran, so that its history did not hold it yet."""
+        ...
+
+
+@dataclass(slots=True)
+class Undo:
+    """A saga's compensation registered by the step at ``step_pos`` when it completed:
+    ``fn(arg)`` (``arg``: the step's result) with the step's ``retry`` and ``timeout``.
+    ``order`` is its completion's: ``(0, seq)`` for a completion the history holds, ``(1, n)``
+    for one recorded by this activation (written after all of those, in that order), so that
+    the reverse order is the same on every replay."""
+
+    order: tuple[int, int]
+    step_pos: str
+    fn: Callable[[Any], Any]
+    arg: Any
+    retry: RetryPolicy | None
+    timeout: float | None
 
 
 @dataclass
@@ -100,14 +135,31 @@ class ActivationState:
         # the run is no longer ``cancelling`` (it got blocked meanwhile), deliveries it
         # recorded replay as they happened
         cancel_in_history = False
+        # the saga (``compensation.py``): the compensations recorded since the last retry by
+        # their reserved positions (kept apart from the body's), how many positions earlier
+        # attempts took, the undos the body registered, and what the cancellation asked for
+        self.compensations: dict[str, list[Event]] = {}
+        self.compensated: set[str] = set()
+        self.compensation_base = 0
+        self.undos: list[Undo] = []
+        self.compensating = False
+        self.cancel_compensates: bool | None = None
+        self.compensation_notes: list[str] = []
         for ev in events:
             if isinstance(ev, RunStarted):
                 self.start_at = ev.at
             elif isinstance(ev, RunRetried):
                 self._forget_final_failures()
                 cancel_in_history = False
+                self.cancel_compensates = None
+                self.compensation_base += len(self.compensations)
+                self.compensations.clear()
             elif isinstance(ev, CancelRequested):
                 cancel_in_history = True
+                self.cancel_compensates = ev.compensate
+            if isinstance(ev, CompensationCompleted | CompensationFailed):
+                self.compensations.setdefault(ev.pos, []).append(ev)
+                continue
             pos = getattr(ev, "pos", None)
             if pos is not None:
                 self.index.setdefault(pos, []).append(ev)
@@ -221,7 +273,8 @@ class ActivationState:
         new step (recorded there as a cancelled ``step_failed`` before it starts) or durable
         wait. After its delivery a branch's new steps run (cleanup); durable waits always
         raise ``CancelledError`` once the cancellation was requested."""
-        if self.cancel_requested:
+        if self.cancel_requested or self.compensating:
+            self.cancel_requested = True  # (the compensations run on: it changes nothing)
             return
         self.cancel_requested = True
         for park in list(self.parks):
@@ -318,6 +371,25 @@ class ActivationState:
         if cancel:
             self.request_cancel()
 
+    async def start_compensating(self) -> None:
+        """The body failed and its compensations are about to run: the run goes
+        ``cancelling`` (with the deferred events) before the first of them. Replay-only: a
+        status, nothing to check."""
+        self.check_alive()
+        if self.replay_only:
+            return
+        batch, self.pending = self.pending, []
+        self.must_flush = False
+        try:
+            await self.host.compensating(batch)
+        except (LeaseLostError, ConflictError):
+            self.evict()
+            raise _Evicted() from None
+        except Exception as exc:
+            self.store_error = exc
+            self.evict()
+            raise _Evicted() from exc
+
     def defer(self, event: Event) -> None:
         """Record ``event`` with the next write instead of a write of its own: it is flushed
         before any further side effect (the next step function) and otherwise travels in the
@@ -335,7 +407,7 @@ class ActivationState:
         """Wait durably. Never returns within this activation: it raises ``CancelledError``
         on cancellation, or ``_Evicted`` when the activation suspends."""
         self.check_alive()
-        if self.cancel_requested:
+        if self.cancel_requested and not self.compensating:
             raise asyncio.CancelledError()
         park = Park(deadline, signal, asyncio.get_running_loop().create_future())
         self.parks.append(park)

@@ -23,7 +23,7 @@ from .branch import Branch
 from .guard import cancel_left, running_branch, unawaited
 from .outcome import error_info
 from .signals import _ControlFlow, _Evicted, _StepCancelled
-from .state import ActivationState
+from .state import ActivationState, Undo
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -42,11 +42,13 @@ async def run_step(
     adapter: TypeAdapter[Any] | None,
     is_async: bool = True,
     timeout: float | None = None,
+    undo: Callable[[Any], Any] | None = None,
 ) -> Any:
     """The step at ``pos`` (call ``idx`` of ``made_in``): its recorded outcome, else ``fn``
     run (again after each failed attempt's backoff, as ``retry`` allows; each attempt within
     ``timeout``) and recorded. ``is_async``: ``fn`` only creates a coroutine (else it runs in
-    a step thread)."""
+    a step thread). ``undo``: registered as its compensation once it completed (recorded or
+    now), ordered by its completion (``compensation.py``)."""
     # (the hot path of every run: no closures, and a position nothing was recorded at,
     # the live case, skips the history lookup)
     # (``enter``, inlined: the hot path)
@@ -73,12 +75,18 @@ async def run_step(
                 done = evs[0]
                 if done.at > br.now_at:  # (``st.observe``: ``br`` is the running branch)
                     br.now_at = done.at
-                return _serde.from_json(done.result, adapter)
+                value = _serde.from_json(done.result, adapter)
+                if undo is not None:
+                    st.undos.append(Undo((0, done.seq), pos, undo, value, retry, timeout))
+                return value
             failures = [e for e in evs if isinstance(e, StepFailed)]
             for ev in evs:
                 if isinstance(ev, StepCompleted):
                     st.observe(ev)
-                    return _serde.from_json(ev.result, adapter)
+                    value = _serde.from_json(ev.result, adapter)
+                    if undo is not None:
+                        st.undos.append(Undo((0, ev.seq), pos, undo, value, retry, timeout))
+                    return value
             if failures:
                 last = failures[-1]
                 st.observe(last)
@@ -157,7 +165,10 @@ async def run_step(
                 if digest is None:
                     digest = _serde.digest(args, kwargs)
                 st.defer(step_completed(pos, name, attempt, data, digest, st.host.now()))
-                return result if plain else _serde.from_json(data, adapter)
+                value = result if plain else _serde.from_json(data, adapter)
+                if undo is not None:  # (after every recorded completion: see ``Undo.order``)
+                    st.undos.append(Undo((1, len(st.undos)), pos, undo, value, retry, timeout))
+                return value
             if st.cancel_requested:  # a backoff is a durable wait
                 raise asyncio.CancelledError()
             if retry_at > st.host.now():
