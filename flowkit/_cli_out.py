@@ -16,6 +16,8 @@ from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW, no_live_worker
 from .events import (
     CancelRequested,
+    CompensationCompleted,
+    CompensationFailed,
     Event,
     PatchMarker,
     RunCompleted,
@@ -262,6 +264,16 @@ def _describe(ev: Event, t0: float) -> str:
             return f"{ev.name}{digest} attempt {ev.attempt} {ev.error.type}: {message}{then}" + (
                 cancelled
             )
+        case CompensationCompleted():
+            what = f"{ev.name} undoes step {ev.step_pos} attempt {ev.attempt}"
+            return f"{what} -> {_value(ev.result)}"
+        case CompensationFailed():
+            then = f"; retry at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else "; final"
+            message = _cut(_escape(_text(ev.error.message) or ""))
+            return (
+                f"{ev.name} undoes step {ev.step_pos} attempt {ev.attempt}"
+                f" {ev.error.type}: {message}{then}"
+            )
         case TimerStarted():
             return f"{ev.purpose.replace('_', ' ')} until +{ev.fire_at - t0:.3f}s"
         case SignalReceived():
@@ -274,8 +286,9 @@ def _describe(ev: Event, t0: float) -> str:
             return f"attempt {ev.attempt}" + (
                 f" with new input {_value(ev.input)}" if ev.new_input else ""
             )
-        case CancelRequested() if ev.reason is not None:
-            return f"reason {ev.reason.replace('_', ' ')}"
+        case CancelRequested() if ev.reason is not None or ev.compensate:
+            why = f"reason {ev.reason.replace('_', ' ')}" if ev.reason is not None else ""
+            return "; ".join(x for x in (why, "compensate" if ev.compensate else "") if x)
         case RunDead():
             why = f" {ev.error.type}: {_text(ev.error.message)}" if ev.error is not None else ""
             return f"activation lost {ev.recoveries} times;{why}"
@@ -289,6 +302,8 @@ EVENT_STYLE = {
     "run_completed": "green",
     "run_failed": "bold red",
     "step_failed": "red",
+    "compensation_completed": "yellow",
+    "compensation_failed": "red",
     "run_cancelled": "magenta",
     "run_dead": "bold red",
     "cancel_requested": "magenta",

@@ -405,7 +405,8 @@ class Drive:
         if new.status.terminal:
             self._settled(new.id, new)
         elif new.lease_owner is None and (
-            new.status in (RunStatus.CANCELLING, RunStatus.PENDING, RunStatus.RUNNING)
+            new.status in (RunStatus.PENDING, RunStatus.RUNNING)
+            or (new.status is RunStatus.CANCELLING and new.wake_at is None)
             or (new.wake_at is not None and new.wake_at <= self.clock.now())
         ):
             seat.again(new.id)
@@ -459,6 +460,19 @@ class Drive:
                         events=[*release, RunCancelled(at=now)],
                         status=RunStatus.CANCELLED,
                         notify=notify,
+                    ),
+                )
+            case Suspended(wake_at, _, True):
+                # a compensation's retry backoff: the run stays ``cancelling`` (no status:
+                # a suspended cancelling run would be due at once), due at ``wake_at``
+                await commit(
+                    run,
+                    Update(
+                        events=pending,
+                        wake_at=wake_at,
+                        waiting_signals=(),
+                        error=None,
+                        release_lease=True,
                     ),
                 )
             case Suspended(wake_at, signals):

@@ -195,7 +195,7 @@ class Activation:
             silence(body)
             wakes = [p.deadline for p in self._stuck_parks if p.deadline is not None]
             sigs = tuple(sorted({p.signal for p in self._stuck_parks if p.signal}))
-            return Suspended(min(wakes) if wakes else None, sigs)
+            return Suspended(min(wakes) if wakes else None, sigs, st.compensating)
         left = compensation.unconsumed(st)
         if body.cancelled():
             if left is not None:

@@ -12,19 +12,21 @@ none is skipped. An undo that fails for good does not stop the others (each undo
 its own); the run then fails with the body's error and a note naming it.
 
 The compensations run in the body's task, after its ``Guard``: no ctx call is allowed in an
-undo, and the run's cancellation no longer interrupts anything (``ActivationState.compensating``)."""
+undo, and the run's cancellation no longer interrupts anything
+(``ActivationState.compensating``)."""
 
 from __future__ import annotations
 
 import asyncio
+
 from .. import _serde
 from ..errors import SerializationError
 from ..events import CompensationCompleted, CompensationFailed, ErrorInfo, Event
 from .matching import ReplayStub, answers_undo, describe
 from .outcome import error_info
-from .signals import _ControlFlow, _Evicted
+from .signals import _ControlFlow, _Evicted, _StepCancelled
 from .state import ActivationState, Undo
-from .steps import _execute, _StepCancelled, _timed
+from .steps import _execute, _timed
 
 PREFIX = "c"
 """The positions of compensations: ``c1``, ``c2``, … (a body's positions are numbers)."""

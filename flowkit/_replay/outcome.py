@@ -32,10 +32,13 @@ class Cancelled:
 
 @dataclass(frozen=True)
 class Suspended:
-    """Every branch waits durably: resume at ``wake_at`` or when one of ``signals`` arrives."""
+    """Every branch waits durably: resume at ``wake_at`` or when one of ``signals`` arrives.
+    ``compensating``: the wait is a compensation's retry backoff (the run stays
+    ``cancelling``, due at ``wake_at``)."""
 
     wake_at: float | None
     signals: tuple[str, ...]
+    compensating: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ import orjson
 from .._run import Run
 from ..errors import CodecError, InvalidInputError
 from ..events import (
+    CompensationCompleted,
+    CompensationFailed,
     ErrorInfo,
     Event,
     RunCompleted,
@@ -199,6 +201,12 @@ class CodecFields:
         if isinstance(ev, RunDead) and ev.error is not None:
             ctx = (run_id, "event", "run_dead")
             return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
+        if isinstance(ev, CompensationCompleted):
+            ctx = (run_id, "event", "compensation_completed", ev.pos, "result")
+            return ev.model_copy(update={"result": self._enc(ev.result, ctx)})
+        if isinstance(ev, CompensationFailed):
+            ctx = (run_id, "event", "compensation_failed", ev.pos, str(ev.attempt))
+            return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
         return ev
 
     def _event_out(self, ev: Event, run_id: str) -> Event:
@@ -237,6 +245,12 @@ class CodecFields:
             return ev.model_copy(update={"input": self._dec(ev.input, ctx)})
         if isinstance(ev, RunDead) and ev.error is not None:
             ctx = (run_id, "event", "run_dead")
+            return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
+        if isinstance(ev, CompensationCompleted):
+            ctx = (run_id, "event", "compensation_completed", ev.pos, "result")
+            return ev.model_copy(update={"result": self._dec(ev.result, ctx)})
+        if isinstance(ev, CompensationFailed):
+            ctx = (run_id, "event", "compensation_failed", ev.pos, str(ev.attempt))
             return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
         return ev
 

@@ -15,6 +15,8 @@ from typing import Any
 from .._run import Run
 from ..errors import EncryptedStoreError
 from ..events import (
+    CompensationCompleted,
+    CompensationFailed,
     Event,
     RunCompleted,
     RunDead,
@@ -50,7 +52,9 @@ def event_carries_payload(ev: Event) -> bool:
         return ev.new_input and ev.input is not None
     if isinstance(ev, RunDead):
         return ev.error is not None
-    return False
+    if isinstance(ev, CompensationCompleted):
+        return ev.result is not None
+    return isinstance(ev, CompensationFailed)  # (the error message)
 
 
 def events_carry_payload(events: Any) -> bool:

@@ -306,6 +306,44 @@ class IngestFile:
         return await ctx.step(self.ingest.parse, input["file"])
 
 
+class Travel:
+    """Bookings for the saga: the car is never available; the hotel's cancellation desk is
+    busy the first time it is called."""
+
+    def __init__(self) -> None:
+        self.cancel_calls: Counter[str] = Counter()
+
+    def book(self, what: str, trip: str) -> str:
+        if what == "car":
+            raise LookupError(f"no car left for {trip}")
+        return f"{what}-{trip}"
+
+    def cancel(self, booking: str) -> str:
+        self.cancel_calls[booking] += 1
+        if booking.startswith("hotel") and self.cancel_calls[booking] == 1:
+            raise ConnectionError("hotel desk busy")
+        return f"cancelled {booking}"
+
+
+@workflow(name="trip")
+class Trip:
+    """A saga: flight, hotel and car are booked, each with its cancellation as compensation;
+    the trip is paid within the hour. The car fails (the hotel and the flight are cancelled,
+    in that order), or the run is cancelled with ``compensate=True`` while it waits."""
+
+    def __init__(self, travel: Travel) -> None:
+        self.travel = travel
+
+    async def run(self, ctx: WorkflowCtx, trip: str) -> list[str]:
+        undo = self.travel.cancel
+        retry = RetryPolicy(max_attempts=3, initial_interval=2.0)
+        flight = await ctx.step(self.travel.book, "flight", trip, compensate=undo, retry=retry)
+        hotel = await ctx.step(self.travel.book, "hotel", trip, compensate=undo, retry=retry)
+        await ctx.wait_for_signal("paid", timeout=3600)
+        car = await ctx.step(self.travel.book, "car", trip, compensate=undo)
+        return [flight, hotel, car]
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -320,6 +358,7 @@ def workflows() -> list[Any]:
         Lookup(Registry()),
         Batch(Ingest()),
         IngestFile(Ingest()),
+        Trip(Travel()),
     ]
 
 
@@ -442,6 +481,21 @@ async def dead_then_retried(env: TestEnv) -> list[str]:
     return ["ingest-1"]
 
 
+async def sagas(env: TestEnv) -> list[str]:
+    """``trip-1``: paid, then the car fails: the hotel's cancellation fails once and is
+    retried, then the flight's runs. ``trip-cancelled``: cancelled with ``compensate=True``
+    while it waits to be paid: both bookings are cancelled, the hotel's after a retry."""
+    await env.start("trip", "t1", "trip-1")
+    await env.advance(60)
+    await env.signal("trip-1", "paid")
+    await env.run_until_idle()
+    await env.start("trip", "t2", "trip-cancelled")
+    await env.advance(60)
+    await env.cancel("trip-cancelled", compensate=True)
+    await env.run_until_idle()
+    return ["trip-1", "trip-cancelled"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -455,6 +509,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     lookup_timed_out,
     timed_out,
     dead_then_retried,
+    sagas,
 )
 
 
