@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from flowkit import Run
 from flowkit.errors import StoreUnavailableError
-from flowkit.events import StepCompleted
+from flowkit.events import CompensationCompleted, StepCompleted
 from flowkit.stores.base import Update, claims_by_version, records_admission
 
 Phase = Literal["before", "after"]
@@ -83,6 +83,15 @@ def _appends_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return any(isinstance(e, StepCompleted) for e in events)
 
 
+def _records_undo(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A commit recording a compensation's completion (a compensating run is ``cancelling``,
+    so it is never an ``append_events``)."""
+    update = kwargs.get("update", args[3] if len(args) > 3 else None)
+    return isinstance(update, Update) and any(
+        isinstance(e, CompensationCompleted) for e in update.events
+    )
+
+
 Matcher = Callable[[tuple[Any, ...], dict[str, Any]], bool]
 """Decides from a store call's ``(args, kwargs)`` whether a rule or crash site applies."""
 
@@ -135,6 +144,10 @@ CRASH_SITES: dict[str, tuple[CrashSite, ...]] = {
         CrashSite("commit", "after", _records_step),
         CrashSite("append_events", "after", _appends_step, _appended),
     ),
+    # a compensation (``ctx.step(..., compensate=undo)``) ran, not yet recorded: on recovery
+    # it runs again; recorded: it never runs again
+    "before_compensation_record": (CrashSite("commit", "before", _records_undo),),
+    "after_compensation_record": (CrashSite("commit", "after", _records_undo),),
     # the run was claimed (lease taken) and nothing else happened
     "after_claim": (CrashSite("claim", "after"),),
     # the singleton slot is claimed and stored, its admission event not yet recorded: by the
