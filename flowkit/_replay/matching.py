@@ -86,11 +86,12 @@ def answers(ev: Event, call: Call, name: str) -> bool:
             | ChildStarted()
             | ChildCompleted()
             | ChildFailed()
-            | RunContinued()
             | CompensationCompleted()
             | CompensationFailed()
         ):
             return _of_the_run()
+        case RunContinued():
+            return _run_continued()
         case _:
             assert_never(ev)
 
@@ -116,6 +117,13 @@ def _timer_fired(call: Call) -> bool:
 
 def _signal_received(ev: SignalReceived, call: Call, name: str) -> bool:
     return call == "wait_for_signal" and ev.name == name
+
+
+def _run_continued() -> bool:
+    # ``ctx.continue_as_new`` takes no position: like the output, its input is checked at the
+    # end of the body (``replayer.replay_async``: a body that no longer continues, or
+    # continues with another input, diverges there)
+    return False
 
 
 def _of_the_run() -> bool:

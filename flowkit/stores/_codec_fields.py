@@ -21,6 +21,7 @@ from ..events import (
     ErrorInfo,
     Event,
     RunCompleted,
+    RunContinued,
     RunDead,
     RunFailed,
     RunRetried,
@@ -199,6 +200,9 @@ class CodecFields:
         if isinstance(ev, RunDead) and ev.error is not None:
             ctx = (run_id, "event", "run_dead")
             return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
+        if isinstance(ev, RunContinued):
+            ctx = (run_id, "event", "run_continued", "input")
+            return ev.model_copy(update={"input": self._enc(ev.input, ctx)})
         return ev
 
     def _event_out(self, ev: Event, run_id: str) -> Event:
@@ -238,6 +242,9 @@ class CodecFields:
         if isinstance(ev, RunDead) and ev.error is not None:
             ctx = (run_id, "event", "run_dead")
             return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
+        if isinstance(ev, RunContinued):
+            ctx = (run_id, "event", "run_continued", "input")
+            return ev.model_copy(update={"input": self._dec(ev.input, ctx)})
         return ev
 
 
