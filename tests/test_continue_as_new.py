@@ -1,0 +1,337 @@
+"""Continue-as-new (DESIGN §10): ``ctx.continue_as_new`` settles the run and starts its
+successor ``base~n`` in one transaction, with a fresh history; ``engine.result`` follows the
+chain; a singleton holder passes its slot on; a pending cancel wins; crashes around the
+continuation's commit leave exactly one successor. On MemoryStore, a SQLite file and
+PostgreSQL (the ``store`` fixture), in ``TestEnv``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from flowkit import (
+    NonDeterminismError,
+    RunStatus,
+    Singleton,
+    WorkflowCtx,
+    WorkflowFailedError,
+    replay,
+    workflow,
+)
+from flowkit._continue import base_id, successor_id
+from flowkit.events import RunContinued
+from flowkit.stores import MemoryStore
+from flowkit_testing import TestEnv
+
+
+class Count(BaseModel):
+    n: int = 0
+    until: int = 3
+
+
+@workflow(name="counter", execution_timeout=600)
+class Counter:
+    """Three steps, then continue as new with ``n + 1`` until ``until``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def tick(self, n: int, i: int) -> int:
+        self.calls.append((n, i))
+        return i
+
+    async def run(self, ctx: WorkflowCtx, input: Count) -> int:
+        for i in range(3):
+            await ctx.step(self.tick, input.n, i)
+        if input.n < input.until:
+            ctx.continue_as_new(Count(n=input.n + 1, until=input.until))
+        return input.n * 10
+
+
+def test_successor_ids_count_from_the_base() -> None:
+    assert successor_id("order-1") == "order-1~1"
+    assert successor_id("order-1~1") == "order-1~2"
+    assert successor_id("order-1~9") == "order-1~10"
+    assert successor_id("a~b") == "a~b~1"  # (not a number: part of the base)
+    assert base_id("order-1~12") == "order-1" and base_id("order-1") == "order-1"
+
+
+async def test_a_chain_of_runs_with_fresh_histories(store: Any) -> None:
+    wf = Counter()
+    async with TestEnv([wf], store=store) as env:
+        await env.start("counter", {"n": 0, "until": 3}, "c", tags=["team:a"])
+        assert await env.result("c") == 30  # followed to the chain's last run
+        assert await env.engines[0].result("c~1", timeout=5) == 30
+        ids = ["c", "c~1", "c~2", "c~3"]
+        for i, rid in enumerate(ids):
+            run = await env.get_run(rid)  # get_run: the run asked for
+            assert run.status is RunStatus.COMPLETED
+            assert run.input == {"n": i, "until": 3}
+            assert run.continued_as == (ids[i + 1] if i < 3 else None)
+            assert run.tags == ("team:a",)
+            assert run.workflow_version == "1"
+            assert run.deadline_at == pytest.approx(run.created_at + 600)  # a fresh deadline
+            events = (await env.history(rid)).events
+            assert events[0].type == "run_started" and events[0].seq == 1
+            assert [e.type for e in events[1:4]] == ["step_completed"] * 3
+            if i < 3:
+                assert [e.type for e in events[4:]] == ["run_continued", "run_completed"]
+                cont = events[4]
+                assert isinstance(cont, RunContinued)
+                assert cont.next_run_id == ids[i + 1]
+                assert cont.input == {"n": i + 1, "until": 3}
+                assert run.output is None
+            else:
+                assert [e.type for e in events[4:]] == ["run_completed"]
+        assert sorted(r.id for r in await env.store.list_runs(workflow="counter")) == ids
+        assert wf.calls == [(n, i) for n in range(4) for i in range(3)]  # each step once
+
+
+async def test_the_successor_runs_at_once_on_the_committing_worker() -> None:
+    """A loop costs no poll: the successor is leased to the worker that committed the
+    continuation and executed right away (no virtual time passes, one instance of three)."""
+    wf = Counter()
+    async with TestEnv([wf], instances=3) as env:
+        await env.engines[1].start("counter", {"n": 0, "until": 2}, "c")
+        await env.run_until_idle()
+        runs = [await env.get_run(r) for r in ("c", "c~1", "c~2")]
+        assert all(r.status is RunStatus.COMPLETED for r in runs)
+        assert len({r.updated_at for r in runs}) == 1  # the virtual clock never moved
+        assert [e.type for e in (await env.history("c~1")).events][0] == "run_started"
+
+
+@workflow(name="forever")
+class Forever:
+    """Loops forever (until ``stop``, a bound for the test only), continuing as new every
+    1,000 steps: each run's history stays bounded."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    async def tick(self, i: int) -> int:
+        self.steps += 1
+        return i + 1
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> int:
+        i = input["i"]
+        while i < input["stop"]:
+            i = await ctx.step(self.tick, i)
+            if i % 1000 == 0:
+                ctx.continue_as_new({"i": i, "stop": input["stop"]})
+        return i
+
+
+async def test_a_forever_loop_keeps_each_history_bounded() -> None:
+    wf = Forever()
+    async with TestEnv([wf]) as env:
+        await env.start("forever", {"i": 0, "stop": 10_001}, "loop")
+        assert await env.result("loop") == 10_001
+        assert wf.steps == 10_001  # 10,000 iterations in 10 runs, and one more
+        for k in range(11):
+            rid = "loop" if k == 0 else f"loop~{k}"
+            events = (await env.history(rid)).events
+            # run_started, at most 1,000 steps, run_continued, run_completed
+            assert len(events) <= 1003, (rid, len(events))
+        assert (await env.get_run("loop~9")).continued_as == "loop~10"
+        assert (await env.get_run("loop~10")).continued_as is None
+
+
+class Keyed(BaseModel):
+    key: str
+    n: int = 0
+    until: int = 1
+
+
+@workflow(name="keyed-loop", singleton=Singleton(key=lambda i: i.key))
+class KeyedLoop:
+    """A singleton holder that waits for ``go`` and continues as new until ``until``."""
+
+    async def run(self, ctx: WorkflowCtx, input: Keyed) -> int:
+        await ctx.wait_for_signal("go")
+        if input.n < input.until:
+            ctx.continue_as_new(Keyed(key=input.key, n=input.n + 1, until=input.until))
+        return input.n
+
+
+async def test_a_singleton_holder_passes_its_slot_to_its_successor(store: Any) -> None:
+    async with TestEnv([KeyedLoop()], store=store) as env:
+        await env.start("keyed-loop", {"key": "k", "until": 1}, "h")
+        await env.run_until_idle()
+        await env.start("keyed-loop", {"key": "k", "until": 0}, "w")  # queues meanwhile
+        await env.run_until_idle()
+        assert (await env.get_run("w")).admitted is False
+        await env.signal("h", "go")
+        await env.run_until_idle()
+        h, h1, w = [await env.get_run(r) for r in ("h", "h~1", "w")]
+        assert h.status is RunStatus.COMPLETED and h.continued_as == "h~1"
+        assert h1.admitted and h1.status.active  # the slot went to the successor
+        assert not w.admitted and w.status is RunStatus.SUSPENDED  # still waiting
+        h_types = [e.type for e in (await env.history("h")).events]
+        assert h_types[-3:] == ["singleton_released", "run_continued", "run_completed"]
+        h1_types = [e.type for e in (await env.history("h~1")).events]
+        assert h1_types[:2] == ["run_started", "singleton_admitted"]
+        assert "singleton_admitted" not in [e.type for e in (await env.history("w")).events]
+        # the chain ends: then the waiter gets the slot
+        await env.signal("h~1", "go")
+        await env.run_until_idle()
+        assert (await env.get_run("h~1")).status is RunStatus.COMPLETED
+        assert (await env.get_run("w")).admitted
+        await env.signal("w", "go")
+        assert await env.result("h") == 1
+        assert await env.result("w") == 0
+
+
+@workflow(name="stubborn")
+class Stubborn:
+    """Continues as new when its wait is cancelled: the pending cancel must win."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        try:
+            await ctx.wait_for_signal("go")
+        except asyncio.CancelledError:
+            ctx.continue_as_new(n + 1)
+        if n < 1:
+            ctx.continue_as_new(n + 1)
+        return n
+
+
+async def test_a_pending_cancel_wins_over_the_continuation(store: Any) -> None:
+    async with TestEnv([Stubborn()], store=store) as env:
+        await env.start("stubborn", 0, "s")
+        await env.run_until_idle()
+        await env.cancel("s")
+        await env.run_until_idle()
+        run = await env.get_run("s")
+        assert run.status is RunStatus.CANCELLED and run.continued_as is None
+        assert await env.store.get_run("s~1") is None
+        types = [e.type for e in (await env.history("s")).events]
+        assert "run_continued" not in types and types[-1] == "run_cancelled"
+
+
+@pytest.mark.parametrize("point", ["before_continuation", "after_continuation"])
+async def test_a_crash_around_the_continuation_leaves_exactly_one_successor(
+    store: Any, point: str
+) -> None:
+    wf = Counter()
+    async with TestEnv([wf], store=store, instances=2) as env:
+        env.crash_at(0, point)
+        await env.engines[0].start("counter", {"n": 0, "until": 1}, "c")
+        await env.run_until_idle()
+        assert env.crashed == [0]
+        await env.advance(31)  # the dead instance's lease expires: instance 1 recovers
+        await env.run_until_idle()
+        assert await env.engines[1].result("c", timeout=5) == 10
+        ids = sorted(r.id for r in await env.store.list_runs(workflow="counter"))
+        assert ids == ["c", "c~1"]  # never two successors, never none
+        for rid in ids:
+            types = [e.type for e in (await env.history(rid)).events]
+            assert types.count("run_started") == 1 and types.count("run_completed") == 1
+            assert types.count("run_continued") == (1 if rid == "c" else 0)
+        if point == "after_continuation":
+            # committed before the crash: the first run's steps ran once, the successor's
+            # (leased to the dead instance) after its lease expired
+            assert wf.calls.count((0, 0)) == 1
+            assert (await env.get_run("c~1")).recoveries == 1
+
+
+@workflow(name="swallower")
+class Swallower:
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        try:
+            ctx.continue_as_new(n + 1)
+        except BaseException:  # noqa: BLE001 - what a body must not do
+            pass
+        return n
+
+
+@workflow(name="bad-next")
+class BadNext:
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        ctx.continue_as_new("not a number")
+
+
+async def test_a_continuation_that_cannot_happen_fails_the_run() -> None:
+    async with TestEnv([Swallower(), BadNext(), Counter()]) as env:
+        await env.start("swallower", 0, "sw")
+        with pytest.raises(WorkflowFailedError, match="must end the body") as caught:
+            await env.result("sw")
+        assert caught.value.error["type"] == "ContinueAsNewError"
+        await env.start("bad-next", 0, "b")
+        with pytest.raises(WorkflowFailedError, match="continue_as_new") as caught:
+            await env.result("b")
+        assert caught.value.error["type"] == "InvalidInputError"
+        # the successor's id belongs to another run: the run fails, the other is untouched
+        await env.start("counter", {"n": 5, "until": 5}, "t~1")
+        assert await env.result("t~1") == 50
+        await env.start("counter", {"n": 0, "until": 1}, "t")
+        with pytest.raises(WorkflowFailedError, match="is taken"):
+            await env.result("t")
+        assert (await env.get_run("t~1")).input == {"n": 5, "until": 5}
+        for rid in ("sw", "b", "t"):
+            assert await env.store.get_run(successor_id(rid)) is None or rid == "t"
+
+
+class NoContinuation(MemoryStore):
+    continues_as_new = False
+
+
+async def test_a_store_without_the_capability_fails_the_run_clearly() -> None:
+    async with TestEnv([Counter()], store=NoContinuation()) as env:
+        await env.start("counter", {"n": 0, "until": 1}, "c")
+        with pytest.raises(WorkflowFailedError, match="continues_as_new") as caught:
+            await env.result("c")
+        assert caught.value.error["type"] == "UnsupportedStoreError"
+        assert await env.store.get_run("c~1") is None
+
+
+@workflow(name="counter")
+class CounterReturns(Counter):
+    """``counter``'s next deploy: it no longer continues."""
+
+    async def run(self, ctx: WorkflowCtx, input: Count) -> int:
+        for i in range(3):
+            await ctx.step(self.tick, input.n, i)
+        return input.n * 10
+
+
+@workflow(name="counter")
+class CounterSkips(Counter):
+    """``counter`` continuing with another input."""
+
+    async def run(self, ctx: WorkflowCtx, input: Count) -> int:
+        for i in range(3):
+            await ctx.step(self.tick, input.n, i)
+        ctx.continue_as_new(Count(n=input.n + 2, until=input.until))
+
+
+async def test_replay_checks_the_continuation_like_the_output() -> None:
+    async with TestEnv([Counter()]) as env:
+        await env.start("counter", {"n": 0, "until": 1}, "c")
+        await env.result("c")
+        first = (await env.history("c")).to_json()
+        last = (await env.history("c~1")).to_json()
+    await asyncio.to_thread(replay, first, Counter)
+    await asyncio.to_thread(replay, last, Counter)
+    with pytest.raises(NonDeterminismError, match="without continue-as-new"):
+        await asyncio.to_thread(replay, first, CounterReturns)
+    with pytest.raises(NonDeterminismError, match="different input"):
+        await asyncio.to_thread(replay, first, CounterSkips)
+    with pytest.raises(NonDeterminismError, match="continue_as_new"):
+        await asyncio.to_thread(replay, last, CounterSkips)
+
+
+async def test_result_follows_the_chain_with_a_timeout() -> None:
+    async with TestEnv([KeyedLoop()]) as env:
+        await env.start("keyed-loop", {"key": "x", "until": 2}, "k")
+        await env.run_until_idle()
+        await env.signal("k", "go")
+        await env.run_until_idle()
+        with pytest.raises(TimeoutError, match="k~1"):
+            await env.engines[0].result("k", timeout=0.05)
+        await env.signal("k~1", "go")
+        await env.run_until_idle()
+        await env.signal("k~2", "go")
+        assert await env.result("k") == 2
