@@ -52,6 +52,17 @@ def base_id(run_id: str) -> str:
     return run_id if m is None else run_id[: m.start()]
 
 
+def predecessor_id(run_id: str) -> str | None:
+    """The id of the run that ``run_id`` would continue (``base~(n-1)``, ``base`` for
+    ``base~1``), or ``None`` for a chain's first id. Only ``Run.continued_as`` of that run
+    says whether it did."""
+    m = _SUFFIX.search(run_id)
+    if m is None or int(m.group(1)) < 1:
+        return None
+    base, n = run_id[: m.start()], int(m.group(1))
+    return base if n == 1 else f"{base}~{n - 1}"
+
+
 async def settle(
     drive: Drive,
     run: Run,
@@ -172,4 +183,4 @@ async def settle(
         drive._seat.dispatch(sid)
 
 
-__all__ = ["base_id", "settle", "successor_id"]
+__all__ = ["base_id", "predecessor_id", "settle", "successor_id"]

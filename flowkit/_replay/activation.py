@@ -213,9 +213,7 @@ class Activation:
         defn = self.defn
         try:
             value = defn.input_adapter.validate_python(st.continued[0])
-            data = _serde.to_json(
-                value, defn.input_adapter, "workflow input", st.max_payload_bytes
-            )
+            data = _serde.to_json(value, defn.input_adapter, "workflow input", st.max_payload_bytes)
         except (ValidationError, SerializationError) as err:
             bad = InvalidInputError(defn.name, f"ctx.continue_as_new(): {err}")
             return Failed(error_info(bad))

@@ -132,9 +132,7 @@ async def check_continue_as_new_is_all_or_nothing(make: StoreFactory) -> None:
     await expect_unchanged(s, "a~1", taken_before, "a continuation to an existing id")
     expect_eq((await get(s, "a~1")).input, taken.input, "the existing run's input")
     # a cancel landed first: the expected status fails, no successor
-    cancelling = await put(
-        s, mk("b", status=S.CANCELLING, lease_owner="w1", lease_expires=T0 + 30)
-    )
+    cancelling = await put(s, mk("b", status=S.CANCELLING, lease_owner="w1", lease_expires=T0 + 30))
     before = await state(s, "b")
     succ = successor(cancelling, "b~1", t=T0 + 1, owner="w1")
     await expect_raises(
