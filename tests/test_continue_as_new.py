@@ -25,7 +25,7 @@ from flowkit import (
 from flowkit._continue import base_id, successor_id
 from flowkit.events import RunContinued
 from flowkit.stores import MemoryStore
-from flowkit_testing import TestEnv
+from flowkit_testing import FaultPlan, InstanceCrashed, TestEnv
 
 
 class Count(BaseModel):
@@ -334,3 +334,40 @@ async def test_result_follows_the_chain_with_a_timeout() -> None:
         await env.run_until_idle()
         await env.signal("k~2", "go")
         assert await env.result("k") == 2
+
+
+async def test_a_seeded_crash_plan_around_continuations_leaves_whole_chains() -> None:
+    """The deterministic simulation: three instances, each dying at random at the crash
+    points around the continuation's commit; once all are back, every chain is whole (one
+    run per link, ``run_continued`` once in each but the last) and ends with its output."""
+    wf = Counter()
+    plan = FaultPlan(crash_rate=0.4, crash_points=("before_continuation", "after_continuation"))
+    async with TestEnv([wf], instances=3, seed=7, faults=plan) as env:
+        for i in range(4):
+            while True:  # the instance may die while serving the start: try another
+                live = [j for j in range(3) if j not in env.crashed]
+                if not live:
+                    await env.restart(0)
+                    continue
+                try:
+                    await env.engines[live[0]].start("counter", {"n": 0, "until": 3}, f"r{i}")
+                    break
+                except InstanceCrashed:
+                    continue
+        await env.run_until_idle()
+        crashes = [f for f in env.fired if f[3] == "crash"]
+        assert crashes, "the seed should have crashed some instance"
+        env.fault_plan = None
+        for j in list(env.crashed):
+            await env.restart(j)
+        await env.advance(31)
+        await env.run_until_idle()
+        for i in range(4):
+            assert await env.engines[0].result(f"r{i}", timeout=5) == 30
+            chain = [f"r{i}", *(f"r{i}~{n}" for n in range(1, 4))]
+            ids = sorted(r.id for r in await env.store.list_runs() if r.id.startswith(f"r{i}"))
+            assert ids == chain
+            for k, rid in enumerate(chain):
+                types = [e.type for e in (await env.history(rid)).events]
+                assert types.count("run_continued") == (k < 3)
+                assert types.count("run_started") == 1 and types[-1] == "run_completed"
