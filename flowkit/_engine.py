@@ -460,8 +460,10 @@ class Engine:
     # -- results and queries -----------------------------------------------------------
     async def result(self, run_id: str, timeout: float | None = None) -> Any:
         """Wait for the run to settle; return its output or raise ``WorkflowFailedError`` /
-        ``RunCancelledError``. ``timeout`` (real seconds) raises ``ResultTimeoutError`` (a
-        ``TimeoutError``) saying the run's status and why it may not have moved."""
+        ``RunCancelledError``. A run that continued as new (``Run.continued_as``) is followed
+        to the last run of its chain, whose outcome it is. ``timeout`` (real seconds) raises
+        ``ResultTimeoutError`` (a ``TimeoutError``) saying the status of the chain's current
+        run and why it may not have moved."""
         chain = [run_id]  # (the run the wait is at: a continue-as-new moves it on)
         try:
             async with asyncio.timeout(timeout):

@@ -24,7 +24,7 @@ from flowkit import (
 )
 from flowkit._continue import base_id, successor_id
 from flowkit.events import RunContinued
-from flowkit.stores import MemoryStore
+from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore
 from flowkit_testing import FaultPlan, InstanceCrashed, TestEnv
 
 
@@ -371,3 +371,47 @@ async def test_a_seeded_crash_plan_around_continuations_leaves_whole_chains() ->
                 types = [e.type for e in (await env.history(rid)).events]
                 assert types.count("run_continued") == (k < 3)
                 assert types.count("run_started") == 1 and types[-1] == "run_completed"
+
+
+@workflow(name="rekey", singleton=Singleton(key=lambda i: i.key))
+class Rekey:
+    """Continues once under another key: the old key's slot is released as by a settling."""
+
+    async def run(self, ctx: WorkflowCtx, input: Keyed) -> int:
+        await ctx.wait_for_signal("go")
+        if input.n < input.until:
+            ctx.continue_as_new(Keyed(key="other", n=input.n + 1, until=input.until))
+        return input.n
+
+
+async def test_a_continuation_under_another_key_releases_the_old_one(store: Any) -> None:
+    async with TestEnv([Rekey()], store=store) as env:
+        await env.start("rekey", {"key": "k", "until": 1}, "r")
+        await env.start("rekey", {"key": "k", "until": 0}, "w")
+        await env.run_until_idle()
+        await env.signal("r", "go")
+        await env.run_until_idle()
+        r1, w = await env.get_run("r~1"), await env.get_run("w")
+        assert r1.singleton_key == "other" and r1.admitted  # (a free key: admitted by its gate)
+        assert w.admitted  # the old key's slot went to its waiter
+        assert "singleton:k" not in r1.tags and "singleton:other" in r1.tags
+        await env.signal("r~1", "go")
+        await env.signal("w", "go")
+        assert await env.result("r") == 1 and await env.result("w") == 0
+
+
+async def test_a_codec_store_encrypts_the_successor_like_a_new_run() -> None:
+    inner = MemoryStore()
+    store = CodecStore(inner, AESGCMCodec({"k1": bytes(range(32))}))
+    async with TestEnv([Counter()], store=store) as env:
+        await env.start("counter", {"n": 0, "until": 1}, "c")
+        assert await env.result("c") == 10
+        assert (await env.get_run("c~1")).input == {"n": 1, "until": 1}
+        cont = next(e for e in (await env.history("c")).events if isinstance(e, RunContinued))
+        assert cont.input == {"n": 1, "until": 1}
+    raw = await inner.get_run("c~1")
+    assert raw is not None and raw.input != {"n": 1, "until": 1}  # stored encrypted
+    raw_cont = next(e for e in await inner.load_events("c") if isinstance(e, RunContinued))
+    assert raw_cont.input != {"n": 1, "until": 1}
+    raw_start = (await inner.load_events("c~1"))[0]
+    assert raw_start.type == "run_started" and raw_start.input != {"n": 1, "until": 1}
