@@ -183,4 +183,25 @@ async def settle(
         drive._seat.dispatch(sid)
 
 
-__all__ = ["base_id", "predecessor_id", "settle", "successor_id"]
+async def adopt(drive: Drive, run: Run) -> None:
+    """A continuation whose commit failed in flight had landed (a fresh read finds ``run``
+    settled with ``continued_as``): its successor is leased here but nobody executes it.
+    Resume it at once rather than leave it until its lease expires. Best effort."""
+    sid = run.continued_as
+    if sid is None:
+        return
+    try:
+        nxt = await drive.store.get_run(sid)
+    except Exception:
+        return  # (its lease expires; any worker recovers it then)
+    seat = drive._seat
+    if (
+        nxt is not None
+        and nxt.status.active
+        and nxt.lease_owner == drive.owner
+        and not seat.executing(sid)
+    ):
+        seat.resume(sid)
+
+
+__all__ = ["adopt", "base_id", "predecessor_id", "settle", "successor_id"]

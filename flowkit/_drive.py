@@ -112,6 +112,8 @@ class Drive:
                     if run is None or not run.status.active or run.lease_owner != self.owner:
                         if handing is not None:  # it landed: runs may have been handed to us
                             await self._adopt(handing)
+                        if run is not None and run.continued_as is not None:
+                            await _continue.adopt(self, run)  # (so did a continuation)
                         self._follow(run)
                         return
                     proof.stored(run.lease_expires, cfg.lease_ttl)

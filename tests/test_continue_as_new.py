@@ -25,7 +25,8 @@ from flowkit import (
 from flowkit._continue import base_id, successor_id
 from flowkit.events import RunContinued
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore
-from flowkit_testing import FaultPlan, InstanceCrashed, TestEnv
+from flowkit_testing import FaultPlan, InstanceCrashed, Rule, TestEnv
+from flowkit_testing._faults import _continues
 
 
 class Count(BaseModel):
@@ -415,3 +416,19 @@ async def test_a_codec_store_encrypts_the_successor_like_a_new_run() -> None:
     assert raw_cont.input != {"n": 1, "until": 1}
     raw_start = (await inner.load_events("c~1"))[0]
     assert raw_start.type == "run_started" and raw_start.input != {"n": 1, "until": 1}
+
+
+async def test_a_continuation_that_landed_though_its_call_failed_runs_its_successor() -> None:
+    """The commit wrote (run and successor) but its call failed: the fresh read finds the run
+    settled, and the successor leased here is resumed at once, not after its lease expires."""
+    wf = Counter()
+    async with TestEnv([wf]) as env:
+        env.inject(Rule("commit", "fault", "after", match=_continues))
+        await env.start("counter", {"n": 0, "until": 1}, "c")
+        await env.run_until_idle()
+        nxt = await env.get_run("c~1")
+        assert nxt.status is RunStatus.COMPLETED and nxt.recoveries == 0
+        assert env.clock.now() - (await env.get_run("c")).created_at < 30  # (no lease expiry)
+        assert await env.result("c") == 10
+        ids = sorted(r.id for r in await env.store.list_runs())
+        assert ids == ["c", "c~1"]
