@@ -432,3 +432,31 @@ async def test_a_continuation_that_landed_though_its_call_failed_runs_its_succes
         assert await env.result("c") == 10
         ids = sorted(r.id for r in await env.store.list_runs())
         assert ids == ["c", "c~1"]
+
+
+class CancelRacer(MemoryStore):
+    """Lands ``engine.cancel`` of a run right before the commit of its continuation."""
+
+    env: TestEnv | None = None
+    raced = False
+
+    async def commit(self, run_id: str, owner: str | None, now: float, update: Any) -> Any:
+        if update.successor is not None and not self.raced and self.env is not None:
+            self.raced = True
+            await self.env.engines[0].cancel(run_id)  # (not env.cancel: it waits for idle)
+        return await super().commit(run_id, owner, now, update)
+
+
+async def test_a_cancel_landing_before_the_continuation_commit_wins() -> None:
+    store = CancelRacer()
+    async with TestEnv([Counter()], store=store) as env:
+        store.env = env
+        await env.start("counter", {"n": 0, "until": 1}, "c")
+        await env.run_until_idle()
+        assert store.raced
+        run = await env.get_run("c")
+        assert run.status is RunStatus.CANCELLED and run.continued_as is None
+        assert run.recoveries == 0  # settled by the same activation, not after a lease expiry
+        assert await env.store.get_run("c~1") is None
+        types = [e.type for e in (await env.history("c")).events]
+        assert "run_continued" not in types and types[-1] == "run_cancelled"
