@@ -107,7 +107,8 @@ _leaf_kind = st.sampled_from(["step", "sleep", "signal", "patch"])
 
 
 @st.composite
-def programs(draw: st.DrawFn) -> list[Any]:
+def programs(draw: st.DrawFn, continues: bool = False) -> list[Any]:
+    """A random program; with ``continues``, some top-level ops are ``["continue"]``."""
     counter = {"step": 0, "signal": 0}
 
     def leaf() -> list[Any]:
@@ -123,7 +124,7 @@ def programs(draw: st.DrawFn) -> list[Any]:
 
     prog: list[Any] = []
     for _ in range(draw(st.integers(0, 7))):
-        if draw(st.integers(0, 7)) == 0:
+        if continues and draw(st.integers(0, 7)) == 0:
             prog.append(["continue"])
         elif draw(st.integers(0, 3)) == 0:
             children = [leaf() for _ in range(draw(st.integers(1, 4)))]
@@ -247,7 +248,7 @@ def _before_the_patches(h: flowkit.History, prog: list[Any]) -> flowkit.History:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(prog=programs())
+@given(prog=programs(continues=True))
 async def test_random_programs_run_once_and_replay(prog: list[Any]) -> None:
     await _check_program(prog)
 
