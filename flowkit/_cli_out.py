@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import _serde
+from ._continue import predecessor_id
 from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW, no_live_worker
 from .events import (
@@ -21,6 +22,7 @@ from .events import (
     Event,
     PatchMarker,
     RunCompleted,
+    RunContinued,
     RunDead,
     RunFailed,
     RunRetried,
@@ -240,6 +242,20 @@ def no_worker_line(run: Run) -> str:
     )
 
 
+async def chain_lines(store: Any, run: Run) -> list[str]:
+    """``flowkit show``'s lines on a continue-as-new chain: the run it continued from (its
+    predecessor's ``continued_as`` names it) and the run it continued as."""
+    lines = []
+    prev = predecessor_id(run.id)
+    if prev is not None:
+        before = await store.get_run(prev)
+        if before is not None and before.continued_as == run.id:
+            lines.append(f"  continued from {_escape(prev)}")
+    if run.continued_as is not None:
+        lines.append(f"  continued as {_escape(run.continued_as)} (continue-as-new)")
+    return lines
+
+
 def _describe(ev: Event, t0: float) -> str:
     """The readable part of one event (the timeline's last column)."""
     match ev:
@@ -294,12 +310,15 @@ def _describe(ev: Event, t0: float) -> str:
             return f"activation lost {ev.recoveries} times;{why}"
         case PatchMarker():
             return f"took patch {ev.patch_id}"
+        case RunContinued():
+            return f"continued as {_escape(ev.next_run_id)} input {_value(ev.input)}"
         case _:
             return ""
 
 
 EVENT_STYLE = {
     "run_completed": "green",
+    "run_continued": "green",
     "run_failed": "bold red",
     "step_failed": "red",
     "compensation_completed": "yellow",

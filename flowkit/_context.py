@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, NoReturn, Protocol, TypeVar, overload
 
 from ._definition import RetryPolicy
 
@@ -50,6 +50,8 @@ class Runtime(Protocol):
     def random(self) -> float: ...
 
     def randbits(self, k: int) -> int: ...
+
+    def continue_as_new(self, input: Any) -> NoReturn: ...
 
 
 class WorkflowCtx:
@@ -170,6 +172,15 @@ class WorkflowCtx:
     def uuid4(self) -> uuid.UUID:
         """A deterministic version-4 UUID."""
         return uuid.UUID(int=self._rt.randbits(128), version=4)
+
+    def continue_as_new(self, input: Any) -> NoReturn:
+        """End this run and start its successor ``f"{base}~{n}"`` (same workflow and version)
+        with ``input`` and a fresh history, in one transaction (DESIGN §10). It never returns:
+        it raises an internal control-flow exception (a ``BaseException``) that the body must
+        let through; a body that catches it and goes on fails its run. A pending cancel wins
+        (the run settles ``cancelled``, no successor); an ``input`` that does not validate
+        fails the run. See docs/composing-workflows.md, "Continue-as-new"."""
+        self._rt.continue_as_new(input)
 
     @property
     def run_id(self) -> str:

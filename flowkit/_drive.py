@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from . import _bounds, _cancel
+from . import _bounds, _cancel, _continue
 from . import _gate as gate
 from ._definition import WorkflowDefinition
 from ._host import Host, StepRunner, Try, clean
@@ -23,6 +23,7 @@ from ._replay import (
     Activation,
     Cancelled,
     Completed,
+    Continued,
     Diverged,
     Evicted,
     Failed,
@@ -111,6 +112,8 @@ class Drive:
                     if run is None or not run.status.active or run.lease_owner != self.owner:
                         if handing is not None:  # it landed: runs may have been handed to us
                             await self._adopt(handing)
+                        if run is not None and run.continued_as is not None:
+                            await _continue.adopt(self, run)  # (so did a continuation)
                         self._follow(run)
                         return
                     proof.stored(run.lease_expires, cfg.lease_ttl)
@@ -323,6 +326,13 @@ class Drive:
         self._seat.attach(run.id, act)
         t.op = "recording the run's events"
         outcome = await act.run()
+        if isinstance(outcome, Continued):  # (a pending cancel wins over the continuation)
+            if act.st.cancel_requested:
+                outcome = Cancelled()
+            else:
+                pending = act.pending
+                await _continue.settle(self, run, outcome.input, defn, admitted, notify, pending, t)
+                return
         if isinstance(outcome, Evicted):
             if act.store_error is not None:
                 raise act.store_error
@@ -501,8 +511,8 @@ class Drive:
                         release_lease=True,
                     ),
                 )
-            case Evicted():
-                pass
+            case Evicted() | Continued(_):
+                pass  # (a continuation settles by ``_continue.settle``)
 
     def _committer(self, t: Try) -> gate.Commit:
         """``_commit`` for the try ``t`` (the gate writes through it too)."""

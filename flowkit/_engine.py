@@ -467,15 +467,22 @@ class Engine:
     # -- results and queries -----------------------------------------------------------
     async def result(self, run_id: str, timeout: float | None = None) -> Any:
         """Wait for the run to settle; return its output or raise ``WorkflowFailedError`` /
-        ``RunCancelledError``. ``timeout`` (real seconds) raises ``ResultTimeoutError`` (a
-        ``TimeoutError``) saying the run's status and why it may not have moved."""
+        ``RunCancelledError``. A run that continued as new (``Run.continued_as``) is followed
+        to the last run of its chain, whose outcome it is. ``timeout`` (real seconds) raises
+        ``ResultTimeoutError`` (a ``TimeoutError``) saying the status of the chain's current
+        run and why it may not have moved."""
+        chain = [run_id]  # (the run the wait is at: a continue-as-new moves it on)
         try:
             async with asyncio.timeout(timeout):
-                return await self._wait_settled(run_id)
+                return await self._wait_settled(run_id, chain)
         except TimeoutError as exc:
             if isinstance(exc, ResultTimeoutError) or timeout is None:
                 raise
+            run_id = chain[-1]
             run = await self.store.get_run(run_id)
+            while run is not None and run.status.terminal and run.continued_as is not None:
+                run_id = run.continued_as
+                run = await self.store.get_run(run_id)
             if run is None:
                 raise RunNotFoundError(run_id) from None
             if run.status.terminal:  # settled as the timeout struck
@@ -540,29 +547,34 @@ class Engine:
             parts.append(here)
         return "; ".join(parts) or "it is waiting"
 
-    async def _wait_settled(self, run_id: str) -> Any:
+    async def _wait_settled(self, run_id: str, chain: list[str]) -> Any:
         """Until the run settles. The settling commit of any engine on this bus wakes it with
         the settled snapshot, and a run that leaves this engine's worker unsettled wakes it
         for a fresh read. No store says when a run settled elsewhere (another process, an
         engine with a bus of its own; ``watch`` tells of claimable work only), so a run
         without an activation here is read again every ``RESULT_POLL`` seconds; one with an
-        activation here only every ``RESULT_POLL_HERE``."""
+        activation here only every ``RESULT_POLL_HERE``. A run that continued as new
+        (``Run.continued_as``) is followed to its successor, to the chain's last run; each id
+        is appended to ``chain``."""
         read = not self.executing(run_id)  # executing here: its settlement comes by the bus
         while True:
             fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
             try:
-                if read:
-                    run = await self._get(run_id)
-                    if run.status.terminal:
-                        return self._outcome(run)
-                here = self._worker is not None and self._worker.holds(run_id)
-                await asyncio.wait({fut}, timeout=RESULT_POLL_HERE if here else RESULT_POLL)
-                settled = fut.result() if fut.done() else None
-                if isinstance(settled, Run) and settled.status.terminal:
-                    return self._outcome(settled)  # the settling commit's own snapshot
-                read = True
+                settled: Run | None = await self._get(run_id) if read else None
+                if settled is None or not settled.status.terminal:
+                    here = self._worker is not None and self._worker.holds(run_id)
+                    await asyncio.wait({fut}, timeout=RESULT_POLL_HERE if here else RESULT_POLL)
+                    got = fut.result() if fut.done() else None
+                    settled = got if isinstance(got, Run) else None
             finally:
                 self.bus.discard(run_id, fut)
+            read = True
+            if settled is not None and settled.status.terminal:
+                if settled.continued_as is None:
+                    return self._outcome(settled)  # (the settling commit's own snapshot)
+                run_id = settled.continued_as  # on to the successor
+                chain.append(run_id)
+                read = not self.executing(run_id)
 
     def _outcome(self, run: Run) -> Any:
         if run.status is RunStatus.COMPLETED:

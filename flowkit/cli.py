@@ -30,6 +30,7 @@ from ._cli_out import (
     _lease_left,
     _status,
     _value,
+    chain_lines,
     encrypted,
     lease_cell,
     no_worker_line,
@@ -198,6 +199,8 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
         out.line(f"  deadline {_fmt_time(run.deadline_at)} (execution_timeout)")
     if run.recoveries:
         out.line(f"  recovered {run.recoveries} times (activations lost: their worker died)")
+    for line in await chain_lines(store, run):
+        out.line(line)
     if run.singleton_key is not None:
         lane = (await _lanes(store, [run])).get(run.id, "")
         out.line(f"  singleton {run.singleton_key}" + (f": {lane}" if lane else ""))

@@ -325,7 +325,8 @@ class TestEnv:
         return run
 
     async def result(self, run_id: str) -> Any:
-        """Run until idle, then return the run's result (or raise its failure)."""
+        """Run until idle, then return the run's result (or raise its failure); a run that
+        continued as new answers with the last run of its chain (as ``Engine.result``)."""
         await self.run_until_idle()
         return await self._client().result(run_id, timeout=5)
 

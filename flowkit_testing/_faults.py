@@ -77,6 +77,12 @@ def _records_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return isinstance(update, Update) and any(isinstance(e, StepCompleted) for e in update.events)
 
 
+def _continues(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``commit`` of a continue-as-new (``Update.successor``)."""
+    update = kwargs.get("update", args[3] if len(args) > 3 else None)
+    return isinstance(update, Update) and update.successor is not None
+
+
 def _appends_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """``append_events`` (stores with ``appends_events``: how the engine records a step)."""
     events = kwargs.get("events", args[3] if len(args) > 3 else ())
@@ -148,6 +154,10 @@ CRASH_SITES: dict[str, tuple[CrashSite, ...]] = {
     # it runs again; recorded: it never runs again
     "before_compensation_record": (CrashSite("commit", "before", _records_undo),),
     "after_compensation_record": (CrashSite("commit", "after", _records_undo),),
+    # ctx.continue_as_new: the run's settlement and its successor not yet committed, or
+    # committed (both in one transaction) and the successor not yet run
+    "before_continuation": (CrashSite("commit", "before", _continues),),
+    "after_continuation": (CrashSite("commit", "after", _continues),),
     # the run was claimed (lease taken) and nothing else happened
     "after_claim": (CrashSite("claim", "after"),),
     # the singleton slot is claimed and stored, its admission event not yet recorded: by the

@@ -125,6 +125,8 @@ def test_registry_covers_every_check_function() -> None:
         "claim_by_version",
         "due_runs_by_version",
         "record_worker",
+        "continue_as_new_creates_the_successor",
+        "continue_as_new_is_all_or_nothing",
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -151,6 +153,11 @@ def test_registry_covers_every_check_function() -> None:
         "hand_over_only_to_a_version_of_the_releaser",
     }
     assert {n for n, c in CHECKS.items() if "records_workers" in c.requires} == {"record_worker"}
+    assert {n for n, c in CHECKS.items() if "continues_as_new" in c.requires} == {
+        "continue_as_new_creates_the_successor",
+        "continue_as_new_is_all_or_nothing",
+        "continue_as_new_passes_the_slot",
+    }
 
 
 async def test_run_all_returns_every_check_name() -> None:
@@ -184,6 +191,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "next_due_after",
         "claims_by_version",
         "records_workers",
+        "continues_as_new",
     }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
     assert "next_due_after" in ran

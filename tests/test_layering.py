@@ -40,6 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._cancel",
         "flowkit._bounds",
         "flowkit._host",
+        "flowkit._continue",
         "flowkit._drive",
         "flowkit._worker",
     ),

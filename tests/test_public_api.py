@@ -111,9 +111,9 @@ FLOWKIT_TESTING = [
 ]  # fmt: skip
 FLOWKIT_STORES = [
     "AESGCMCodec", "Admission", "AdmitsOnCreate", "AppendsEvents", "Codec", "CodecError",
-    "CodecStore", "CommitResult", "ConflictError", "EncryptedStoreError", "HandOff",
-    "InboxSignal", "MemoryStore", "NextDueAfter", "Notify", "QueueCap", "RecordsAdmission",
-    "ReleasesLeases", "SqlStore", "Store", "Update",
+    "CodecStore", "CommitResult", "ConflictError", "ContinuesAsNew", "EncryptedStoreError",
+    "HandOff", "InboxSignal", "MemoryStore", "NextDueAfter", "Notify", "QueueCap",
+    "RecordsAdmission", "ReleasesLeases", "SqlStore", "Store", "Successor", "Update",
 ]  # fmt: skip
 
 FLOWKIT_STORES_LIMITS = [

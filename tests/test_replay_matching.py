@@ -15,6 +15,7 @@ from flowkit.events import (
     ErrorInfo,
     Event,
     RunCompleted,
+    RunContinued,
     RunStarted,
     SignalReceived,
     SingletonGated,
@@ -54,6 +55,7 @@ ERROR = ErrorInfo(type="ValueError", message="no")
         (SingletonGated(key="k"), set()),
         (CancelRequested(), set()),
         (RunCompleted(), set()),
+        (RunContinued(next_run_id="r~1", input=1), set()),  # (checked at the end of the body)
     ],
     ids=lambda v: getattr(v, "type", ""),
 )

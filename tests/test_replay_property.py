@@ -1,6 +1,7 @@
-"""Property: any program of steps, sleeps, signal waits, patches and gathers runs to
-completion in a TestEnv, executes each step exactly once, records a gap-free history, and
-replays cleanly; a body that renames its steps does not. Patches: the history replays against
+"""Property: any program of steps, sleeps, signal waits, patches, gathers and continue-as-new
+runs to completion in a TestEnv (a chain of runs, one per segment between continuations),
+executes each step exactly once, records gap-free histories, and replays cleanly; a body that
+renames its steps does not. Patches: the history replays against
 the deprecate and removal deploys of its patches, and the same history recorded before the
 patches existed (without markers) replays against the patched code, every patch False."""
 
@@ -23,6 +24,7 @@ from flowkit_testing import TestEnv
 # A program is a JSON list of ops (it is the workflow input, so replay sees it too):
 #   ["step", label, is_async] | ["sleep", seconds] | ["signal", name, send_early]
 #   | ["patch", patch_id] (the value of ctx.patched) | ["gather", wrapped, [leaf ops]]
+#   | ["continue"] (ctx.continue_as_new with the rest of the program: a run per segment)
 #   (wrapped: children are coroutines calling ctx, else the ctx awaitables themselves; a
 #   patch, not awaitable, is a coroutine of its own either way)
 
@@ -69,7 +71,9 @@ class _ProgramBody:
 
     async def run(self, ctx: WorkflowCtx, input: list[Any]) -> list[Any]:
         out: list[Any] = []
-        for op in input:
+        for k, op in enumerate(input):
+            if op[0] == "continue":
+                ctx.continue_as_new(input[k + 1 :])
             if op[0] == "gather":
                 wrapped, children = op[1], op[2]
                 aws = [self._wrapped(ctx, c) if wrapped else self._leaf(ctx, c) for c in children]
@@ -103,7 +107,8 @@ _leaf_kind = st.sampled_from(["step", "sleep", "signal", "patch"])
 
 
 @st.composite
-def programs(draw: st.DrawFn) -> list[Any]:
+def programs(draw: st.DrawFn, continues: bool = False) -> list[Any]:
+    """A random program; with ``continues``, some top-level ops are ``["continue"]``."""
     counter = {"step": 0, "signal": 0}
 
     def leaf() -> list[Any]:
@@ -119,7 +124,9 @@ def programs(draw: st.DrawFn) -> list[Any]:
 
     prog: list[Any] = []
     for _ in range(draw(st.integers(0, 7))):
-        if draw(st.integers(0, 3)) == 0:
+        if continues and draw(st.integers(0, 7)) == 0:
+            prog.append(["continue"])
+        elif draw(st.integers(0, 3)) == 0:
             children = [leaf() for _ in range(draw(st.integers(1, 4)))]
             prog.append(["gather", draw(st.booleans()), children])
         else:
@@ -130,8 +137,20 @@ def programs(draw: st.DrawFn) -> list[Any]:
 def _leaves(prog: list[Any]) -> list[list[Any]]:
     out: list[list[Any]] = []
     for op in prog:
-        out.extend(op[2] if op[0] == "gather" else [op])
+        if op[0] != "continue":
+            out.extend(op[2] if op[0] == "gather" else [op])
     return out
+
+
+def _segments(prog: list[Any]) -> list[list[Any]]:
+    """The program of each run of the chain: split at its ``continue`` ops."""
+    segs: list[list[Any]] = [[]]
+    for op in prog:
+        if op[0] == "continue":
+            segs.append([])
+        else:
+            segs[-1].append(op)
+    return segs
 
 
 def _expected(prog: list[Any], patched: bool = True) -> list[Any]:
@@ -147,57 +166,78 @@ def _expected(prog: list[Any], patched: bool = True) -> list[Any]:
     return [[value(c) for c in op[2]] if op[0] == "gather" else value(op) for op in prog]
 
 
+async def _chain(env: TestEnv, run_id: str) -> list[str]:
+    """The ids of the chain that starts at ``run_id``, as far as it goes now."""
+    ids = [run_id]
+    run = await env.get_run(run_id)
+    while run.continued_as is not None:
+        ids.append(run.continued_as)
+        run = await env.get_run(run.continued_as)
+    return ids
+
+
 async def _check_program(prog: list[Any]) -> None:
     wf = Program()
     leaves = _leaves(prog)
+    segs = _segments(prog)
     signals = [op for op in leaves if op[0] == "signal"]
+    early = [op for op in segs[0] if op[0] == "signal" and op[2]]  # (the first run's inbox)
     async with TestEnv([wf], seed=len(prog)) as env:
         await env.start("program", prog, "prog")
-        for sig in signals:
-            if sig[2]:
-                await env.signal("prog", sig[1], f"{sig[1]}-payload")
-        pending = [sig for sig in signals if not sig[2]]
-        for _ in range(len(signals) + 2):
+        for sig in early:
+            await env.signal("prog", sig[1], f"{sig[1]}-payload")
+        pending = [sig for sig in signals if sig not in early]
+        for _ in range(len(signals) + len(segs) + 2):
             await env.run_until_idle()
-            if (await env.get_run("prog")).status is not RunStatus.SUSPENDED or not pending:
+            current = (await _chain(env, "prog"))[-1]
+            if (await env.get_run(current)).status is not RunStatus.SUSPENDED or not pending:
                 break
             sig = pending.pop(0)
-            await env.signal("prog", sig[1], f"{sig[1]}-payload")
-        run = await env.get_run("prog")
+            await env.signal(current, sig[1], f"{sig[1]}-payload")
+        ids = await _chain(env, "prog")
+        assert len(ids) == len(segs)
+        assert ids == ["prog", *(f"prog~{n}" for n in range(1, len(segs)))]
+        run = await env.get_run(ids[-1])
         assert run.status is RunStatus.COMPLETED, (run.status, run.error)
-        assert await env.engines[0].result("prog", timeout=5) == _expected(prog)
+        assert await env.engines[0].result("prog", timeout=5) == _expected(segs[-1])
 
-        h = await env.history("prog")
-        assert [e.seq for e in h] == list(range(1, len(h) + 1))
-        assert h.types[0] == "run_started" and h.types[-1] == "run_completed"
         labels = [op[1] for op in leaves if op[0] == "step"]
         assert wf.execs == Counter(dict.fromkeys(labels, 1))
-        assert h.types.count("step_completed") == len(labels)
-        assert h.types.count("signal_received") == len(signals)
-        n_sleeps = sum(op[0] == "sleep" for op in leaves)
-        assert h.types.count("timer_fired") == n_sleeps
+        types: Counter[str] = Counter()
+        for n, (rid, seg) in enumerate(zip(ids, segs, strict=True)):
+            h = await env.history(rid)
+            types.update(h.types)
+            assert [e.seq for e in h] == list(range(1, len(h) + 1))
+            assert h.types[0] == "run_started" and h.types[-1] == "run_completed"
+            assert h.types.count("run_continued") == (n < len(segs) - 1)
+            seg_leaves = _leaves(seg)
+            patch_ids = [op[1] for op in seg_leaves if op[0] == "patch"]
+            # one marker per patch (each activation asks again; the first one records it)
+            markers = [e.patch_id for e in h if isinstance(e, PatchMarker)]
+            assert sorted(markers) == sorted(set(patch_ids))
 
-        patch_ids = [op[1] for op in leaves if op[0] == "patch"]
-        # one marker per patch (each activation asks again; the first one records it)
-        assert sorted(e.patch_id for e in h if isinstance(e, PatchMarker)) == sorted(set(patch_ids))
-
-        await flowkit.replay_async(h, Program)
-        assert flowkit.History.from_json(h.to_json()) == h
-        await flowkit.replay_async(h, DeprecatedPatches)
-        await flowkit.replay_async(h, RemovedPatches)
-        if patch_ids:
-            await flowkit.replay_async(_before_the_patches(h, prog), Program)
-        if labels:
-            with pytest.raises(flowkit.NonDeterminismError):
-                await flowkit.replay_async(h, RenamedSteps)
+            await flowkit.replay_async(h, Program)
+            assert flowkit.History.from_json(h.to_json()) == h
+            await flowkit.replay_async(h, DeprecatedPatches)
+            await flowkit.replay_async(h, RemovedPatches)
+            if patch_ids:
+                await flowkit.replay_async(_before_the_patches(h, seg), Program)
+            if any(op[0] == "step" for op in seg_leaves):
+                with pytest.raises(flowkit.NonDeterminismError):
+                    await flowkit.replay_async(h, RenamedSteps)
+        assert types["step_completed"] == len(labels)
+        assert types["signal_received"] == len(signals)
+        assert types["timer_fired"] == sum(op[0] == "sleep" for op in leaves)
     gc.collect()  # see conftest: keep abandoned-task finalizers out of later compiles
 
 
 def _before_the_patches(h: flowkit.History, prog: list[Any]) -> flowkit.History:
     """The history the program records without its patches (the code before they existed):
-    no markers (which never shifted a position), and every patch's value False."""
+    no markers (which never shifted a position), and every patch's value False (a run that
+    continued as new has no output to change)."""
     events = [e for e in h if not isinstance(e, PatchMarker)]
-    events[-1] = RunCompleted(output=_expected(prog, patched=False), at=events[-1].at)
+    if "run_continued" not in h.types:
+        events[-1] = RunCompleted(output=_expected(prog, patched=False), at=events[-1].at)
     return flowkit.History(
         h.run_id, [e.model_copy(update={"seq": i}) for i, e in enumerate(events, 1)]
     )
@@ -208,7 +248,7 @@ def _before_the_patches(h: flowkit.History, prog: list[Any]) -> flowkit.History:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(prog=programs())
+@given(prog=programs(continues=True))
 async def test_random_programs_run_once_and_replay(prog: list[Any]) -> None:
     await _check_program(prog)
 
@@ -225,5 +265,10 @@ async def test_fixed_program_covers_every_op() -> None:
         ["signal", "sig3", False],
         ["step", "s5", True],
         ["patch", "p1"],
+        ["continue"],
+        ["signal", "sig4", False],
+        ["patch", "p2"],
+        ["continue"],
+        ["step", "s6", False],
     ]
     await _check_program(prog)

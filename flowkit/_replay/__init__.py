@@ -22,6 +22,7 @@ from .matching import ReplayStub
 from .outcome import (
     Cancelled,
     Completed,
+    Continued,
     Diverged,
     Evicted,
     Failed,
@@ -35,6 +36,7 @@ __all__ = [
     "Activation",
     "Cancelled",
     "Completed",
+    "Continued",
     "Diverged",
     "Evicted",
     "Failed",

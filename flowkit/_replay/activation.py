@@ -19,11 +19,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from .. import _serde
 from .._context import WorkflowCtx
 from .._definition import WorkflowDefinition
 from .._eager import start_next
-from ..errors import NonDeterminismError, SerializationError
+from ..errors import InvalidInputError, NonDeterminismError, SerializationError
 from ..events import ErrorInfo, Event
 from . import compensation
 from .branch import CURRENT, Branch, seed
@@ -33,6 +35,7 @@ from .matching import describe
 from .outcome import (
     Cancelled,
     Completed,
+    Continued,
     Diverged,
     Evicted,
     Failed,
@@ -40,7 +43,7 @@ from .outcome import (
     Suspended,
     error_info,
 )
-from .signals import _ControlFlow, _Diverged, _Evicted
+from .signals import _ContinueAsNew, _ControlFlow, _Diverged, _Evicted
 from .state import ActivationState, Host, Park, with_note
 
 
@@ -183,6 +186,48 @@ class Activation:
                     t.cancel()
                 await asyncio.wait(rest)
 
+    def _unconsumed(self) -> Diverged | None:
+        """The body ended (returned, continued as new) before reaching recorded events."""
+        st = self.st
+        unconsumed = sorted(set(st.index) - st.consumed)
+        if not unconsumed:
+            return None
+        pos = unconsumed[0]
+        return Diverged(
+            NonDeterminismError(
+                pos,
+                describe(st.index[pos][0]),
+                None,
+                with_note("the body returned before reaching it", st.patches.note()),
+            )
+        )
+
+    def _continued(self, exc: BaseException | None) -> Outcome:
+        """The outcome of a body that called ``ctx.continue_as_new``: ``Continued`` with the
+        input validated as ``Engine.start`` validates a new run's; a failure when the input
+        does not fit or the body caught the call's exception and went on."""
+        st = self.st
+        if not isinstance(exc, _ContinueAsNew):
+            return Failed(
+                ErrorInfo(
+                    type="ContinueAsNewError",
+                    message="ctx.continue_as_new() must end the body, but its exception was "
+                    "caught and the body went on (do not catch BaseException around it)",
+                )
+            )
+        left = self._unconsumed()
+        if left is not None:
+            return left
+        assert st.continued is not None
+        defn = self.defn
+        try:
+            value = defn.input_adapter.validate_python(st.continued[0])
+            data = _serde.to_json(value, defn.input_adapter, "workflow input", st.max_payload_bytes)
+        except (ValidationError, SerializationError) as err:
+            bad = InvalidInputError(defn.name, f"ctx.continue_as_new(): {err}")
+            return Failed(error_info(bad))
+        return Continued(data)
+
     def _outcome(self, body: asyncio.Task[Any]) -> Outcome:
         st = self.st
         if st.evicted:
@@ -207,26 +252,23 @@ class Activation:
         if exc is not None:
             if isinstance(exc, _Diverged):
                 return Diverged(exc.args[0])
+            if isinstance(exc, asyncio.CancelledError) and st.cancel_requested:
+                if left is not None:
+                    return self._left(left)
+                return Cancelled()
+        if st.continued is not None:
+            return self._continued(exc)
+        if exc is not None:
             if isinstance(exc, _ControlFlow):
                 return Evicted()
             if left is not None:
                 return self._left(left)
-            if isinstance(exc, asyncio.CancelledError) and st.cancel_requested:
-                return Cancelled()
             return Failed(compensation.with_notes(error_info(exc), st.compensation_notes))
         if left is not None:
             return self._left(left)
-        unconsumed = sorted(set(st.index) - st.consumed)
-        if unconsumed:
-            pos = unconsumed[0]
-            return Diverged(
-                NonDeterminismError(
-                    pos,
-                    describe(st.index[pos][0]),
-                    None,
-                    with_note("the body returned before reaching it", st.patches.note()),
-                )
-            )
+        unconsumed = self._unconsumed()
+        if unconsumed is not None:
+            return unconsumed
         try:
             data = _serde.to_json(
                 body.result(),

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import _serde
 from .._definition import RetryPolicy
@@ -19,6 +19,7 @@ from .branch import CURRENT, Branch
 from .guard import Guard, branch_done, cancel_left, made_in_foreign_task, made_on, unawaited
 from .matching import ReplayStub
 from .patches import PatchCall, check_patch_id, parse_pos
+from .signals import _ContinueAsNew
 from .state import ActivationState
 from .steps import run_step
 from .waits import run_sleep, run_wait_signal
@@ -158,6 +159,15 @@ class Calls:
     # -- patching ----------------------------------------------------------------------
     def patched(self, patch_id: str) -> bool:
         return self._patch(patch_id, deprecated=False)
+
+    def continue_as_new(self, input: Any) -> NoReturn:
+        """End the body: the activation reports ``Continued`` (validated then). It takes no
+        position and records nothing itself: the driver commits ``run_continued``."""
+        st = self.st
+        made_on(st)
+        if st.continued is None:  # (the first call's input: a second comes from a catch)
+            st.continued = (input,)
+        raise _ContinueAsNew()
 
     def deprecate_patch(self, patch_id: str) -> None:
         self._patch(patch_id, deprecated=True)

@@ -19,6 +19,14 @@ class Completed:
 
 
 @dataclass(frozen=True)
+class Continued:
+    """The body called ``ctx.continue_as_new(input)`` (``input``: its stored JSON, validated
+    as ``Engine.start`` validates a new run's)."""
+
+    input: Any
+
+
+@dataclass(frozen=True)
 class Failed:
     """The body raised ``error``."""
 
@@ -54,7 +62,7 @@ class Evicted:
     stopping, end of a replay): nothing more is recorded."""
 
 
-Outcome = Completed | Failed | Cancelled | Suspended | Diverged | Evicted
+Outcome = Completed | Continued | Failed | Cancelled | Suspended | Diverged | Evicted
 
 
 def error_info(

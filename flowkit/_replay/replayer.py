@@ -16,10 +16,18 @@ from .._definition import definition_of
 from .._history import History
 from .._run import InboxSignal
 from ..errors import FlowkitError, HistoryError, NonDeterminismError, WorkflowNotFoundError
-from ..events import Event, PatchMarker, RunCompleted, RunFailed, RunRetried, RunStarted
+from ..events import (
+    Event,
+    PatchMarker,
+    RunCompleted,
+    RunContinued,
+    RunFailed,
+    RunRetried,
+    RunStarted,
+)
 from .activation import Activation
 from .matching import ReplayStub
-from .outcome import Completed, Diverged, Evicted, Failed, Suspended
+from .outcome import Completed, Continued, Diverged, Evicted, Failed, Suspended
 from .state import with_note
 
 
@@ -91,9 +99,14 @@ async def replay_async(history: History, workflow: Any) -> None:
     outcome = await act.run()
     terminal = last if isinstance(last, RunCompleted | RunFailed) else None
     note = act.patch_note
+    continued = next((e for e in history.events if isinstance(e, RunContinued)), None)
+    if terminal is not None:
+        _check_continuation(outcome, continued, terminal, note())
     match outcome:
         case Diverged(err):
             raise err
+        case Continued(_):
+            pass  # (checked above)
         case Completed(output):
             if isinstance(terminal, RunCompleted) and terminal.output != output:
                 raise NonDeterminismError(
@@ -124,6 +137,33 @@ async def replay_async(history: History, workflow: Any) -> None:
                 )
         case _:
             pass
+
+
+def _check_continuation(
+    outcome: object, continued: RunContinued | None, terminal: Event, note: str
+) -> None:
+    """A history that settled by ``ctx.continue_as_new`` replays only to a body that
+    continues again with the same input, and a body that continues only to such a history:
+    the end of the body is compared as its output is (``run_continued`` answers no call)."""
+    if isinstance(outcome, Continued):
+        if continued is None:
+            raise NonDeterminismError(
+                "end", f"{terminal.type}#{terminal.seq}", "ctx.continue_as_new()", note
+            )
+        if continued.input != outcome.input:
+            raise NonDeterminismError(
+                "end",
+                f"run_continued#{continued.seq}",
+                "ctx.continue_as_new() with a different input",
+                with_note(
+                    f"recorded {continued.input!r:.80}, replay gave {outcome.input!r:.80}", note
+                ),
+            )
+    elif continued is not None and isinstance(outcome, Completed | Failed):
+        what = "completion" if isinstance(outcome, Completed) else "failure"
+        raise NonDeterminismError(
+            "end", f"run_continued#{continued.seq}", f"{what} without continue-as-new", note
+        )
 
 
 def patches_taken(history: Sequence[Event]) -> tuple[str, ...]:

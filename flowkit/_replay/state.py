@@ -191,6 +191,8 @@ class ActivationState:
         self.must_flush = False
         # the history's patch markers and the answers ``ctx.patched`` gave (``patches.py``)
         self.patches = Patches(self.events)
+        # ``ctx.continue_as_new``'s input, as the body gave it (the first call's), or None
+        self.continued: tuple[Any] | None = None
 
     def _forget_final_failures(self) -> None:
         """After ``run_retried`` a step's failures no longer count: it runs again."""

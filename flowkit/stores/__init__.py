@@ -14,6 +14,7 @@ from .base import (
     AdmitsOnCreate,
     AppendsEvents,
     CommitResult,
+    ContinuesAsNew,
     HandOff,
     InboxSignal,
     NextDueAfter,
@@ -22,6 +23,7 @@ from .base import (
     RecordsAdmission,
     ReleasesLeases,
     Store,
+    Successor,
     Update,
 )
 from .memory import MemoryStore
@@ -61,6 +63,7 @@ __all__ = [
     "CodecStore",
     "CommitResult",
     "ConflictError",
+    "ContinuesAsNew",
     "EncryptedStoreError",
     "HandOff",
     "InboxSignal",
@@ -72,5 +75,6 @@ __all__ = [
     "ReleasesLeases",
     "SqlStore",
     "Store",
+    "Successor",
     "Update",
 ]

@@ -23,6 +23,7 @@ from ..events import (
     ErrorInfo,
     Event,
     RunCompleted,
+    RunContinued,
     RunDead,
     RunFailed,
     RunRetried,
@@ -207,6 +208,9 @@ class CodecFields:
         if isinstance(ev, CompensationFailed):
             ctx = (run_id, "event", "compensation_failed", ev.pos, str(ev.attempt))
             return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
+        if isinstance(ev, RunContinued):
+            ctx = (run_id, "event", "run_continued", "input")
+            return ev.model_copy(update={"input": self._enc(ev.input, ctx)})
         return ev
 
     def _event_out(self, ev: Event, run_id: str) -> Event:
@@ -252,6 +256,9 @@ class CodecFields:
         if isinstance(ev, CompensationFailed):
             ctx = (run_id, "event", "compensation_failed", ev.pos, str(ev.attempt))
             return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
+        if isinstance(ev, RunContinued):
+            ctx = (run_id, "event", "run_continued", "input")
+            return ev.model_copy(update={"input": self._dec(ev.input, ctx)})
         return ev
 
 

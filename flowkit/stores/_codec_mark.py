@@ -69,6 +69,9 @@ def update_carries_payload(update: Update) -> bool:
         return True
     if update.input is not UNSET and update.input is not None:
         return True
+    succ = update.successor
+    if succ is not None and run_carries_payload(succ.run, succ.events):
+        return True
     return events_carry_payload(update.events)
 
 

@@ -120,6 +120,17 @@ class HandOff:
 
 
 @dataclass(frozen=True)
+class Successor:
+    """The run a continue-as-new commit creates (``Update.successor``; stores with
+    ``continues_as_new``): ``run`` as it must be stored (fresh history ``events`` from seq 1,
+    already admitted and leased when the engine passes its singleton slot on and runs it at
+    once) in the transaction that settles its predecessor."""
+
+    run: Run
+    events: tuple[Event, ...]
+
+
+@dataclass(frozen=True)
 class Update:
     """One atomic change of a run: new events (the store assigns ``seq``) and field updates.
 
@@ -128,7 +139,10 @@ class Update:
     non-terminal status never replaces it (a suspend then becomes due at once).
 
     ``input``, ``deadline_at`` and ``recoveries`` are ``engine.retry``'s: the run's new input
-    (a payload, encoded by ``CodecStore``), its fresh deadline and its reset recovery count."""
+    (a payload, encoded by ``CodecStore``), its fresh deadline and its reset recovery count.
+
+    ``successor`` (stores with ``continues_as_new``, ``ContinuesAsNew``) is created in the
+    same transaction, and the run's ``continued_as`` names it."""
 
     events: Sequence[Event] = ()
     status: RunStatus | None = None
@@ -145,13 +159,18 @@ class Update:
     input: Any = UNSET
     deadline_at: Any = UNSET
     recoveries: int | None = None
+    successor: Successor | None = None
 
     @property
     def revives(self) -> bool:
         """Whether it sets a field only a retry sets (``input``, ``deadline_at``,
-        ``recoveries``): stores apply such a commit by their general path."""
+        ``recoveries``) or creates a successor run: stores apply such a commit by their
+        general path."""
         return (
-            self.input is not UNSET or self.deadline_at is not UNSET or self.recoveries is not None
+            self.input is not UNSET
+            or self.deadline_at is not UNSET
+            or self.recoveries is not None
+            or self.successor is not None
         )
 
 
@@ -355,6 +374,28 @@ class AdmitsOnCreate(Protocol):
         ...
 
 
+class ContinuesAsNew(Protocol):
+    """The optional capability ``continues_as_new`` (``MemoryStore``, ``SqlStore``;
+    ``CodecStore`` when the store it wraps has it): ``commit`` takes ``Update.successor``.
+
+    Atomically with the run's update (a terminal one: ``ctx.continue_as_new``), the store
+    inserts ``successor.run`` (its namespace: the run's) with ``successor.events`` (seq 1..n)
+    and sets the run's ``continued_as`` to its id. Every precondition is checked before
+    anything is written: an existing successor id raises ``ConflictError`` (nothing written).
+    A successor without a lease that is claimable now wakes the workers (``Watchable``); one
+    leased to the committing worker is returned in ``CommitResult.handed`` (with its events),
+    for it to run at once. Without the capability (absent or false) the engine never passes
+    ``successor``: a ``continue_as_new`` fails its run with ``UnsupportedStoreError``."""
+
+    continues_as_new: bool
+
+
+def continues_as_new(store: Any) -> bool:
+    """Whether ``store`` creates a continue-as-new successor in its commit
+    (``ContinuesAsNew``)."""
+    return bool(getattr(store, "continues_as_new", False))
+
+
 class AppendsEvents(Protocol):
     """The optional capability ``appends_events`` (``MemoryStore`` and ``SqlStore`` have it;
     ``CodecStore`` when the store it wraps has it): the commit of a running step, narrowed.
@@ -532,6 +573,7 @@ __all__ = [
     "ClaimsByVersion",
     "CommitResult",
     "ConflictError",
+    "ContinuesAsNew",
     "HandOff",
     "InboxSignal",
     "NextDueAfter",
@@ -541,12 +583,14 @@ __all__ = [
     "RecordsWorkers",
     "ReleasesLeases",
     "Store",
+    "Successor",
     "Update",
     "Watchable",
     "WorkerSeen",
     "WorkflowVersions",
     "admission_time",
     "claims_by_version",
+    "continues_as_new",
     "records_admission",
     "records_workers",
 ]

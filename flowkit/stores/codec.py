@@ -31,10 +31,12 @@ from .base import (
     HandOff,
     InboxSignal,
     QueueCap,
+    Successor,
     Update,
     WorkerSeen,
     WorkflowVersions,
     claims_by_version,
+    continues_as_new,
     records_admission,
     records_workers,
 )
@@ -103,7 +105,8 @@ class CodecStore(CodecFields):
     like every other event), and ``appends_events`` only when ``inner``'s is:
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
     ``Update.events``. ``claims_by_version`` (``claim``/``due_runs`` with ``versions``) and
-    ``records_workers`` (no payload either) are forwarded likewise. Any of these, called on a
+    ``records_workers`` (no payload either) are forwarded likewise, and ``continues_as_new``
+    (``Update.successor``'s run and events encoded as a new run's). Any of these, called on a
     wrapper whose ``inner`` lacks the capability, raises ``TypeError`` and sends nothing.
     ``records_admission`` (``singleton_admitted`` written with the marker) and
     ``release_leases`` are ``inner``'s too.
@@ -123,6 +126,7 @@ class CodecStore(CodecFields):
     records_admission: bool = False
     claims_by_version: bool = False
     records_workers: bool = False
+    continues_as_new: bool = False
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -159,6 +163,8 @@ class CodecStore(CodecFields):
             self.claims_by_version = True
         if records_workers(inner):
             self.records_workers = True
+        if continues_as_new(inner):
+            self.continues_as_new = True
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)
@@ -297,6 +303,17 @@ class CodecStore(CodecFields):
                 else self._enc(update.input, (run_id, "input"))
             ),
         )
+        succ = update.successor
+        if succ is not None:  # (only to an inner store that has it; encoded as a new run's)
+            if not self.continues_as_new:
+                raise TypeError(f"{self.inner!r} does not continue as new (continues_as_new)")
+            sid = succ.run.id
+            encoded = dataclasses.replace(
+                encoded,
+                successor=Successor(
+                    self._run_in(succ.run), tuple(self._event_in(e, sid) for e in succ.events)
+                ),
+            )
         res: CommitResult = await self.inner.commit(run_id, owner, now, encoded)
         handed: list[HandOff] = []
         for h in res.handed:  # committed already: a waiter we cannot decode is not our error

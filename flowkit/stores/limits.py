@@ -136,6 +136,8 @@ def check_update(update: Update, max_bytes: int) -> None:
     if update.waiting_signals:
         for name in update.waiting_signals:
             check_identifier("signal name", name, MAX_SIGNAL_NAME_LENGTH)
+    if update.successor is not None:  # (a continue-as-new: what create_run would check)
+        check_run(update.successor.run, update.successor.events, max_bytes)
 
 
 def check_signal(name: Any, payload: Any, max_bytes: int) -> None:

@@ -77,6 +77,8 @@ class MemoryStore:
     """``claim``/``due_runs`` take ``versions`` (``flowkit.stores.base.ClaimsByVersion``)."""
     records_workers = True
     """It keeps what workers make known (``flowkit.stores.base.RecordsWorkers``)."""
+    continues_as_new = True
+    """``commit`` creates ``Update.successor`` (``flowkit.stores.base.ContinuesAsNew``)."""
 
     def __init__(
         self,
@@ -322,6 +324,9 @@ class MemoryStore:
         run = self._get(run_id)
         check_commit(run, owner, now, update)
         _limits.check_update(update, self.max_payload_bytes)
+        succ = update.successor
+        if succ is not None and succ.run.id in self._d.runs:
+            raise ConflictError(f"the successor id {succ.run.id!r} of run {run_id!r} is taken")
         inbox = self._d.inbox.get(run_id, [])
         if update.consume_signal is not None:
             idx = next((i for i, s in enumerate(inbox) if s.id == update.consume_signal), None)
@@ -333,6 +338,12 @@ class MemoryStore:
         seqs = self._append(run_id, update.events)
         woken: list[str] = []
         handed: list[HandOff] = []
+        if succ is not None:  # (continue-as-new: base.ContinuesAsNew)
+            nxt = dataclasses.replace(succ.run, namespace=run.namespace)
+            self._put(nxt)
+            self._append(nxt.id, succ.events)
+            if nxt.lease_owner is not None:
+                handed.append(HandOff(nxt, tuple(self._d.events[nxt.id])))
         if update.notify is not None:
             n = update.notify
             for w, admitted in plan_release(self._deciding(n.workflow, n.tag, n.limit), n, now):

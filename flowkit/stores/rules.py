@@ -44,6 +44,8 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
         changes["deadline_at"] = u.deadline_at
     if u.recoveries is not None:
         changes["recoveries"] = u.recoveries
+    if u.successor is not None:
+        changes["continued_as"] = u.successor.run.id
     if u.release_lease:
         changes["lease_owner"] = None
         changes["lease_expires"] = None

@@ -40,6 +40,11 @@ from ._competing import (
     check_competing_create_admissions,
     check_competing_create_run,
 )
+from ._continues import (
+    check_continue_as_new_creates_the_successor,
+    check_continue_as_new_is_all_or_nothing,
+    check_continue_as_new_passes_the_slot,
+)
 from ._leases import (
     check_cancelling_is_sticky,
     check_claim_exclusive,
@@ -200,6 +205,9 @@ __all__ = [
     "check_competing_create_admissions",
     "check_competing_create_run",
     "check_consumed_signal_conflict_writes_nothing",
+    "check_continue_as_new_creates_the_successor",
+    "check_continue_as_new_is_all_or_nothing",
+    "check_continue_as_new_passes_the_slot",
     "check_create_admission_is_fifo_behind_waiters",
     "check_create_admission_of_an_existing_id_writes_nothing",
     "check_create_admission_respects_the_queue_cap",

@@ -344,6 +344,27 @@ class Trip:
         return [flight, hotel, car]
 
 
+class Billing:
+    def bill(self, account: str, cycle: int) -> str:
+        return f"{account}/{cycle}"
+
+
+@workflow(name="subscription")
+class Subscription:
+    """Bills a cycle, waits for the next one and continues as new (``run_continued``): a loop
+    whose every history stays one cycle long."""
+
+    def __init__(self, billing: Billing) -> None:
+        self.billing = billing
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> int:
+        await ctx.step(self.billing.bill, input["account"], input["cycle"])
+        await ctx.sleep(30 * 86400)
+        if input["cycle"] < 1:
+            ctx.continue_as_new({"account": input["account"], "cycle": input["cycle"] + 1})
+        return int(input["cycle"])
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -359,6 +380,7 @@ def workflows() -> list[Any]:
         Batch(Ingest()),
         IngestFile(Ingest()),
         Trip(Travel()),
+        Subscription(Billing()),
     ]
 
 
@@ -496,6 +518,13 @@ async def sagas(env: TestEnv) -> list[str]:
     return ["trip-1", "trip-cancelled"]
 
 
+async def subscription(env: TestEnv) -> list[str]:
+    """Two cycles: the first run continues as new, its successor ends the chain."""
+    await env.start("subscription", {"account": "acme", "cycle": 0}, "subscription-1")
+    await env.result("subscription-1")  # (followed to the chain's last run)
+    return ["subscription-1", "subscription-1~1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -510,6 +539,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     timed_out,
     dead_then_retried,
     sagas,
+    subscription,
 )
 
 

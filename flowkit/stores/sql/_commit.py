@@ -4,6 +4,7 @@ releases (PostgreSQL's one statement, SQLite's few). How and why: docs/stores.md
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from ._rows import (
     dumps,
     loads,
     lock_name,
+    run_params,
     to_event,
     to_run,
 )
@@ -165,6 +167,13 @@ class Commits:
         run = to_run(row)
         last_seq = int(row[LAST_SEQ])
         check_commit(run, owner, now, update)
+        succ = update.successor
+        if succ is not None:  # (continue-as-new: checked before the first write)
+            succ = dataclasses.replace(
+                succ, run=dataclasses.replace(succ.run, namespace=run.namespace)
+            )
+            if c.one(sql.get_any_run, {"id": succ.run.id}) is not None:
+                raise ConflictError(f"the successor id {succ.run.id!r} of run {run_id!r} is taken")
         if update.consume_signal is not None:
             gone = c.write(sql.consume_signal, {"sid": update.consume_signal, "id": run_id})
             if gone != 1:
@@ -218,6 +227,12 @@ class Commits:
                 planned.append(w.id)
         if joined:  # (no hand-off took them along)
             c.later(*sql.joined(joined))
+        if succ is not None:  # the successor, created with its predecessor's settlement
+            c.later(sql.insert_run, run_params(succ.run, len(succ.events)))
+            runs.append(sql, c, succ.run.id, 1, succ.events, later=True)
+            wake_if_free(c, succ.run, now)
+            if succ.run.lease_owner is not None:
+                planned.append(HandOff(succ.run, succ.events))
 
         def result() -> CommitResult:
             done = [p.finish() if isinstance(p, PendingHandOff) else p for p in planned]

@@ -82,6 +82,7 @@ class SqlStore(CodecMarked, Reads, Workers):
     appends_events = True
     claims_by_version = True
     records_workers = True
+    continues_as_new = True  # (``Update.successor``: the general commit, ``Commits.locked``)
 
     def __init__(
         self,

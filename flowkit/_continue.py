@@ -1,0 +1,207 @@
+"""Continue-as-new (DESIGN §10): settle a run whose body called ``ctx.continue_as_new(input)``.
+
+One commit settles the run ``completed`` (``run_continued`` right before ``run_completed``)
+and creates its successor ``f"{base}~{n}"`` (``Update.successor``, a store with
+``continues_as_new``): same workflow and version, the new input, a fresh history and a fresh
+``execution_timeout`` deadline, the run's tags (not the reserved ones) and ``parent_id``. A
+singleton holder passes its slot on in that transaction (its ``singleton_released``, the
+successor's ``singleton_admitted``, no waiter notified), so the successor never queues behind
+the key's waiters. The successor is leased to this worker and executed at once (``handed``),
+so a loop costs no poll. A pending cancel wins: the run settles ``cancelled``, no successor."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from . import _gate as gate
+from ._definition import WorkflowDefinition
+from ._host import Try
+from ._replay import Cancelled, Failed, error_info
+from ._run import (
+    ADMITTED_TAG,
+    RESERVED_TAG_PREFIX,
+    SINGLETON_TAG_PREFIX,
+    Run,
+    RunStatus,
+)
+from .errors import ConflictError, InvalidInputError, UnsupportedStoreError
+from .events import ErrorInfo, Event, RunCompleted, RunContinued, RunStarted, SingletonAdmitted
+from .stores import limits
+from .stores.base import Notify, Successor, Update, continues_as_new
+
+if TYPE_CHECKING:
+    from ._drive import Drive
+
+_SUFFIX = re.compile(r"~([0-9]+)\Z")
+
+
+def successor_id(run_id: str) -> str:
+    """The id of the run that ``run_id`` continues as: ``base~(n+1)`` for ``base~n``, else
+    ``run_id~1`` (the same on every try: a retried continuation never makes two)."""
+    m = _SUFFIX.search(run_id)
+    if m is None:
+        return f"{run_id}~1"
+    return f"{run_id[: m.start()]}~{int(m.group(1)) + 1}"
+
+
+def base_id(run_id: str) -> str:
+    """The id of a chain's first run: ``run_id`` without its ``~n`` suffix."""
+    m = _SUFFIX.search(run_id)
+    return run_id if m is None else run_id[: m.start()]
+
+
+def predecessor_id(run_id: str) -> str | None:
+    """The id of the run that ``run_id`` would continue (``base~(n-1)``, ``base`` for
+    ``base~1``), or ``None`` for a chain's first id. Only ``Run.continued_as`` of that run
+    says whether it did."""
+    m = _SUFFIX.search(run_id)
+    if m is None or int(m.group(1)) < 1:
+        return None
+    base, n = run_id[: m.start()], int(m.group(1))
+    return base if n == 1 else f"{base}~{n - 1}"
+
+
+async def settle(
+    drive: Drive,
+    run: Run,
+    input_json: object,
+    defn: WorkflowDefinition,
+    admitted: bool,
+    notify: Notify | None,
+    pending: Sequence[Event],
+    t: Try,
+) -> None:
+    """Commit a ``Continued`` outcome of ``run`` (its new input ``input_json``, validated by
+    the activation): the run and its successor in one transaction, or the run ``failed``
+    (the successor cannot be made: a store without ``continues_as_new``, an id or a singleton
+    key no store keeps, a successor id taken by another run), or ``cancelled`` (a cancel
+    landed first). Raises what the store raised otherwise (the drive's retry rules)."""
+
+    async def finish(outcome: Failed | Cancelled, base: Run = run) -> None:
+        await drive._settle(base, outcome, admitted, notify, pending, t)
+
+    def failed(exc: Exception) -> Failed:
+        return Failed(error_info(exc))
+
+    if run.status is RunStatus.CANCELLING:
+        await finish(Cancelled())
+        return
+    store = drive.store
+    if not continues_as_new(store):
+        why = f"{type(store).__name__} cannot continue a run as new (no continues_as_new)"
+        await finish(failed(UnsupportedStoreError(why)))
+        return
+    sid = successor_id(run.id)
+    try:
+        limits.check_identifier("run_id", sid, limits.MAX_RUN_ID_LENGTH, defn.name)
+        value = defn.input_adapter.validate_python(input_json)
+        key = gate.singleton_key(defn, value, store)
+    except (InvalidInputError, UnsupportedStoreError) as exc:
+        await finish(failed(exc))
+        return
+    cfg = drive.config
+    now = drive.clock.now()
+    # the key's slot goes to the successor directly when it keeps the key
+    passing = admitted and key is not None and key == run.singleton_key
+    leased = drive._seat.running
+    clean = [
+        tg
+        for tg in run.tags
+        if not tg.startswith(RESERVED_TAG_PREFIX) and not tg.startswith(SINGLETON_TAG_PREFIX)
+    ]
+    if key is not None:
+        clean.insert(0, SINGLETON_TAG_PREFIX + key)
+    timeout = defn.execution_timeout
+    nxt = Run(
+        id=sid,
+        workflow=run.workflow,
+        workflow_version=run.workflow_version,
+        status=RunStatus.RUNNING if leased else RunStatus.PENDING,
+        input=input_json,
+        tags=(*clean, ADMITTED_TAG) if passing else tuple(clean),
+        created_at=now,
+        updated_at=now,
+        namespace=run.namespace,
+        singleton_key=key,
+        lease_owner=cfg.instance_id if leased else None,
+        lease_expires=round(now + cfg.lease_ttl, 6) if leased else None,
+        deadline_at=None if timeout is None else round(now + timeout, 6),
+        parent_id=run.parent_id,
+    )
+    first: list[Event] = [
+        RunStarted(
+            seq=1,
+            at=now,
+            workflow=run.workflow,
+            version=run.workflow_version,
+            input=input_json,
+            tags=clean,
+        )
+    ]
+    if passing:
+        assert key is not None
+        first.append(SingletonAdmitted(seq=2, key=key, at=now))
+    update = Update(
+        events=[
+            *pending,
+            *gate.Gate.released(run, admitted, now),
+            RunContinued(next_run_id=sid, input=input_json, at=now),
+            RunCompleted(output=None, at=now),
+        ],
+        status=RunStatus.COMPLETED,
+        output=None,
+        error=None,
+        # a slot passed on wakes no waiter; one left (another key) wakes them as a settling does
+        notify=None if passing else notify,
+        expect_status=frozenset({RunStatus.RUNNING}),
+        successor=Successor(nxt, tuple(first)),
+    )
+    t.op = "commit of the continued outcome"
+    t.pending = list(pending)
+    try:
+        await drive._commit(run, update, t)
+    except ConflictError:
+        # a cancel landed meanwhile (it wins), or the successor's id is another run's
+        fresh = await store.get_run(run.id)
+        if fresh is None or fresh.lease_owner != drive.owner or not fresh.status.active:
+            raise
+        if fresh.status is RunStatus.CANCELLING:
+            await finish(Cancelled(), fresh)
+            return
+        taken = await store.get_run(sid)
+        if taken is None:
+            raise
+        info = ErrorInfo(
+            type="ConflictError",
+            message=f"ctx.continue_as_new(): the successor id {sid!r} is taken by another run",
+        )
+        await finish(Failed(info), fresh)
+        return
+    if not leased:
+        drive._seat.dispatch(sid)
+
+
+async def adopt(drive: Drive, run: Run) -> None:
+    """A continuation whose commit failed in flight had landed (a fresh read finds ``run``
+    settled with ``continued_as``): its successor is leased here but nobody executes it.
+    Resume it at once rather than leave it until its lease expires. Best effort."""
+    sid = run.continued_as
+    if sid is None:
+        return
+    try:
+        nxt = await drive.store.get_run(sid)
+    except Exception:
+        return  # (its lease expires; any worker recovers it then)
+    seat = drive._seat
+    if (
+        nxt is not None
+        and nxt.status.active
+        and nxt.lease_owner == drive.owner
+        and not seat.executing(sid)
+    ):
+        seat.resume(sid)
+
+
+__all__ = ["adopt", "base_id", "predecessor_id", "settle", "successor_id"]
