@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from . import _children
 from . import _gate as gate
 from ._clock import Clock
 from ._run import Run, RunStatus
@@ -76,11 +77,55 @@ async def request(
     never got past its gate, or is blocked) and that nobody holds settles ``cancelled`` at
     once; otherwise it goes ``cancelling`` (event ``cancel_requested`` with ``reason``) and
     ``deliver`` hands the cancellation to an activation of this process (``False``: none
-    here, so ``wake`` has a worker claim the run).
+    here, so ``wake`` has a worker claim the run). Its unfinished children (DESIGN §10) are
+    cancelled with it, recursively (``children``)."""
+    run = await _request(
+        store, clock, registry, run_id, reason=reason, settled=settled, wake=wake, deliver=deliver
+    )
+    if run is not None and run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
+        await children(store, clock, registry, run_id, settled=settled, wake=wake, deliver=deliver)
+    return run
 
-    TODO(#21, children): once runs have children (DESIGN §10), cancel the run's unfinished
-    children here too (a deadline's cancellation with it: DESIGN §9 "its children are
-    cancelled with it"), and in ``Drive._deadline_passed``, the deadline's path at a claim."""
+
+async def children(
+    store: Store,
+    clock: Clock,
+    registry: Registry,
+    run_id: str,
+    *,
+    settled: Settled,
+    wake: Callable[[str], None],
+    deliver: Callable[[str], bool],
+) -> None:
+    """Cancel the unfinished children of ``run_id`` (and theirs, through ``request``)."""
+
+    async def one(child_id: str) -> None:
+        await request(
+            store,
+            clock,
+            registry,
+            child_id,
+            reason=None,
+            settled=settled,
+            wake=wake,
+            deliver=deliver,
+        )
+
+    await _children.cancel_children(store, run_id, one)
+
+
+async def _request(
+    store: Store,
+    clock: Clock,
+    registry: Registry,
+    run_id: str,
+    *,
+    reason: str | None,
+    settled: Settled,
+    wake: Callable[[str], None],
+    deliver: Callable[[str], bool],
+) -> Run | None:
+    """``request`` for the run itself."""
     while True:
         run = await store.get_run(run_id)
         if run is None or run.status.terminal or run.status is RunStatus.CANCELLING:
@@ -114,4 +159,12 @@ async def request(
         return res.run
 
 
-__all__ = ["EXECUTION_TIMEOUT", "clamp", "limit_of", "passed", "receives", "request"]
+__all__ = [
+    "EXECUTION_TIMEOUT",
+    "children",
+    "clamp",
+    "limit_of",
+    "passed",
+    "receives",
+    "request",
+]
