@@ -185,8 +185,12 @@ class FlakyParent:
         return int(a.charged) + b
 
 
-@pytest.mark.parametrize("point", ["before_child_create", "after_child_create", "before_child_record"])
-async def test_a_crash_around_the_child_start_starts_one_child(backend: Backend, point: str) -> None:
+@pytest.mark.parametrize(
+    "point", ["before_child_create", "after_child_create", "before_child_record"]
+)
+async def test_a_crash_around_the_child_start_starts_one_child(
+    backend: Backend, point: str
+) -> None:
     async with TestEnv([FlakyParent(), Payment()], store=backend.store, instances=2) as env:
         env.crash_at(0, point)
         await env.start("flaky-parent", None, "p")

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flowkit import (
+    ChildWorkflowError,
     History,
     RetryPolicy,
     SignalTimeout,
@@ -306,6 +307,38 @@ class IngestFile:
         return await ctx.step(self.ingest.parse, input["file"])
 
 
+@workflow(name="charge-card")
+class ChargeCard:
+    """A child: declines a large amount; waits a second for the bank."""
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> dict[str, int]:
+        if input["amount"] > 1000:
+            raise ValueError("declined")
+        await ctx.sleep(1)
+        return {"charged": input["amount"]}
+
+
+@workflow(name="checkout")
+class Checkout:
+    """A parent (DESIGN §10 "Children"): a child awaited in place, one started and awaited
+    through its handle (it fails), and one that cannot start (invalid input)."""
+
+    async def run(self, ctx: WorkflowCtx, input: str) -> dict[str, Any]:
+        first = await ctx.child(ChargeCard, {"amount": 10})
+        big = await ctx.start_child("charge-card", {"amount": 5000})
+        try:
+            await big.result()
+            declined = ""
+        except ChildWorkflowError as err:
+            declined = type(err.cause).__name__
+        try:
+            await ctx.child("charge-card", {"amount": "ten"})
+            invalid = False
+        except ChildWorkflowError:
+            invalid = True
+        return {"first": first["charged"], "declined": declined, "invalid": invalid}
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -320,6 +353,8 @@ def workflows() -> list[Any]:
         Lookup(Registry()),
         Batch(Ingest()),
         IngestFile(Ingest()),
+        ChargeCard(),
+        Checkout(),
     ]
 
 
@@ -442,6 +477,14 @@ async def dead_then_retried(env: TestEnv) -> list[str]:
     return ["ingest-1"]
 
 
+async def checkout(env: TestEnv) -> list[str]:
+    """A parent with three children: completed, failed, never started."""
+    await env.start("checkout", "cart-1", "checkout-1")
+    await env.run_until_idle()
+    await env.result("checkout-1")
+    return ["checkout-1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -455,6 +498,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     lookup_timed_out,
     timed_out,
     dead_then_retried,
+    checkout,
 )
 
 
