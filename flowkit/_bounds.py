@@ -86,9 +86,7 @@ async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Tr
     return fired
 
 
-async def _deadline_passed(
-    drive: Drive, run: Run, events: Sequence[Event], t: Try
-) -> Run | None:
+async def _deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Try) -> Run | None:
     """``deadline_passed`` for the run itself."""
     now = drive.clock.now()
     reason = _cancel.EXECUTION_TIMEOUT

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from . import _cancel, _serde
 from . import _gate as gate
-from ._children import Kin
 from ._bus import Bus
+from ._children import Kin
 from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry

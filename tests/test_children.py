@@ -7,23 +7,22 @@ from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel
+from store_kit import Backend
 
 from flowkit import (
     ChildHandle,
     ChildWorkflowError,
     RetryPolicy,
     RunCancelledError,
+    RunNotFoundError,
     RunStatus,
     Singleton,
     WorkflowCtx,
-    WorkflowFailedError,
     replay_async,
     workflow,
 )
 from flowkit._replay.children import CHILD_POLL
 from flowkit_testing import TestEnv
-
-from store_kit import Backend
 
 
 class Order(BaseModel):
@@ -152,7 +151,7 @@ async def test_a_singleton_parent_never_awaits_a_child_queued_behind_itself(
         await env.run_until_idle()
         out = await env.result("l")
         assert out.startswith("refused:") and "singleton key 'k'" in out
-        with pytest.raises(Exception):  # noqa: B017,PT011
+        with pytest.raises(RunNotFoundError):
             await env.get_run("l.child.1")  # never created
 
 

@@ -58,7 +58,8 @@ class ReplayStub:
 
 def answers(ev: Event, call: Call, name: str) -> bool:
     """Whether ``ev``, recorded at the position of ``call`` (of the step or signal ``name``;
-    ``"sleep"`` for a sleep, the child's run id for a child call), is an outcome of that call, not of another one."""
+    ``"sleep"`` for a sleep, the child's run id for a child call), is an outcome of that
+    call, not of another one."""
     match ev:
         case StepCompleted():  # (first: the event replay meets most)
             return _step_completed(ev, call, name)
@@ -141,9 +142,7 @@ def _of_the_run() -> bool:
 def describe(ev: Event) -> str:
     """An event as a divergence report shows it: type, seq, name (a patch marker's id),
     arguments' digest, position."""
-    name = (
-        getattr(ev, "name", None) or getattr(ev, "patch_id", None) or getattr(ev, "run_id", None)
-    )
+    name = getattr(ev, "name", None) or getattr(ev, "patch_id", None) or getattr(ev, "run_id", None)
     text = f"{ev.type}#{ev.seq}"
     if name:
         digest = getattr(ev, "args_digest", None)
