@@ -184,7 +184,9 @@ class Kin:
             now = self._clock.now()
             parent = await self._store.deliver_signal(parent_id, wake_signal(child.id), None, now)
         except Exception:
-            log.debug("could not wake run %s for its child %s", parent_id, child.id, exc_info=True)
+            log.warning(
+                "could not wake run %s for its child %s", parent_id, child.id, exc_info=True
+            )
             return
         if parent.wake_at is not None and parent.wake_at <= now:
             self._wake(parent_id)

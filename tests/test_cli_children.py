@@ -56,6 +56,5 @@ async def test_show_lists_children_and_parent_and_history_prints_child_events(
     assert any("child_completed" in ln and "p.child.1 -> 40" in ln for ln in lines)
     assert any("child_failed" in ln and "p.child.2" in ln and "ValueError" in ln for ln in lines)
     assert any(
-        "child_failed" in ln and "p.child.3 (never started) InvalidInputError" in ln
-        for ln in lines
+        "child_failed" in ln and "p.child.3 (never started) InvalidInputError" in ln for ln in lines
     )
