@@ -12,6 +12,7 @@ from store_kit import Backend
 from flowkit import (
     ChildHandle,
     ChildWorkflowError,
+    NonDeterminismError,
     RetryPolicy,
     RunCancelledError,
     RunNotFoundError,
@@ -22,7 +23,7 @@ from flowkit import (
     workflow,
 )
 from flowkit._replay.children import CHILD_POLL
-from flowkit_testing import TestEnv
+from flowkit_testing import Rule, TestEnv
 
 
 class Order(BaseModel):
@@ -203,3 +204,125 @@ async def test_a_crash_around_the_child_start_starts_one_child(
         h = await env.history("p")
         assert h.types.count("child_started") == 1
         assert (await env.history("p.child.1")).types.count("run_started") == 1
+
+
+async def test_a_lost_wake_up_costs_the_poll_interval_never_a_hang(backend: Backend) -> None:
+    async with TestEnv([OrderFlow(), Payment()], store=backend.store) as env:
+        # every wake-up delivery fails: the parent looks at its child after CHILD_POLL anyway
+        env.inject(Rule(op="deliver_signal", action="fault", times=None))
+        await env.start("order", {"amount": 1}, "o1")
+        await env.settle()
+        t0 = env.clock.now()
+        await env.advance(5)
+        await env.settle()
+        assert (await env.get_run("o1.child.1")).status is RunStatus.COMPLETED
+        assert (await env.get_run("o1")).status is RunStatus.SUSPENDED  # not woken
+        await env.run_until_idle()
+        assert await env.result("o1") == 3
+        done = (await env.history("o1")).events[-1].at
+        assert t0 + 5 < done <= t0 + CHILD_POLL + 1e-6
+
+
+@workflow(name="pinned-id")
+class PinnedId:
+    async def run(self, ctx: WorkflowCtx, input: str) -> str:
+        try:
+            out = await ctx.child(OrderFlow, {"amount": 1}, run_id=input, tags=["mine"])
+        except ChildWorkflowError as err:
+            return f"refused {type(err.cause).__name__}"
+        return f"got {out}"
+
+
+async def test_an_explicit_child_id_and_one_taken_by_another_run(backend: Backend) -> None:
+    async with TestEnv([PinnedId(), OrderFlow(), Payment()], store=backend.store) as env:
+        await env.start("pinned-id", "kid-a", "p1")
+        await env.run_until_idle()
+        assert await env.result("p1") == "got 3"
+        kid = await env.get_run("kid-a")
+        assert kid.parent_id == "p1" and "mine" in kid.tags
+        # an id some other run has: not this parent's child
+        await env.start("pinned-id", "kid-a", "p2")
+        await env.run_until_idle()
+        assert await env.result("p2") == "refused FlowkitError"
+        assert [r.id for r in await env.engines[0].list_runs(parent_id="p2")] == []
+
+
+@workflow(name="queued", singleton=Singleton(key=lambda i: "q", max_queue_depth=0))
+class Queued:
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        await ctx.wait_for_signal("go")
+        return input
+
+
+@workflow(name="queues-a-child")
+class QueuesAChild:
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        try:
+            await ctx.child(Queued, 2)
+        except ChildWorkflowError as err:
+            return str(err)
+        return "started"
+
+
+async def test_a_full_singleton_queue_fails_the_child_call(backend: Backend) -> None:
+    async with TestEnv([QueuesAChild(), Queued()], store=backend.store) as env:
+        await env.start("queued", 1, "holder")
+        await env.settle()
+        await env.start("queues-a-child", None, "p")
+        await env.run_until_idle()
+        out = await env.result("p")
+        assert "SingletonQueueFullError" in out
+        h = await env.history("p")
+        assert h.types == ["run_started", "child_failed", "run_completed"]
+
+
+@workflow(name="order")
+class OrderFlowChanged:
+    async def run(self, ctx: WorkflowCtx, input: Order) -> int:
+        receipt = await ctx.child(OrderFlow, input)  # another workflow at the same position
+        return int(receipt)
+
+
+async def test_a_changed_child_call_diverges_on_replay(backend: Backend) -> None:
+    async with TestEnv([OrderFlow(), Payment()], store=backend.store) as env:
+        await env.start("order", {"amount": 2}, "o1")
+        await env.run_until_idle()
+        h = await env.history("o1")
+    await replay_async(h, OrderFlow)
+    with pytest.raises(NonDeterminismError, match="child"):
+        await replay_async(h, OrderFlowChanged)
+
+
+@workflow(name="timed-parent", execution_timeout=30)
+class TimedParent:
+    async def run(self, ctx: WorkflowCtx, input: None) -> None:
+        await ctx.child(WaitsForever, 1)
+
+
+async def test_a_parent_s_deadline_cancels_its_children(backend: Backend) -> None:
+    async with TestEnv([TimedParent(), WaitsForever()], store=backend.store, instances=2) as env:
+        await env.start("timed-parent", None, "t")
+        await env.settle()
+        assert (await env.get_run("t.child.1.child.1")).status is RunStatus.SUSPENDED
+        await env.run_until_idle()
+        for rid in ("t", "t.child.1", "t.child.1.child.1"):
+            assert (await env.get_run(rid)).status is RunStatus.CANCELLED, rid
+
+
+@workflow(name="cancel-a-child")
+class CancelledChildParent:
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        try:
+            await ctx.child(WaitsForever, 0)
+        except ChildWorkflowError as err:
+            return type(err.cause).__name__
+        return "completed"
+
+
+async def test_a_cancelled_child_fails_its_parent_s_call(backend: Backend) -> None:
+    async with TestEnv([CancelledChildParent(), WaitsForever()], store=backend.store) as env:
+        await env.start("cancel-a-child", None, "p")
+        await env.settle()
+        await env.engines[0].cancel("p.child.1")
+        await env.settle()  # woken by its child's settlement: no time passes
+        assert await env.result("p") == "RunCancelledError"
