@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ from . import _limits as limits
 from . import _serde
 from ._clock import Clock
 from ._definition import WorkflowDefinition, definition_of
-from ._replay.children import ChildCall, ChildStart, wake_signal
+from ._recovery import Backoff, is_transient
+from ._replay.children import CHILD_POLL, ChildCall, ChildStart, wake_signal
 from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._versions import Registry
 from .errors import (
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
     from ._drive import Drive
 
 log = logging.getLogger("flowkit")
+
+WAKE_TRIES = 5
+"""Tries of a parent's wake-up delivery while the store fails transiently."""
 
 
 def _resolve(registry: Registry, call: ChildCall) -> WorkflowDefinition:
@@ -152,9 +157,11 @@ class Kin:
         clock: Clock,
         wake: Callable[[str], None],
         cancel: Callable[[str], Any],
+        rng: random.Random,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._rng = rng
         self._wake = wake
         self._cancel = cancel
         self._tasks: set[asyncio.Task[None]] = set()
@@ -180,16 +187,28 @@ class Kin:
     async def _wake_parent(self, child: Run) -> None:
         parent_id = child.parent_id
         assert parent_id is not None
-        try:
-            now = self._clock.now()
-            parent = await self._store.deliver_signal(parent_id, wake_signal(child.id), None, now)
-        except Exception:
-            log.warning(
-                "could not wake run %s for its child %s", parent_id, child.id, exc_info=True
-            )
+        backoff = Backoff(self._clock, self._rng)
+        for tries_left in range(WAKE_TRIES - 1, -1, -1):
+            try:
+                now = self._clock.now()
+                parent = await self._store.deliver_signal(
+                    parent_id, wake_signal(child.id), None, now
+                )
+            except Exception as exc:
+                if tries_left and is_transient(exc):
+                    await backoff.sleep()
+                    continue
+                log.warning(
+                    "could not wake run %s for its child %s (it looks again within %s s)",
+                    parent_id,
+                    child.id,
+                    CHILD_POLL,
+                    exc_info=True,
+                )
+                return
+            if parent.wake_at is not None and parent.wake_at <= now:
+                self._wake(parent_id)
             return
-        if parent.wake_at is not None and parent.wake_at <= now:
-            self._wake(parent_id)
 
 
 async def cancel_children(store: Store, run_id: str, cancel: Callable[[str], Any]) -> None:
