@@ -30,7 +30,7 @@ from .errors import (
     WorkflowNotFoundError,
 )
 from .events import RunStarted
-from .stores.base import Store
+from .stores.base import Store, Update
 
 if TYPE_CHECKING:
     from ._drive import Drive
@@ -158,17 +158,28 @@ class Kin:
         wake: Callable[[str], None],
         cancel: Callable[[str], Any],
         rng: random.Random,
+        executing: Callable[[str], bool],
     ) -> None:
         self._store = store
         self._clock = clock
         self._rng = rng
+        self._executing = executing
+        # parents that were mid-activation here when a child's wake-up reached them: looked at
+        # again when that activation ends (``_recheck``)
+        self._recheck: dict[str, set[str]] = {}
         self._wake = wake
         self._cancel = cancel
         self._tasks: set[asyncio.Task[None]] = set()
 
     def settled(self, run_id: str, run: Run | None) -> None:
-        """``run_id`` settled as ``run`` (``None``: it left a worker unsettled)."""
-        if run is None or not run.status.terminal:
+        """``run_id`` settled as ``run`` (``None``: its activation here ended unsettled)."""
+        if run is None:
+            kids = self._recheck.pop(run_id, None)
+            if kids:
+                self._spawn(self._nudge(run_id, kids))
+            return
+        self._recheck.pop(run_id, None)
+        if not run.status.terminal:
             return
         if run.parent_id is not None:
             self._spawn(self._wake_parent(run))
@@ -208,7 +219,36 @@ class Kin:
                 return
             if parent.wake_at is not None and parent.wake_at <= now:
                 self._wake(parent_id)
+            elif parent.status.active and self._executing(parent_id):
+                # it is mid-activation here: the store makes its suspension due at once when
+                # the wake-up is in its inbox; should that be missed, look when it ends
+                self._recheck.setdefault(parent_id, set()).add(child.id)
             return
+
+    async def _nudge(self, parent_id: str, kids: set[str]) -> None:
+        """The activation of ``parent_id`` ended while a child's wake-up was on its way: if it
+        suspended waiting for that wake-up and is not due, make it due now."""
+        try:
+            parent = await self._store.get_run(parent_id)
+            now = self._clock.now()
+            if (
+                parent is None
+                or parent.status is not RunStatus.SUSPENDED
+                or not {wake_signal(k) for k in kids} & set(parent.waiting_signals)
+                or (parent.wake_at is not None and parent.wake_at <= now)
+            ):
+                return
+            res = await self._store.commit(
+                parent_id,
+                None,
+                now,
+                Update(wake_at=now, expect_status=frozenset({RunStatus.SUSPENDED})),
+            )
+        except Exception:  # (it moved meanwhile, or the store failed: the poll catches it)
+            log.debug("could not nudge run %s", parent_id, exc_info=True)
+            return
+        if res.run.wake_at is not None and res.run.wake_at <= now:
+            self._wake(parent_id)
 
 
 async def cancel_children(store: Store, run_id: str, cancel: Callable[[str], Any]) -> None:

@@ -122,7 +122,9 @@ class Engine:
         self.bus = bus or Bus()
         self._gate = gate.Gate(store, self.config.clock, rng)
         # what a settlement means for its parent and children (``_children.Kin``)
-        self._kin = Kin(store, self.config.clock, self._wake, self._cancel_child, rng)
+        self._kin = Kin(
+            store, self.config.clock, self._wake, self._cancel_child, rng, self.executing
+        )
         for wf in workflows:
             self.register(wf)
         self._worker: Worker | None = None
