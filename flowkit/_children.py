@@ -182,6 +182,10 @@ class Kin:
         if not run.status.terminal:
             return
         if run.parent_id is not None:
+            if self._executing(run.parent_id):
+                # mid-activation here: the store makes its suspension due at once when the
+                # wake-up is in its inbox by then; should the two cross, look when it ends
+                self._recheck.setdefault(run.parent_id, set()).add(run.id)
             self._spawn(self._wake_parent(run))
         if run.status is RunStatus.CANCELLED:
             self._spawn(cancel_children(self._store, run.id, self._cancel))
@@ -219,10 +223,6 @@ class Kin:
                 return
             if parent.wake_at is not None and parent.wake_at <= now:
                 self._wake(parent_id)
-            elif parent.status.active and self._executing(parent_id):
-                # it is mid-activation here: the store makes its suspension due at once when
-                # the wake-up is in its inbox; should that be missed, look when it ends
-                self._recheck.setdefault(parent_id, set()).add(child.id)
             return
 
     async def _nudge(self, parent_id: str, kids: set[str]) -> None:
