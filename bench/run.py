@@ -20,6 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import _results
+import child_bench
 import dbos_bench
 import handover_bench
 import latency_bench
@@ -54,6 +55,7 @@ def main() -> int:
             "timer_lateness": lambda: timer_bench.main(args.smoke, pg_url, Path(tmp)),
             "latency": lambda: latency_bench.main(args.smoke, pg_url),
             "sync_steps": lambda: sync_steps_bench.main(args.smoke),
+            "children": lambda: child_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

@@ -3,7 +3,7 @@
 import contextlib as _contextlib
 
 from ._clock import Clock, SystemClock
-from ._context import WorkflowCtx
+from ._context import ChildHandle, WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
 from ._engine import Engine
 from ._history import History
@@ -40,6 +40,7 @@ from .events import Event
 
 __all__ = [
     "ADMITTED_TAG",
+    "ChildHandle",
     "ChildWorkflowError",
     "Clock",
     "Engine",

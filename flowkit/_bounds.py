@@ -69,7 +69,25 @@ async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Tr
     cancel it. A run no body can receive it in (``_cancel.receives``) settles ``cancelled``
     at once (``None``); otherwise it goes ``cancelling`` and the body receives the
     cancellation (the run as committed)."""
-    # TODO(#21, children): cancel the run's unfinished children with it (``_cancel.request``)
+    fired = await _deadline_passed(drive, run, events, t)
+    fresh = fired or await drive.store.get_run(run.id)
+    if fresh is not None and fresh.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
+        # its unfinished children are cancelled with it (DESIGN §9, §10)
+        seat = drive._seat
+        await _cancel.children(
+            drive.store,
+            drive.clock,
+            drive.config.registry,
+            run.id,
+            settled=drive._settled,
+            wake=seat.dispatch,
+            deliver=seat.cancel_local,
+        )
+    return fired
+
+
+async def _deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Try) -> Run | None:
+    """``deadline_passed`` for the run itself."""
     now = drive.clock.now()
     reason = _cancel.EXECUTION_TIMEOUT
     t.op = "cancel at the run's deadline"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from . import _children
 from . import _gate as gate
 from ._clock import Clock
 from ._run import Run, RunStatus
@@ -79,10 +80,75 @@ async def request(
     ``deliver`` hands the cancellation to an activation of this process (``False``: none
     here, so ``wake`` has a worker claim the run). ``compensate`` (recorded in the request):
     the body's compensations run once it let the cancellation out (``_replay/compensation.py``).
+    Its unfinished children (DESIGN §10) are cancelled with it, recursively (``children``),
+    with the same ``compensate``."""
+    run = await _request(
+        store,
+        clock,
+        registry,
+        run_id,
+        reason=reason,
+        compensate=compensate,
+        settled=settled,
+        wake=wake,
+        deliver=deliver,
+    )
+    if run is not None and run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
+        await children(
+            store,
+            clock,
+            registry,
+            run_id,
+            compensate=compensate,
+            settled=settled,
+            wake=wake,
+            deliver=deliver,
+        )
+    return run
 
-    TODO(#21, children): once runs have children (DESIGN §10), cancel the run's unfinished
-    children here too (a deadline's cancellation with it: DESIGN §9 "its children are
-    cancelled with it"), and in ``Drive._deadline_passed``, the deadline's path at a claim."""
+
+async def children(
+    store: Store,
+    clock: Clock,
+    registry: Registry,
+    run_id: str,
+    *,
+    compensate: bool = False,
+    settled: Settled,
+    wake: Callable[[str], None],
+    deliver: Callable[[str], bool],
+) -> None:
+    """Cancel the unfinished children of ``run_id`` (and theirs, through ``request``)."""
+
+    async def one(child_id: str) -> None:
+        await request(
+            store,
+            clock,
+            registry,
+            child_id,
+            reason=None,
+            compensate=compensate,
+            settled=settled,
+            wake=wake,
+            deliver=deliver,
+        )
+
+    await _children.cancel_children(store, run_id, one)
+
+
+async def _request(
+    store: Store,
+    clock: Clock,
+    registry: Registry,
+    run_id: str,
+    *,
+    reason: str | None,
+    compensate: bool,
+    settled: Settled,
+    wake: Callable[[str], None],
+    deliver: Callable[[str], bool],
+) -> Run | None:
+    """``request`` for the run itself."""
     while True:
         run = await store.get_run(run_id)
         if run is None or run.status.terminal or run.status is RunStatus.CANCELLING:
@@ -116,4 +182,12 @@ async def request(
         return res.run
 
 
-__all__ = ["EXECUTION_TIMEOUT", "clamp", "limit_of", "passed", "receives", "request"]
+__all__ = [
+    "EXECUTION_TIMEOUT",
+    "children",
+    "clamp",
+    "limit_of",
+    "passed",
+    "receives",
+    "request",
+]

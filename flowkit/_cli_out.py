@@ -17,6 +17,9 @@ from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW, no_live_worker
 from .events import (
     CancelRequested,
+    ChildCompleted,
+    ChildFailed,
+    ChildStarted,
     CompensationCompleted,
     CompensationFailed,
     Event,
@@ -312,6 +315,15 @@ def _describe(ev: Event, t0: float) -> str:
             return f"took patch {ev.patch_id}"
         case RunContinued():
             return f"continued as {_escape(ev.next_run_id)} input {_value(ev.input)}"
+        case ChildStarted():
+            version = f" v{ev.version}" if ev.version else ""
+            return f"{ev.run_id} ({ev.workflow}{version})"
+        case ChildCompleted():
+            return f"{ev.run_id} -> {_value(ev.output)}"
+        case ChildFailed():
+            never = " (never started)" if ev.error.cause_type == "start" else ""
+            message = _cut(_escape(_text(ev.error.message) or ""))
+            return f"{ev.run_id}{never} {ev.error.type}: {message}"
         case _:
             return ""
 
@@ -328,4 +340,7 @@ EVENT_STYLE = {
     "cancel_requested": "magenta",
     "signal_received": "cyan",
     "patch_marker": "yellow",
+    "child_started": "cyan",
+    "child_completed": "green",
+    "child_failed": "red",
 }

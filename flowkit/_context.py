@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol, TypeVar, overload
 
@@ -43,6 +43,18 @@ class Runtime(Protocol):
 
     def patched(self, patch_id: str) -> bool: ...
 
+    def child(
+        self,
+        workflow: Any,
+        input: Any,
+        run_id: str | None,
+        version: str | None,
+        tags: tuple[str, ...],
+        wait: bool,
+    ) -> Coroutine[Any, Any, Any]: ...
+
+    def child_result(self, run_id: str, workflow: Any) -> Coroutine[Any, Any, Any]: ...
+
     def deprecate_patch(self, patch_id: str) -> None: ...
 
     def now(self) -> float: ...
@@ -52,6 +64,28 @@ class Runtime(Protocol):
     def randbits(self, k: int) -> int: ...
 
     def continue_as_new(self, input: Any) -> NoReturn: ...
+
+
+class ChildHandle:
+    """A child run started by ``ctx.start_child``: its id, and ``await handle.result()`` for
+    its output (``ChildWorkflowError`` when it failed, was cancelled or died). ``result()``
+    takes a position of the branch that calls it, like any ctx call, so it replays in place;
+    pass it to ``ctx.gather`` to await several children at once."""
+
+    __slots__ = ("_rt", "_wf", "run_id", "workflow")
+
+    def __init__(self, runtime: Runtime, run_id: str, workflow: str, wf: Any) -> None:
+        self._rt = runtime
+        self._wf = wf
+        self.run_id = run_id
+        self.workflow = workflow
+
+    def result(self) -> Coroutine[Any, Any, Any]:
+        """Await the child's outcome: its output, validated with its workflow's output type."""
+        return self._rt.child_result(self.run_id, self._wf)
+
+    def __repr__(self) -> str:
+        return f"ChildHandle(run_id={self.run_id!r}, workflow={self.workflow!r})"
 
 
 class WorkflowCtx:
@@ -142,6 +176,37 @@ class WorkflowCtx:
         is raised, so a replay raises the same one."""
         return await self._rt.gather(aws)
 
+    def child(
+        self,
+        workflow: Any,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        version: str | None = None,
+        tags: Sequence[str] = (),
+    ) -> Coroutine[Any, Any, Any]:
+        """Start a child run of ``workflow`` (a name, class or registered instance) with
+        ``input`` and return its output (``ChildWorkflowError`` when it fails, is cancelled,
+        dies, or cannot start). Its id is ``run_id``, by default ``f"{parent}.child.{n}"``
+        (``n`` counts this run's child calls from 1); the start is idempotent by that id, so
+        a crash never starts two. The parent suspends while the child runs and is woken as
+        soon as it settles. Cancelling the parent cancels the child."""
+        return self._rt.child(workflow, input, run_id, version, _tags(tags), True)
+
+    def start_child(
+        self,
+        workflow: Any,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        version: str | None = None,
+        tags: Sequence[str] = (),
+    ) -> Coroutine[Any, Any, ChildHandle]:
+        """Start a child run like ``child`` without waiting for it: a ``ChildHandle``
+        (``handle.run_id``, ``await handle.result()``). A child that cannot start raises
+        ``ChildWorkflowError`` here."""
+        return self._rt.child(workflow, input, run_id, version, _tags(tags), False)
+
     def patched(self, patch_id: str) -> bool:
         """Whether this run takes the new code path of patch ``patch_id`` (a deploy that
         changes the body in place while runs of the old code are in flight).
@@ -199,3 +264,9 @@ class WorkflowCtx:
     def is_replaying(self) -> bool:
         """True while the body re-executes calls the history already answers."""
         return self._rt.is_replaying
+
+
+def _tags(tags: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+        raise TypeError("tags must be a sequence of strings")
+    return tuple(tags)

@@ -318,7 +318,7 @@ class Drive:
             run.id,
             value,
             events,
-            Host(self, run.id, proof),
+            Host(self, run, proof),
             cancel_requested=run.status is RunStatus.CANCELLING,
             attempt=run.attempt,
             unwritten=unwritten,

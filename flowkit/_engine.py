@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from . import _cancel, _serde
 from . import _gate as gate
 from ._bus import Bus
+from ._children import Kin
 from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
@@ -120,6 +121,10 @@ class Engine:
         self.is_worker = worker
         self.bus = bus or Bus()
         self._gate = gate.Gate(store, self.config.clock, rng)
+        # what a settlement means for its parent and children (``_children.Kin``)
+        self._kin = Kin(
+            store, self.config.clock, self._wake, self._cancel_child, rng, self.executing
+        )
         for wf in workflows:
             self.register(wf)
         self._worker: Worker | None = None
@@ -196,7 +201,7 @@ class Engine:
     async def start_worker(self) -> None:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
         if self.is_worker and self._worker is None:
-            worker = Worker(self.config, self.bus.settled)
+            worker = Worker(self.config, self._settled)
             await worker.take_back_leases()  # (a restart under the same instance id)
             if self._worker is None:
                 self._worker = worker
@@ -398,13 +403,32 @@ class Engine:
             run_id,
             reason=None,
             compensate=compensate,
-            settled=self.bus.settled,
+            settled=self._settled,
             wake=self._wake,
             deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),
         )
         if run is None:
             raise RunNotFoundError(run_id)
         return run
+
+    def _settled(self, run_id: str, run: Run | None) -> None:
+        """A run settled (or left this worker unsettled: ``None``): ``result`` waiters hear
+        of it, and so do its parent and children (``Kin``)."""
+        self.bus.settled(run_id, run)
+        self._kin.settled(run_id, run)
+
+    async def _cancel_child(self, run_id: str) -> None:
+        """Cancel a child of a cancelled run (``Kin``), as ``cancel`` does."""
+        await _cancel.request(
+            self.store,
+            self.clock,
+            self.registry,
+            run_id,
+            reason=None,
+            settled=self._settled,
+            wake=self._wake,
+            deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),
+        )
 
     async def retry(self, run_id: str, *, input: Any = UNSET) -> Run:
         """Re-open a ``failed`` or ``dead`` run: it replays its completed steps and runs the
@@ -613,10 +637,16 @@ class Engine:
         workflow: str | None = None,
         status: RunStatus | str | None = None,
         tag: str | None = None,
+        *,
+        parent_id: str | None = None,
     ) -> list[Run]:
-        """Run snapshots, oldest first."""
+        """Run snapshots, oldest first; ``parent_id`` keeps the children of that run."""
         st = RunStatus(status) if status is not None else None
-        return await self.store.list_runs(workflow=workflow, status=st, tag=tag)
+        if parent_id is None:
+            return await self.store.list_runs(workflow=workflow, status=st, tag=tag)
+        return await self.store.list_runs(
+            workflow=workflow, status=st, tag=tag, parent_id=parent_id
+        )
 
     async def history(self, run_id: str) -> History:
         """The run's ``History``."""

@@ -11,7 +11,9 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import _children
 from ._recovery import LeaseProof
+from ._replay.children import ChildCall, ChildStart
 from ._run import Run, RunStatus
 from ._seat import WorkerConfig
 from ._threads import StepThreads, waited_for
@@ -20,17 +22,20 @@ from .events import CancelRequested, Event
 from .stores.base import InboxSignal, Notify, Update
 
 if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
     from ._drive import Drive
 
 
 class Host:
     """The activation's window on the store: appends fenced by this worker's lease."""
 
-    __slots__ = ("_d", "_proof", "_run_id")
+    __slots__ = ("_d", "_proof", "_run", "_run_id")
 
-    def __init__(self, drive: Drive, run_id: str, proof: LeaseProof) -> None:
+    def __init__(self, drive: Drive, run: Run, proof: LeaseProof) -> None:
         self._d = drive
-        self._run_id = run_id
+        self._run = run
+        self._run_id = run.id
         self._proof = proof
 
     def now(self) -> float:
@@ -91,6 +96,17 @@ class Host:
         events = await self._d.store.load_events(self._run_id)
         asked = [e for e in events if isinstance(e, CancelRequested)]
         return bool(asked) and asked[-1].compensate
+
+    async def start_child(self, parent_id: str, call: ChildCall) -> ChildStart:
+        return await _children.start_child(self._d, self._run, call)
+
+    def child_output_adapter(self, workflow: str, version: str | None) -> TypeAdapter[Any] | None:
+        """The output type of a child workflow named by name, as registered here."""
+        entry = self._d.config.registry.get(workflow, version)
+        return None if entry is None else entry[0].output_adapter
+
+    async def child_run(self, run_id: str) -> Run | None:
+        return await _children.child_run(self._d.store, run_id)
 
 
 class StepRunner:

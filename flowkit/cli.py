@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -40,6 +41,7 @@ from ._clock import SystemClock
 from ._definition import definition_of
 from ._engine import Engine
 from ._history import History
+from ._replay.children import WAKE_PREFIX as CHILD_WAKE
 from ._replay.replayer import ReplayResult, patches_taken, replay_async, replay_dir_async
 from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW
@@ -163,6 +165,14 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
     return 0
 
 
+def _lists_children(store: Any) -> bool:
+    """Whether ``store.list_runs`` takes ``parent_id`` (every bundled store does)."""
+    try:
+        return "parent_id" in inspect.signature(store.list_runs).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
     run = await _get_run(store, args.run)
     out.line(
@@ -204,8 +214,18 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
     if run.singleton_key is not None:
         lane = (await _lanes(store, [run])).get(run.id, "")
         out.line(f"  singleton {run.singleton_key}" + (f": {lane}" if lane else ""))
-    if run.waiting_signals and run.status.active:
-        out.line(f"  waits for signal {', '.join(run.waiting_signals)}")
+    signals = [n for n in run.waiting_signals if not n.startswith(CHILD_WAKE)]
+    if signals and run.status.active:
+        out.line(f"  waits for signal {', '.join(signals)}")
+    if run.parent_id is not None:
+        out.line(f"  parent  {run.parent_id}")
+    kids = await store.list_runs(parent_id=run.id) if _lists_children(store) else []
+    for kid in kids:
+        out.line(
+            f"  child   {kid.id}  {kid.workflow} v{kid.workflow_version}  [",
+            _status(kid.status),
+            "]",
+        )
     tags = [t for t in run.tags if not t.startswith("flowkit:") and t != run.singleton_tag]
     if tags:
         out.line(f"  tags    {', '.join(tags)}")

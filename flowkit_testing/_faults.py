@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from flowkit import Run
 from flowkit.errors import StoreUnavailableError
-from flowkit.events import CompensationCompleted, StepCompleted
+from flowkit.events import ChildStarted, CompensationCompleted, StepCompleted
 from flowkit.stores.base import Update, claims_by_version, records_admission
 
 Phase = Literal["before", "after"]
@@ -115,6 +115,22 @@ def _created_admitted(result: Any) -> bool:
     return bool(result[1]) and isinstance(result[0], Run) and result[0].admitted
 
 
+def _creates_child(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``create_run`` of a child run (``ctx.child``/``ctx.start_child``)."""
+    run = kwargs.get("run", args[0] if args else None)
+    return isinstance(run, Run) and run.parent_id is not None
+
+
+def _records_child(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    update = kwargs.get("update", args[3] if len(args) > 3 else None)
+    return isinstance(update, Update) and any(isinstance(e, ChildStarted) for e in update.events)
+
+
+def _appends_child(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    events = kwargs.get("events", args[3] if len(args) > 3 else ())
+    return any(isinstance(e, ChildStarted) for e in events)
+
+
 def _appended(result: Any) -> bool:
     """``append_events``' result: the events were written (``None``: nothing was)."""
     return result is not None
@@ -165,6 +181,15 @@ CRASH_SITES: dict[str, tuple[CrashSite, ...]] = {
     "after_admission": (
         CrashSite("try_admit_singleton", "after"),
         CrashSite("create_run", "after", _admits_on_create, _created_admitted),
+    ),
+    # a parent's child call: before its child is created; after (the child exists, the
+    # parent's ``child_started`` is not recorded); before that record is written. On recovery
+    # the replay starts the child again by its id: one child, never two, never none
+    "before_child_create": (CrashSite("create_run", "before", _creates_child),),
+    "after_child_create": (CrashSite("create_run", "after", _creates_child),),
+    "before_child_record": (
+        CrashSite("commit", "before", _records_child),
+        CrashSite("append_events", "before", _appends_child),
     ),
 }
 

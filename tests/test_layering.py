@@ -37,6 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._recovery",
         "flowkit._threads",
         "flowkit._seat",
+        "flowkit._children",
         "flowkit._cancel",
         "flowkit._bounds",
         "flowkit._host",

@@ -95,8 +95,8 @@ def test_store_capabilities_and_crash_points_are_exported() -> None:
 # -- the exact public names: adding or removing one is a decision, made here on purpose --------
 
 FLOWKIT = [
-    "ADMITTED_TAG", "ChildWorkflowError", "Clock", "Engine", "Event", "FlowkitError", "History",
-    "HistoryError",
+    "ADMITTED_TAG", "ChildHandle", "ChildWorkflowError", "Clock", "Engine", "Event",
+    "FlowkitError", "History", "HistoryError",
     "InvalidInputError", "NonDeterminismError", "ReplayFailedError", "ReplayReport",
     "ReplayResult", "ResultTimeoutError", "RetryPolicy", "Run", "RunCancelledError",
     "RunNotFoundError", "RunStateError", "RunStatus", "SerializationError", "SignalTimeout",

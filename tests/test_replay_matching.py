@@ -12,6 +12,9 @@ from flowkit._replay.matching import Call, ReplayStub, answers, describe
 from flowkit.events import (
     EVENT_TYPES,
     CancelRequested,
+    ChildCompleted,
+    ChildFailed,
+    ChildStarted,
     ErrorInfo,
     Event,
     RunCompleted,
@@ -32,6 +35,10 @@ CALLS: tuple[tuple[Call, str], ...] = (
     ("sleep", "sleep"),
     ("wait_for_signal", "approved"),
     ("wait_for_signal", "charge"),
+    ("child", "p.child.1"),
+    ("start_child", "p.child.1"),
+    ("child_result", "p.child.1"),
+    ("child", "p.child.2"),
 )
 ERROR = ErrorInfo(type="ValueError", message="no")
 
@@ -51,6 +58,18 @@ ERROR = ErrorInfo(type="ValueError", message="no")
             {"sleep:sleep", "wait_for_signal:approved", "wait_for_signal:charge"},
         ),
         (SignalReceived(pos="1", name="approved"), {"wait_for_signal:approved"}),
+        (
+            ChildStarted(pos="1", run_id="p.child.1", workflow="w"),
+            {"child:p.child.1", "start_child:p.child.1"},
+        ),
+        (
+            ChildCompleted(pos="1", run_id="p.child.1"),
+            {"child:p.child.1", "child_result:p.child.1"},
+        ),
+        (
+            ChildFailed(pos="1", run_id="p.child.1", error=ERROR),
+            {"child:p.child.1", "start_child:p.child.1", "child_result:p.child.1"},
+        ),
         (RunStarted(workflow="w", version="1"), set()),
         (SingletonGated(key="k"), set()),
         (CancelRequested(), set()),

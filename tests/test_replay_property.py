@@ -1,8 +1,8 @@
-"""Property: any program of steps, sleeps, signal waits, patches, gathers and continue-as-new
-runs to completion in a TestEnv (a chain of runs, one per segment between continuations),
-executes each step exactly once, records gap-free histories, and replays cleanly; a body that
-renames its steps does not. Patches: the history replays against
-the deprecate and removal deploys of its patches, and the same history recorded before the
+"""Property: any program of steps, sleeps, signal waits, patches, child runs, gathers and
+continue-as-new runs to completion in a TestEnv (a chain of runs, one per segment between
+continuations), executes each step exactly once, records gap-free histories, and replays
+cleanly; a body that renames its steps does not. Patches: the history replays against the
+deprecate and removal deploys of its patches, and the same history recorded before the
 patches existed (without markers) replays against the patched code, every patch False."""
 
 from __future__ import annotations
@@ -25,8 +25,21 @@ from flowkit_testing import TestEnv
 #   ["step", label, is_async] | ["sleep", seconds] | ["signal", name, send_early]
 #   | ["patch", patch_id] (the value of ctx.patched) | ["gather", wrapped, [leaf ops]]
 #   | ["continue"] (ctx.continue_as_new with the rest of the program: a run per segment)
+#   | ["child", label, fails] (ctx.child of Kid: its label, or "failed" when it fails)
+#   | ["start_child", label] (ctx.start_child of Kid, then its handle's result: its label)
 #   (wrapped: children are coroutines calling ctx, else the ctx awaitables themselves; a
 #   patch, not awaitable, is a coroutine of its own either way)
+
+
+@workflow(name="program-kid")
+class Kid:
+    """A child of the programs: sleeps a second, then returns its label or fails."""
+
+    async def run(self, ctx: WorkflowCtx, input: list[Any]) -> str:
+        await ctx.sleep(1)
+        if input[1]:
+            raise ValueError(f"{input[0]} fails")
+        return str(input[0])
 
 
 class _ProgramBody:
@@ -58,6 +71,8 @@ class _ProgramBody:
         kind = op[0]
         if kind == "patch":
             return self._patch(ctx, op[1])
+        if kind in ("child", "start_child"):  # (a coroutine of its own either way)
+            return self._child(ctx, op)
         if kind == "step":
             fn = self.awork if op[2] else self.work
             return ctx.step(fn, op[1], name="mutant" if self.mutate else None)
@@ -65,6 +80,15 @@ class _ProgramBody:
             return ctx.sleep(op[1])
         assert kind == "signal"
         return ctx.wait_for_signal(op[1])
+
+    async def _child(self, ctx: WorkflowCtx, op: list[Any]) -> str:
+        if op[0] == "start_child":
+            handle = await ctx.start_child(Kid, [op[1], False])
+            return str(await handle.result())
+        try:
+            return str(await ctx.child(Kid, [op[1], op[2]]))
+        except flowkit.ChildWorkflowError:
+            return "failed"
 
     async def _wrapped(self, ctx: WorkflowCtx, op: list[Any]) -> Any:
         return await self._leaf(ctx, op)
@@ -103,13 +127,13 @@ class RemovedPatches(_ProgramBody):
     patches = "removed"
 
 
-_leaf_kind = st.sampled_from(["step", "sleep", "signal", "patch"])
+_leaf_kind = st.sampled_from(["step", "sleep", "signal", "patch", "child", "start_child"])
 
 
 @st.composite
 def programs(draw: st.DrawFn, continues: bool = False) -> list[Any]:
     """A random program; with ``continues``, some top-level ops are ``["continue"]``."""
-    counter = {"step": 0, "signal": 0}
+    counter = {"step": 0, "signal": 0, "child": 0}
 
     def leaf() -> list[Any]:
         kind = draw(_leaf_kind)
@@ -117,6 +141,10 @@ def programs(draw: st.DrawFn, continues: bool = False) -> list[Any]:
             return ["sleep", draw(st.sampled_from([0, 1, 5, 60, 86_400]))]
         if kind == "patch":  # (a few ids: some are asked more than once)
             return ["patch", draw(st.sampled_from(["p1", "p2", "p3"]))]
+        if kind in ("child", "start_child"):
+            counter["child"] += 1
+            label = f"k{counter['child']}"
+            return ["child", label, draw(st.booleans())] if kind == "child" else [kind, label]
         counter[kind] += 1
         if kind == "step":
             return ["step", f"s{counter['step']}", draw(st.booleans())]
@@ -161,6 +189,10 @@ def _expected(prog: list[Any], patched: bool = True) -> list[Any]:
             return patched
         if op[0] == "signal":
             return f"{op[1]}-payload"
+        if op[0] == "child":
+            return "failed" if op[2] else op[1]
+        if op[0] == "start_child":
+            return op[1]
         return None
 
     return [[value(c) for c in op[2]] if op[0] == "gather" else value(op) for op in prog]
@@ -182,7 +214,7 @@ async def _check_program(prog: list[Any]) -> None:
     segs = _segments(prog)
     signals = [op for op in leaves if op[0] == "signal"]
     early = [op for op in segs[0] if op[0] == "signal" and op[2]]  # (the first run's inbox)
-    async with TestEnv([wf], seed=len(prog)) as env:
+    async with TestEnv([wf, Kid()], seed=len(prog)) as env:
         await env.start("program", prog, "prog")
         for sig in early:
             await env.signal("prog", sig[1], f"{sig[1]}-payload")
@@ -211,6 +243,12 @@ async def _check_program(prog: list[Any]) -> None:
             assert h.types[0] == "run_started" and h.types[-1] == "run_completed"
             assert h.types.count("run_continued") == (n < len(segs) - 1)
             seg_leaves = _leaves(seg)
+            kids = [op for op in seg_leaves if op[0] in ("child", "start_child")]
+            failing = sum(op[0] == "child" and op[2] for op in seg_leaves)
+            assert h.types.count("child_started") == len(kids)
+            assert h.types.count("child_completed") == len(kids) - failing
+            assert h.types.count("child_failed") == failing
+            assert len(await env.engines[0].list_runs(parent_id=rid)) == len(kids)
             patch_ids = [op[1] for op in seg_leaves if op[0] == "patch"]
             # one marker per patch (each activation asks again; the first one records it)
             markers = [e.patch_id for e in h if isinstance(e, PatchMarker)]
@@ -256,6 +294,9 @@ async def test_random_programs_run_once_and_replay(prog: list[Any]) -> None:
 async def test_fixed_program_covers_every_op() -> None:
     prog = [
         ["patch", "p1"],
+        ["child", "k1", False],
+        ["gather", False, [["child", "k2", True], ["start_child", "k3"], ["step", "s6", False]]],
+        ["gather", True, [["start_child", "k4"], ["child", "k5", False]]],
         ["step", "s1", False],
         ["signal", "sig1", True],
         ["gather", True, [["step", "s2", True], ["sleep", 5], ["signal", "sig2", False]]],

@@ -311,9 +311,9 @@ def test_bad_execution_timeout_is_refused_at_decoration(bad: Any) -> None:
 # -- property: any program under any deadline settles, and its history replays --------------
 
 try:
-    from test_replay_property import _leaves, _ProgramBody, programs
+    from test_replay_property import Kid, _leaves, _ProgramBody, programs
 except ImportError:  # tests/ imported as a package
-    from tests.test_replay_property import _leaves, _ProgramBody, programs
+    from tests.test_replay_property import Kid, _leaves, _ProgramBody, programs
 
 
 async def _check_timed_program(prog: list[Any], timeout: float) -> None:
@@ -322,7 +322,7 @@ async def _check_timed_program(prog: list[Any], timeout: float) -> None:
     )
     wf = timed()
     leaves = _leaves(prog)
-    async with TestEnv([wf], seed=len(prog)) as env:
+    async with TestEnv([wf, Kid()], seed=len(prog)) as env:
         t0 = env.clock.now()
         await env.start("timed-program", prog, "p")
         for sig in (op for op in leaves if op[0] == "signal" and op[2]):
@@ -340,6 +340,9 @@ async def _check_timed_program(prog: list[Any], timeout: float) -> None:
         else:
             assert run.status is RunStatus.COMPLETED, (run.status, run.error)
             assert requests == [] and h.events[-1].at <= t0 + timeout
+        # its children settled too (cancelled with it, when it was)
+        for kid in await env.engines[0].list_runs(parent_id="p"):
+            assert kid.status.terminal, (kid.id, kid.status)
         await flowkit.replay_async(h, timed)
         assert flowkit.History.from_json(h.to_json()) == h
 

@@ -164,3 +164,62 @@ async def test_seeded_crash_plan_kills_at_crash_points_and_recovery_finishes() -
         extra = sum(wf.calls[(f"r{i}", n)] for n in "abc") - 3
         assert 0 <= extra <= len(crashes), (i, extra)
     assert all(wf.calls[(f"r{i}", n)] >= 1 for i in range(6) for n in "abc")
+
+
+@workflow(name="sim-kid")
+class SimKid:
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        await ctx.sleep(1)
+        return input * 2
+
+
+@workflow(name="sim-parent")
+class SimParent:
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        a = await ctx.child(SimKid, input)
+        h = await ctx.start_child(SimKid, input + 1)
+        return int(a) + int(await h.result())
+
+
+async def _children_under_crashes(seed: int) -> list[str]:
+    """Parents whose instances die around their children's start (seeded): every parent
+    completes, with exactly its two children, each started once."""
+    plan = FaultPlan(
+        crash_rate=0.3,
+        crash_points=("before_child_create", "after_child_create", "before_child_record"),
+    )
+    async with TestEnv([SimParent(), SimKid()], instances=3, seed=seed, faults=plan) as env:
+        for i in range(6):
+            while True:
+                live = [j for j in range(3) if j not in env.crashed]
+                if not live:
+                    await env.restart(0)
+                    continue
+                try:
+                    await env.engines[live[0]].start("sim-parent", i, f"p{i}")
+                    break
+                except InstanceCrashed:
+                    continue
+            await env.settle()
+        crashes = [f for f in env.fired if f[3] == "crash"]
+        assert crashes, "the seed should have crashed some instance"
+        env.fault_plan = None
+        for j in list(env.crashed):
+            await env.restart(j)
+        await env.run_until_idle()
+        dumps = []
+        for i in range(6):
+            assert await env.engines[0].result(f"p{i}", timeout=5) == 4 * i + 2
+            kids = await env.engines[0].list_runs(parent_id=f"p{i}")
+            assert [k.id for k in kids] == [f"p{i}.child.1", f"p{i}.child.2"]
+            for k in kids:
+                assert (await env.history(k.id)).types.count("run_started") == 1
+            h = await env.history(f"p{i}")
+            assert h.types.count("child_started") == 2
+            dumps.append(h.to_json())
+        return dumps
+
+
+async def test_crashes_around_the_child_start_never_start_two_children_nor_lose_one() -> None:
+    first = await _children_under_crashes(seed=4)
+    assert first == await _children_under_crashes(seed=4)  # the same seed, the same histories

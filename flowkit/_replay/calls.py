@@ -10,12 +10,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import _serde
-from .._definition import RetryPolicy
-from ..events import PatchMarker
+from .._context import ChildHandle
+from .._definition import RetryPolicy, definition_of
+from ..events import ChildFailed, ChildStarted, PatchMarker
 from .branch import CURRENT, Branch
+from .children import ChildCall, run_child, run_child_result
 from .guard import Guard, branch_done, cancel_left, made_in_foreign_task, made_on, unawaited
 from .matching import ReplayStub
 from .patches import PatchCall, check_patch_id, parse_pos
@@ -23,6 +25,9 @@ from .signals import _ContinueAsNew
 from .state import ActivationState
 from .steps import run_step
 from .waits import run_sleep, run_wait_signal
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 
 @dataclass
@@ -156,6 +161,46 @@ class Calls:
             br.head = coro
         return coro
 
+    # -- children ----------------------------------------------------------------------
+    def child(
+        self,
+        workflow: Any,
+        input: Any,
+        run_id: str | None,
+        version: str | None,
+        tags: tuple[str, ...],
+        wait: bool,
+    ) -> Coroutine[Any, Any, Any]:
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ValueError(f"a child's run_id must be a non-empty string, got {run_id!r}")
+        if version is not None and not isinstance(version, str):
+            raise TypeError(f"version must be a string, got {type(version).__name__}")
+        st = self.st
+        name, adapter = _child_workflow(st, workflow, version)
+        br = made_on(st)
+        pos = br.next_pos()
+        # n counts the child calls (in the order they are made); a recorded call keeps the
+        # id its history says, so a replay whose concurrent branches make them in another
+        # order finds the same children
+        st.child_calls += 1
+        rid = run_id or _recorded_child(st, pos) or f"{self.run_id}.child.{st.child_calls}"
+        call = ChildCall(workflow, name, input, rid, version, tags)
+        handle = None if wait else (lambda r: ChildHandle(self, r, name, workflow))
+        coro = run_child(st, br, br.counter, pos, call, adapter, handle)
+        if br.counter == br.next:
+            br.head = coro
+        return coro
+
+    def child_result(self, run_id: str, workflow: Any) -> Coroutine[Any, Any, Any]:
+        st = self.st
+        name, adapter = _child_workflow(st, workflow, None)
+        br = made_on(st)
+        pos = br.next_pos()
+        coro = run_child_result(st, br, br.counter, pos, run_id, name, adapter)
+        if br.counter == br.next:
+            br.head = coro
+        return coro
+
     # -- patching ----------------------------------------------------------------------
     def patched(self, patch_id: str) -> bool:
         return self._patch(patch_id, deprecated=False)
@@ -267,6 +312,31 @@ class Calls:
             st.check_stuck()
 
 
+def _child_workflow(
+    st: ActivationState, workflow: Any, version: str | None
+) -> tuple[str, TypeAdapter[Any] | None]:
+    """A child call's workflow: its name, and its output's adapter: the class's or
+    instance's, or for a name the one its host has registered (``None``: the output is
+    returned as stored JSON)."""
+    if isinstance(workflow, str):
+        if not workflow:
+            raise ValueError("a child's workflow name must be a non-empty string")
+        known = getattr(st.host, "child_output_adapter", None)
+        return workflow, None if known is None else known(workflow, version)
+    defn = definition_of(workflow)
+    if defn is None:
+        raise TypeError(f"{workflow!r} is not a @workflow class, instance or name")
+    return defn.name, defn.output_adapter
+
+
+def _recorded_child(st: ActivationState, pos: str) -> str | None:
+    """The child id the history records at ``pos`` (``None``: none)."""
+    for ev in st.index.get(pos, ()):
+        if isinstance(ev, ChildStarted | ChildFailed):
+            return ev.run_id
+    return None
+
+
 def check_timeout(timeout: object) -> float:
     """``ctx.step``'s ``timeout=``: finite seconds > 0, else ``ValueError`` (nothing runs)."""
     if (
@@ -285,7 +355,15 @@ def _made_on_branch(aw: object, br: Branch) -> bool:
     return aw.cr_frame.f_locals.get("made_in") is br
 
 
-_CALL_CODES = frozenset({run_step.__code__, run_sleep.__code__, run_wait_signal.__code__})
+_CALL_CODES = frozenset(
+    {
+        run_step.__code__,
+        run_sleep.__code__,
+        run_wait_signal.__code__,
+        run_child.__code__,
+        run_child_result.__code__,
+    }
+)
 
 
 def silence(task: asyncio.Task[Any]) -> None:

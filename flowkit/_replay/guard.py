@@ -250,8 +250,11 @@ def awaited(it: Any, yielded: Any) -> str:
 
 
 # the code names of the coroutines running ctx calls: ``steps.run_step``, ``waits.run_sleep``,
-# ``waits.run_wait_signal`` and ``Calls.gather`` (whose local ``g`` is its position)
-CALL_NAMES = frozenset({"run_step", "run_sleep", "run_wait_signal", "gather"})
+# ``waits.run_wait_signal``, ``children.run_child``/``run_child_result`` and ``Calls.gather``
+# (whose local ``g`` is its position)
+CALL_NAMES = frozenset(
+    {"run_step", "run_sleep", "run_wait_signal", "run_child", "run_child_result", "gather"}
+)
 
 
 def call_frame() -> Any:
@@ -278,4 +281,9 @@ def call_of(code_name: str, local: dict[str, Any]) -> tuple[str, str]:
         return pos, f"wait_for_signal({local.get('name')!r})"
     if code_name == "run_sleep":
         return pos, "sleep"
+    if code_name == "run_child":
+        call = local.get("call")
+        return pos, f"child({getattr(call, 'name', '?')!r})"
+    if code_name == "run_child_result":
+        return pos, f"child result({local.get('run_id')!r})"
     return pos, code_name

@@ -32,7 +32,7 @@ from ..events import (
     TimerStarted,
 )
 
-Call = Literal["step", "sleep", "wait_for_signal"]
+Call = Literal["step", "sleep", "wait_for_signal", "child", "start_child", "child_result"]
 """The ctx calls that take a position and find their outcome in the history (a
 ``ctx.gather`` takes one too, but records nothing there: its children do)."""
 
@@ -58,7 +58,8 @@ class ReplayStub:
 
 def answers(ev: Event, call: Call, name: str) -> bool:
     """Whether ``ev``, recorded at the position of ``call`` (of the step or signal ``name``;
-    ``"sleep"`` for a sleep), is an outcome of that call, not of another one."""
+    ``"sleep"`` for a sleep, the child's run id for a child call), is an outcome of that
+    call, not of another one."""
     match ev:
         case StepCompleted():  # (first: the event replay meets most)
             return _step_completed(ev, call, name)
@@ -70,6 +71,10 @@ def answers(ev: Event, call: Call, name: str) -> bool:
             return _timer_fired(call)
         case SignalReceived():
             return _signal_received(ev, call, name)
+        case ChildStarted():
+            return _child_started(ev, call, name)
+        case ChildCompleted() | ChildFailed():
+            return _child_outcome(ev, call, name)
         case (
             RunStarted()
             | SingletonGated()
@@ -83,9 +88,6 @@ def answers(ev: Event, call: Call, name: str) -> bool:
             | RunDead()
             | PatchMarker()
             # (issue #21: the helpers building them give them their own rules)
-            | ChildStarted()
-            | ChildCompleted()
-            | ChildFailed()
         ):
             return _of_the_run()
         case CompensationCompleted() | CompensationFailed():
@@ -112,7 +114,7 @@ def _timer_started(ev: TimerStarted, call: Call) -> bool:
 
 def _timer_fired(call: Call) -> bool:
     # (the timer it ends, at the same position, says whose it was)
-    return call != "step"
+    return call in ("sleep", "wait_for_signal")
 
 
 def _signal_received(ev: SignalReceived, call: Call, name: str) -> bool:
@@ -141,6 +143,20 @@ def _run_continued() -> bool:
     return False
 
 
+def _child_started(ev: ChildStarted, call: Call, name: str) -> bool:
+    # (a ``ctx.child`` or ``ctx.start_child`` of the same child id; the call checks the
+    # workflow too)
+    return call in ("child", "start_child") and ev.run_id == name
+
+
+def _child_outcome(ev: ChildCompleted | ChildFailed, call: Call, name: str) -> bool:
+    # ``ctx.child`` records its child's outcome at its own position, ``ChildHandle.result()``
+    # at its own; a ``child_failed`` at a ``start_child`` is a child that could not start
+    if isinstance(ev, ChildFailed) and call == "start_child":
+        return ev.run_id == name
+    return call in ("child", "child_result") and ev.run_id == name
+
+
 def _of_the_run() -> bool:
     # events of the run as a whole carry no position: they answer no call
     return False
@@ -149,7 +165,7 @@ def _of_the_run() -> bool:
 def describe(ev: Event) -> str:
     """An event as a divergence report shows it: type, seq, name (a patch marker's id),
     arguments' digest, position."""
-    name = getattr(ev, "name", None) or getattr(ev, "patch_id", None)
+    name = getattr(ev, "name", None) or getattr(ev, "patch_id", None) or getattr(ev, "run_id", None)
     text = f"{ev.type}#{ev.seq}"
     if name:
         digest = getattr(ev, "args_digest", None)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from .._definition import definition_of
 from .._history import History
-from .._run import InboxSignal
+from .._run import InboxSignal, Run
 from ..errors import FlowkitError, HistoryError, NonDeterminismError, WorkflowNotFoundError
 from ..events import (
     Event,
@@ -26,6 +26,7 @@ from ..events import (
     RunStarted,
 )
 from .activation import Activation
+from .children import ChildCall, ChildStart
 from .matching import ReplayStub
 from .outcome import Completed, Continued, Diverged, Evicted, Failed, Suspended
 from .state import with_note
@@ -70,6 +71,13 @@ class _ReplayHost:
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> asyncio.Future[Any]:
         raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
+    # (a replay-only activation stops before it would start or read a child)
+    async def start_child(self, parent_id: str, call: ChildCall) -> ChildStart:
+        raise AssertionError("replay-only activations start no child")  # pragma: no cover
+
+    async def child_run(self, run_id: str) -> Run | None:
+        raise AssertionError("replay-only activations read no child")  # pragma: no cover
 
 
 async def replay_async(history: History, workflow: Any) -> None:

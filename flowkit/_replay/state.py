@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _limits, _serde
 from .._definition import RetryPolicy, WorkflowDefinition
-from .._run import InboxSignal
+from .._run import InboxSignal, Run
 from ..errors import ConflictError, LeaseLostError, NonDeterminismError
 from ..events import (
     CancelRequested,
@@ -27,6 +27,9 @@ from .branch import CURRENT, Branch
 from .matching import Call, answers, describe
 from .patches import Patches
 from .signals import _Diverged, _Evicted
+
+if TYPE_CHECKING:
+    from .children import ChildCall, ChildStart
 
 
 class Host(Protocol):
@@ -57,6 +60,18 @@ class Host(Protocol):
         ...
 
     async def peek_signal(self, name: str) -> InboxSignal | None: ...
+
+    async def start_child(self, parent_id: str, call: ChildCall) -> ChildStart:
+        """Start the child run ``call`` describes (idempotent by its id: an existing child of
+        this parent is returned as it is). A ``FlowkitError`` means it cannot start (queue
+        full, unknown workflow or version, invalid input, a store without what it needs, a
+        singleton parent awaiting a child queued behind itself); any other error is the
+        store's."""
+        ...
+
+    async def child_run(self, run_id: str) -> Run | None:
+        """The child run whose outcome the parent awaits, as its store has it now."""
+        ...
 
     def lease_live(self) -> bool:
         """Whether this worker can still prove it holds the run's lease (by its own clock):
@@ -193,6 +208,8 @@ class ActivationState:
         self.patches = Patches(self.events)
         # ``ctx.continue_as_new``'s input, as the body gave it (the first call's), or None
         self.continued: tuple[Any] | None = None
+        # the child calls made so far (``ctx.child``/``start_child``: their default ids)
+        self.child_calls = 0
 
     def _forget_final_failures(self) -> None:
         """After ``run_retried`` a step's failures no longer count: it runs again."""

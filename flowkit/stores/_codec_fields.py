@@ -18,6 +18,8 @@ import orjson
 from .._run import Run
 from ..errors import CodecError, InvalidInputError
 from ..events import (
+    ChildCompleted,
+    ChildFailed,
     CompensationCompleted,
     CompensationFailed,
     ErrorInfo,
@@ -211,6 +213,12 @@ class CodecFields:
         if isinstance(ev, RunContinued):
             ctx = (run_id, "event", "run_continued", "input")
             return ev.model_copy(update={"input": self._enc(ev.input, ctx)})
+        if isinstance(ev, ChildCompleted):
+            ctx = (run_id, "event", "child_completed", ev.pos, "output")
+            return ev.model_copy(update={"output": self._enc(ev.output, ctx)})
+        if isinstance(ev, ChildFailed):
+            ctx = (run_id, "event", "child_failed", ev.pos)
+            return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
         return ev
 
     def _event_out(self, ev: Event, run_id: str) -> Event:
@@ -259,6 +267,12 @@ class CodecFields:
         if isinstance(ev, RunContinued):
             ctx = (run_id, "event", "run_continued", "input")
             return ev.model_copy(update={"input": self._dec(ev.input, ctx)})
+        if isinstance(ev, ChildCompleted):
+            ctx = (run_id, "event", "child_completed", ev.pos, "output")
+            return ev.model_copy(update={"output": self._dec(ev.output, ctx)})
+        if isinstance(ev, ChildFailed):
+            ctx = (run_id, "event", "child_failed", ev.pos)
+            return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
         return ev
 
 

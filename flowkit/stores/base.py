@@ -207,8 +207,10 @@ class Store(Protocol):
         status: RunStatus | None = None,
         tag: str | None = None,
         limit: int | None = None,
+        parent_id: str | None = None,
     ) -> list[Run]:
-        """Runs visible to this store, oldest ``(created_at, id)`` first."""
+        """Runs visible to this store, oldest ``(created_at, id)`` first; ``parent_id`` keeps
+        the children of that run (``Run.parent_id``)."""
         ...
 
     async def load_events(self, run_id: str) -> list[Event]:

@@ -253,8 +253,16 @@ class CodecStore(CodecFields):
         status: RunStatus | None = None,
         tag: str | None = None,
         limit: int | None = None,
+        parent_id: str | None = None,
     ) -> list[Run]:
-        found = await self.inner.list_runs(workflow=workflow, status=status, tag=tag, limit=limit)
+        if parent_id is None:
+            found = await self.inner.list_runs(
+                workflow=workflow, status=status, tag=tag, limit=limit
+            )
+        else:
+            found = await self.inner.list_runs(
+                workflow=workflow, status=status, tag=tag, limit=limit, parent_id=parent_id
+            )
         return [self._run_out(r) for r in found]
 
     async def load_events(self, run_id: str) -> list[Event]:

@@ -237,6 +237,7 @@ class MemoryStore:
         status: RunStatus | None = None,
         tag: str | None = None,
         limit: int | None = None,
+        parent_id: str | None = None,
     ) -> list[Run]:
         out = [
             r
@@ -245,6 +246,7 @@ class MemoryStore:
             and (workflow is None or r.workflow == workflow)
             and (status is None or r.status == status)
             and (tag is None or tag in r.tags)
+            and (parent_id is None or r.parent_id == parent_id)
         ]
         out.sort(key=lambda r: (r.created_at, r.id))
         return out if limit is None else out[:limit]

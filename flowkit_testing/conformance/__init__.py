@@ -85,6 +85,7 @@ from ._runs import (
     check_create_run_idempotent,
     check_create_run_writes_its_events,
     check_id_ties_by_code_point,
+    check_list_runs_by_parent,
     check_list_runs_order_and_filters,
     check_queue_cap_rejection_writes_nothing,
 )
@@ -225,6 +226,7 @@ __all__ = [
     "check_hand_over_only_to_a_version_of_the_releaser",
     "check_id_ties_by_code_point",
     "check_identifier_limits",
+    "check_list_runs_by_parent",
     "check_list_runs_order_and_filters",
     "check_microsecond_timestamps",
     "check_namespace_scoping",

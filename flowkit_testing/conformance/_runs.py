@@ -166,6 +166,38 @@ async def check_list_runs_order_and_filters(factory: StoreFactory) -> None:
 
 
 @check()
+async def check_list_runs_by_parent(factory: StoreFactory) -> None:
+    """``create_run`` keeps ``Run.parent_id``, and ``list_runs(parent_id=...)`` returns the
+    children of that run only (oldest first, with the other filters), for ``ctx.child`` (DESIGN
+    §10: cancelling a parent cancels its children, ``flowkit show`` lists them)."""
+    s = await make_store(factory)
+    runs = [
+        mk("p", t=T0),
+        dataclasses.replace(mk("p.child.2", t=T0 + 2, status=S.COMPLETED), parent_id="p"),
+        dataclasses.replace(mk("p.child.1", t=T0 + 1), parent_id="p"),
+        dataclasses.replace(mk("q.child.1", t=T0 + 1), parent_id="q"),
+        dataclasses.replace(mk("p.child.1.child.1", t=T0 + 3), parent_id="p.child.1"),
+    ]
+    for r in runs:
+        await put(s, r)
+    got = await s.get_run("p.child.1")
+    expect(got is not None and got.parent_id == "p", "create_run must keep parent_id")
+    top = await s.get_run("p")
+    expect(top is not None and top.parent_id is None, "a run without a parent has parent_id None")
+    expect_eq(
+        [r.id for r in await s.list_runs(parent_id="p")],
+        ["p.child.1", "p.child.2"],
+        "list_runs(parent_id='p')",
+    )
+    expect_eq(
+        [r.id for r in await s.list_runs(parent_id="p", status=S.PENDING)],
+        ["p.child.1"],
+        "list_runs(parent_id=, status=)",
+    )
+    expect_eq(await s.list_runs(parent_id="nobody"), [], "list_runs(parent_id='nobody')")
+
+
+@check()
 async def check_id_ties_by_code_point(factory: StoreFactory) -> None:
     """Runs created at the same instant are listed (``list_runs``) and due (``due_runs``) in
     the code-point order of their ids, as Python compares ``str``, whatever the collation of

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flowkit import (
+    ChildWorkflowError,
     History,
     RetryPolicy,
     SignalTimeout,
@@ -365,6 +366,38 @@ class Subscription:
         return int(input["cycle"])
 
 
+@workflow(name="charge-card")
+class ChargeCard:
+    """A child: declines a large amount; waits a second for the bank."""
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, int]) -> dict[str, int]:
+        if input["amount"] > 1000:
+            raise ValueError("declined")
+        await ctx.sleep(1)
+        return {"charged": input["amount"]}
+
+
+@workflow(name="checkout")
+class Checkout:
+    """A parent (DESIGN §10 "Children"): a child awaited in place, one started and awaited
+    through its handle (it fails), and one that cannot start (invalid input)."""
+
+    async def run(self, ctx: WorkflowCtx, input: str) -> dict[str, Any]:
+        first = await ctx.child(ChargeCard, {"amount": 10})
+        big = await ctx.start_child("charge-card", {"amount": 5000})
+        try:
+            await big.result()
+            declined = ""
+        except ChildWorkflowError as err:
+            declined = type(err.cause).__name__
+        try:
+            await ctx.child("charge-card", {"amount": "ten"})
+            invalid = False
+        except ChildWorkflowError:
+            invalid = True
+        return {"first": first["charged"], "declined": declined, "invalid": invalid}
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -381,6 +414,8 @@ def workflows() -> list[Any]:
         IngestFile(Ingest()),
         Trip(Travel()),
         Subscription(Billing()),
+        ChargeCard(),
+        Checkout(),
     ]
 
 
@@ -525,6 +560,14 @@ async def subscription(env: TestEnv) -> list[str]:
     return ["subscription-1", "subscription-1~1"]
 
 
+async def checkout(env: TestEnv) -> list[str]:
+    """A parent with three children: completed, failed, never started."""
+    await env.start("checkout", "cart-1", "checkout-1")
+    await env.run_until_idle()
+    await env.result("checkout-1")
+    return ["checkout-1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -540,6 +583,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     dead_then_retried,
     sagas,
     subscription,
+    checkout,
 )
 
 

@@ -179,6 +179,19 @@ class PgStatements(Statements):
         return sql, params
 
     # -- a release in one statement -----------------------------------------------------------
+    def commit_fast(
+        self, run_id: str, owner: str | None, now: float, u: Update
+    ) -> tuple[str, dict[str, Any], bool] | None:
+        """``Statements.commit_fast``, except a suspension that waits for signals: that one
+        takes the general path, which locks the row first and then reads the inbox in a
+        statement of its own. In one ``UPDATE`` the inbox check would read the snapshot the
+        statement started with: a signal delivered by a transaction that held the row until
+        just before (``deliver_signal`` locks the row of a running run too) would be missed,
+        and the run would sleep through it (READ COMMITTED re-reads only the updated row)."""
+        if u.waiting_signals and u.status is not None and u.status.active:
+            return None
+        return super().commit_fast(run_id, owner, now, u)
+
     def release_fast(
         self, run_id: str, owner: str | None, now: float, u: Update
     ) -> tuple[str, dict[str, Any]] | None:

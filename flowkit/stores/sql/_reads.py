@@ -49,6 +49,7 @@ class Reads:
         status: RunStatus | None = None,
         tag: str | None = None,
         limit: int | None = None,
+        parent_id: str | None = None,
     ) -> list[Run]:
         r = runs_table.c
         q = sa.select(runs_table).where(visible(self.namespace))
@@ -58,6 +59,8 @@ class Reads:
             q = q.where(r.status == RunStatus(status).value)
         if tag is not None:
             q = q.where(has_tag(self._db.dialect, tag))
+        if parent_id is not None:  # (ix_flowkit_runs_parent)
+            q = q.where(r.parent_id == parent_id)
         q = q.order_by(r.created_at, sa.literal_column(self._sql.BY_ID))  # (code points)
         if limit is not None:
             q = q.limit(limit)
