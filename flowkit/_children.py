@@ -139,8 +139,19 @@ async def start_child(d: Drive, parent: Run, call: ChildCall) -> ChildStart:
 
 async def child_run(store: Store, run_id: str) -> Run | None:
     """The child whose outcome a parent awaits, as the store has it now: the one place that
-    reads it (a child that continued as new is to be followed here, to its chain's end)."""
-    return await store.get_run(run_id)
+    reads it. A child that continued as new is followed to its chain's last run (the
+    successor keeps ``parent_id``, and its settlement wakes the parent: ``Kin``)."""
+    run = await store.get_run(run_id)
+    while run is not None and run.continued_as is not None:
+        run = await store.get_run(run.continued_as)
+    return run
+
+
+def _chain_base(run_id: str) -> str:
+    """The id a parent knows its child by: the first of the child's chain of continuations."""
+    from ._continue import base_id  # (``_continue`` reaches this module through ``_host``)
+
+    return base_id(run_id)
 
 
 class Kin:
@@ -181,11 +192,12 @@ class Kin:
         self._recheck.pop(run_id, None)
         if not run.status.terminal:
             return
-        if run.parent_id is not None:
+        if run.parent_id is not None and run.continued_as is None:
+            # (a child that continued as new: its successor's settlement wakes the parent)
             if self._executing(run.parent_id):
                 # mid-activation here: the store makes its suspension due at once when the
                 # wake-up is in its inbox by then; should the two cross, look when it ends
-                self._recheck.setdefault(run.parent_id, set()).add(run.id)
+                self._recheck.setdefault(run.parent_id, set()).add(_chain_base(run.id))
             self._spawn(self._wake_parent(run))
         if run.status is RunStatus.CANCELLED:
             self._spawn(cancel_children(self._store, run.id, self._cancel))
@@ -207,7 +219,7 @@ class Kin:
             try:
                 now = self._clock.now()
                 parent = await self._store.deliver_signal(
-                    parent_id, wake_signal(child.id), None, now
+                    parent_id, wake_signal(_chain_base(child.id)), None, now
                 )
             except Exception as exc:
                 if tries_left and is_transient(exc):

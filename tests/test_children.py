@@ -326,3 +326,36 @@ async def test_a_cancelled_child_fails_its_parent_s_call(backend: Backend) -> No
         await env.engines[0].cancel("p.child.1")
         await env.settle()  # woken by its child's settlement: no time passes
         assert await env.result("p") == "RunCancelledError"
+
+
+@workflow(name="counter")
+class Counter_:
+    """A child that continues as new twice (each run sleeps 5 s), then returns its count."""
+
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        await ctx.sleep(5)
+        if input < 2:
+            ctx.continue_as_new(input + 1)
+        return input
+
+
+@workflow(name="counts")
+class Counts:
+    async def run(self, ctx: WorkflowCtx, input: None) -> int:
+        return int(await ctx.child(Counter_, 0))
+
+
+async def test_a_child_that_continues_as_new_is_followed_to_its_chain_s_end(
+    backend: Backend,
+) -> None:
+    """The parent gets the output of the child's last run, and its settlement wakes the
+    parent at once (not at the poll)."""
+    async with TestEnv([Counts(), Counter_()], store=backend.store) as env:
+        await env.start("counts", None, "c")
+        t0 = env.clock.now()
+        assert await env.result("c") == 2
+        chain = [r.id for r in await env.engines[0].list_runs(parent_id="c")]
+        assert chain == ["c.child.1", "c.child.1~1", "c.child.1~2"]
+        h = await env.history("c")
+        assert h.types[-2:] == ["child_completed", "run_completed"]
+        assert h.events[-1].at - t0 == pytest.approx(15)
