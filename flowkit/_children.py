@@ -147,11 +147,19 @@ async def child_run(store: Store, run_id: str) -> Run | None:
     return run
 
 
-def _chain_base(run_id: str) -> str:
-    """The id a parent knows its child by: the first of the child's chain of continuations."""
-    from ._continue import base_id  # (``_continue`` reaches this module through ``_host``)
+async def known_id(store: Store, run: Run) -> str:
+    """The id a parent knows its child ``run`` by: the first run of the child's chain of
+    continuations, walked back through predecessors that really continued as this one (an
+    id that merely ends in ``~n`` is its own)."""
+    from ._continue import predecessor_id  # (``_continue`` reaches this module via ``_host``)
 
-    return base_id(run_id)
+    current = run.id
+    while (pred := predecessor_id(current)) is not None:
+        before = await store.get_run(pred)
+        if before is None or before.continued_as != current:
+            break
+        current = pred
+    return current
 
 
 class Kin:
@@ -194,10 +202,6 @@ class Kin:
             return
         if run.parent_id is not None and run.continued_as is None:
             # (a child that continued as new: its successor's settlement wakes the parent)
-            if self._executing(run.parent_id):
-                # mid-activation here: the store makes its suspension due at once when the
-                # wake-up is in its inbox by then; should the two cross, look when it ends
-                self._recheck.setdefault(run.parent_id, set()).add(_chain_base(run.id))
             self._spawn(self._wake_parent(run))
         if run.status is RunStatus.CANCELLED:
             self._spawn(cancel_children(self._store, run.id, self._cancel))
@@ -218,9 +222,12 @@ class Kin:
         for tries_left in range(WAKE_TRIES - 1, -1, -1):
             try:
                 now = self._clock.now()
-                parent = await self._store.deliver_signal(
-                    parent_id, wake_signal(_chain_base(child.id)), None, now
-                )
+                known = await known_id(self._store, child)
+                if self._executing(parent_id):
+                    # mid-activation here: the store makes its suspension due at once when the
+                    # wake-up is in its inbox by then; should the two cross, look when it ends
+                    self._recheck.setdefault(parent_id, set()).add(known)
+                parent = await self._store.deliver_signal(parent_id, wake_signal(known), None, now)
             except Exception as exc:
                 if tries_left and is_transient(exc):
                     await backoff.sleep()

@@ -168,7 +168,10 @@ async def settle(
         if fresh is None or fresh.lease_owner != drive.owner or not fresh.status.active:
             raise
         if fresh.status is RunStatus.CANCELLING:
-            await finish(Cancelled(), fresh)
+            # the cancel wins: keep what this activation recorded and give the run back, so
+            # that the next activation replays it as a cancellation (its compensations run
+            # first when the cancel asked for them) and settles it cancelled
+            await drive._commit(fresh, Update(events=list(pending), release_lease=True), t)
             return
         taken = await store.get_run(sid)
         if taken is None:

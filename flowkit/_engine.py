@@ -418,13 +418,25 @@ class Engine:
         self._kin.settled(run_id, run)
 
     async def _cancel_child(self, run_id: str) -> None:
-        """Cancel a child of a cancelled run (``Kin``), as ``cancel`` does."""
+        """Cancel a child of a cancelled run (``Kin``), as ``cancel`` does, compensating when
+        its parent's cancellation asked for it (the same flag ``cancel``'s own pass over the
+        children passes: whichever lands first, the child is cancelled the same way)."""
+        child = await self.store.get_run(run_id)
+        compensate = False
+        if child is not None and child.parent_id is not None:
+            asked = [
+                e
+                for e in await self.store.load_events(child.parent_id)
+                if e.type == "cancel_requested"
+            ]
+            compensate = bool(asked) and bool(getattr(asked[-1], "compensate", False))
         await _cancel.request(
             self.store,
             self.clock,
             self.registry,
             run_id,
             reason=None,
+            compensate=compensate,
             settled=self._settled,
             wake=self._wake,
             deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),

@@ -359,3 +359,21 @@ async def test_a_child_that_continues_as_new_is_followed_to_its_chain_s_end(
         h = await env.history("c")
         assert h.types[-2:] == ["child_completed", "run_completed"]
         assert h.events[-1].at - t0 == pytest.approx(15)
+
+
+@workflow(name="tilde-parent")
+class TildeParent:
+    async def run(self, ctx: WorkflowCtx, input: None) -> int:
+        return int(await ctx.child(Counter_, 2, run_id="job~5"))
+
+
+async def test_a_child_id_ending_in_tilde_n_still_wakes_its_parent_at_once(
+    backend: Backend,
+) -> None:
+    """An explicit child id that merely ends in ``~5`` (no chain behind it) is the id the
+    parent knows: its settlement wakes the parent at once, not at the poll."""
+    async with TestEnv([TildeParent(), Counter_()], store=backend.store) as env:
+        await env.start("tilde-parent", None, "tp")
+        t0 = env.clock.now()
+        assert await env.result("tp") == 2
+        assert (await env.history("tp")).events[-1].at - t0 == pytest.approx(5)

@@ -460,3 +460,63 @@ async def test_a_cancel_landing_before_the_continuation_commit_wins() -> None:
         assert await env.store.get_run("c~1") is None
         types = [e.type for e in (await env.history("c")).events]
         assert "run_continued" not in types and types[-1] == "run_cancelled"
+
+
+@workflow(name="undoing-loop")
+class UndoingLoop:
+    """Registers a compensation, then continues as new (its first run only)."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def act(self, n: int) -> int:
+        self.log.append(f"act {n}")
+        return n
+
+    def undo(self, n: int) -> None:
+        self.log.append(f"undo {n}")
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        await ctx.step(self.act, n, compensate=self.undo)
+        if n == 0:
+            ctx.continue_as_new(1)
+        return n
+
+
+async def test_a_compensating_cancel_landing_before_the_continuation_runs_the_undos(
+    store: Any,
+) -> None:
+    """``engine.cancel(run_id, compensate=True)`` that lands right before the continuation's
+    commit wins, and the cancellation is the compensating one: the undo runs, then the run
+    settles ``cancelled`` with no successor."""
+    from flowkit.events import CancelRequested
+    from flowkit.stores.base import Update
+
+    wf = UndoingLoop()
+    commit = store.commit
+
+    async def cancel_first(run_id: str, owner: Any, now: float, update: Update) -> Any:
+        if update.successor is not None:
+            await commit(
+                run_id,
+                None,
+                now,
+                Update(
+                    events=[CancelRequested(at=now, compensate=True)],
+                    status=RunStatus.CANCELLING,
+                    wake_at=now,
+                    expect_status=frozenset({RunStatus.RUNNING}),
+                    ignore_lease=True,
+                ),
+            )
+        return await commit(run_id, owner, now, update)
+
+    store.commit = cancel_first
+    async with TestEnv([wf], store=store) as env:
+        await env.start("undoing-loop", 0, "u")
+        await env.run_until_idle()
+        run = await env.get_run("u")
+        assert run.status is RunStatus.CANCELLED and run.continued_as is None
+        assert wf.log == ["act 0", "undo 0"]
+        assert (await env.history("u")).types[-2:] == ["compensation_completed", "run_cancelled"]
+        assert await store.get_run("u~1") is None

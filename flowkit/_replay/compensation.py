@@ -24,7 +24,7 @@ from ..errors import SerializationError
 from ..events import CompensationCompleted, CompensationFailed, ErrorInfo, Event
 from .matching import ReplayStub, answers_undo, describe
 from .outcome import error_info
-from .signals import _ControlFlow, _Evicted, _StepCancelled
+from .signals import _ContinueAsNew, _ControlFlow, _Evicted, _StepCancelled
 from .state import ActivationState, Undo
 from .steps import _execute, _timed
 
@@ -39,7 +39,10 @@ def wanted(st: ActivationState, exc: BaseException) -> bool | None:
     (flowkit's control flow, an unrequested cancellation) does not."""
     if not st.undos or st.tearing_down or st.divergence is not None:
         return False
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, asyncio.CancelledError) or (
+        isinstance(exc, _ContinueAsNew) and st.cancel_requested
+    ):
+        # (a continuation the run's cancellation overtook settles cancelled: it wins)
         return st.cancel_compensates if st.cancel_requested else False
     return isinstance(exc, Exception)
 
