@@ -310,6 +310,6 @@ async def test_fixed_program_covers_every_op() -> None:
         ["signal", "sig4", False],
         ["patch", "p2"],
         ["continue"],
-        ["step", "s6", False],
+        ["step", "s7", False],
     ]
     await _check_program(prog)
