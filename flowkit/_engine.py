@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
-from . import _cancel, _serde
+from . import _cancel, _results, _serde
 from . import _gate as gate
 from ._bus import Bus
 from ._children import Kin
@@ -21,17 +21,14 @@ from ._drive import Registry
 from ._history import History
 from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ._threads import DEFAULT_STEP_THREADS, check_size
-from ._worker import WORKER_SEEN_WINDOW, Worker, WorkerConfig, no_live_worker
+from ._worker import Worker, WorkerConfig
 from .errors import (
     InvalidInputError,
     ResultTimeoutError,
-    RunCancelledError,
     RunNotFoundError,
     RunStateError,
     SerializationError,
-    StepFailedError,
     UnsupportedStoreError,
-    WorkflowFailedError,
     WorkflowNotFoundError,
 )
 from .events import RunRetried, RunStarted
@@ -523,65 +520,13 @@ class Engine:
                 raise RunNotFoundError(run_id) from None
             if run.status.terminal:  # settled as the timeout struck
                 return self._outcome(run)
-            hint = self._stall_hint(run)
-            missing = await self._version_missing(run)
+            hint = _results.stall_hint(
+                run, self.clock.now(), self.is_worker, self._worker is not None
+            )
+            missing = await _results.version_missing(self.store, run, self.clock.now())
             if missing is not None:
                 hint = f"{missing}; {hint}"
             raise ResultTimeoutError(run_id, run.status.value, timeout, hint) from None
-
-    async def _version_missing(self, run: Run) -> str | None:
-        """What to say when no worker with the run's ``(workflow, version)`` has been seen
-        within ``WORKER_SEEN_WINDOW`` (a store that ``records_workers``), else ``None``."""
-        if not run.status.active:
-            return None
-        try:
-            missing = await no_live_worker(self.store, [run], self.clock.now())
-        except Exception:  # (best effort: the hint goes without it)
-            return None
-        if not missing or run.id not in missing:
-            return None
-        return (
-            f"no worker with workflow {run.workflow!r} version {run.workflow_version!r} has "
-            f"been seen in the last {WORKER_SEEN_WINDOW:.0f} s: it waits for one (deploy "
-            "that version, or keep a worker that has it running)"
-        )
-
-    def _stall_hint(self, run: Run) -> str:
-        """Why an unsettled run may not be moving, from its snapshot and this engine."""
-        now = self.clock.now()
-        here = "this engine's worker is not running (use `async with engine:` or " + (
-            "`await engine.start_worker()`)" if self.is_worker else "it was made with worker=False)"
-        )
-        if run.lease_owner is not None and run.lease_expires is not None:
-            if run.lease_expires <= now:
-                return (
-                    f"its lease (worker {run.lease_owner!r}) expired "
-                    f"{now - run.lease_expires:.1f} s ago: that worker probably died; any "
-                    "worker recovers the run at its next poll"
-                )
-            return (
-                f"worker {run.lease_owner!r} holds its lease for {run.lease_expires - now:.1f} s "
-                "more; if that worker died, any worker recovers the run once the lease expires"
-            )
-        if run.status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCELLING):
-            who = here if self._worker is None else "this engine's worker has not claimed it"
-            return (
-                f"no worker has claimed it: {who}, and no other worker on this store "
-                f"(namespace {run.namespace!r}) with workflow {run.workflow!r} took it"
-            )
-        if run.status is RunStatus.BLOCKED:
-            msg = (run.error or {}).get("message", "")
-            return f"it is blocked until its code replays its history: {msg}"
-        parts = []
-        if run.singleton_key is not None and not run.admitted:
-            parts.append(f"it waits for a slot of singleton key {run.singleton_key!r}")
-        if run.waiting_signals:
-            parts.append(f"it waits for signal(s) {', '.join(run.waiting_signals)}")
-        if run.wake_at is not None:
-            parts.append(f"it wakes in {run.wake_at - now:.1f} s")
-        if self._worker is None:
-            parts.append(here)
-        return "; ".join(parts) or "it is waiting"
 
     async def _wait_settled(self, run_id: str, chain: list[str]) -> Any:
         """Until the run settles. The settling commit of any engine on this bus wakes it with
@@ -613,24 +558,8 @@ class Engine:
                 read = not self.executing(run_id)
 
     def _outcome(self, run: Run) -> Any:
-        if run.status is RunStatus.COMPLETED:
-            defn = self._definition(run)
-            if defn is None:
-                return run.output
-            return defn.output_adapter.validate_python(run.output)
-        if run.status is RunStatus.CANCELLED:
-            raise RunCancelledError(run.id)
-        # (a dead run raises WorkflowFailedError too: its error's type is "RunDead")
-        err = run.error or {"type": "Error", "message": "unknown failure"}
-        cause: BaseException | None = None
-        if err.get("step"):
-            cause = StepFailedError(
-                err["step"],
-                err.get("cause_type") or err.get("type", "Error"),
-                err.get("cause_message") or err.get("message", ""),
-                err.get("attempts") or 1,
-            )
-        raise WorkflowFailedError(run.id, err, cause)
+        """The output of a settled run, or the error it raises (``_results.outcome``)."""
+        return _results.outcome(self._definition(run), run)
 
     async def _get(self, run_id: str) -> Run:
         if not limits.storable(run_id):  # (no store holds such an id)
