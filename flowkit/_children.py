@@ -20,7 +20,7 @@ from ._clock import Clock
 from ._definition import WorkflowDefinition, definition_of
 from ._recovery import Backoff, is_transient
 from ._replay.children import CHILD_POLL, ChildCall, ChildStart, wake_signal
-from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._run import Run, RunStatus, run_tags
 from ._versions import Registry
 from .errors import (
     ChildWorkflowError,
@@ -96,13 +96,7 @@ async def start_child(d: Drive, parent: Run, call: ChildCall) -> ChildStart:
             f"the parent holds singleton key {key!r} of {defn.name!r}: the child would queue "
             "behind it for ever",
         )
-    tags = [
-        t
-        for t in dict.fromkeys(call.tags)
-        if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
-    ]
-    if key is not None:
-        tags.insert(0, SINGLETON_TAG_PREFIX + key)
+    tags = run_tags(call.tags, key)
     now = d.clock.now()
     timeout = defn.execution_timeout
     # a non-singleton child is created leased here and runs at once (no claim, no poll)

@@ -21,10 +21,9 @@ from ._host import Try
 from ._replay import Cancelled, Failed, error_info
 from ._run import (
     ADMITTED_TAG,
-    RESERVED_TAG_PREFIX,
-    SINGLETON_TAG_PREFIX,
     Run,
     RunStatus,
+    run_tags,
 )
 from .errors import ConflictError, InvalidInputError, UnsupportedStoreError
 from .events import ErrorInfo, Event, RunCompleted, RunContinued, RunStarted, SingletonAdmitted
@@ -106,13 +105,7 @@ async def settle(
     # the key's slot goes to the successor directly when it keeps the key
     passing = admitted and key is not None and key == run.singleton_key
     leased = drive._seat.running
-    clean = [
-        tg
-        for tg in run.tags
-        if not tg.startswith(RESERVED_TAG_PREFIX) and not tg.startswith(SINGLETON_TAG_PREFIX)
-    ]
-    if key is not None:
-        clean.insert(0, SINGLETON_TAG_PREFIX + key)
+    clean = run_tags(run.tags, key)
     timeout = defn.execution_timeout
     nxt = Run(
         id=sid,

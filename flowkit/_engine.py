@@ -19,7 +19,7 @@ from ._clock import Clock, SystemClock
 from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
 from ._history import History
-from ._run import RESERVED_TAG_PREFIX, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ._run import Run, RunStatus, run_tags
 from ._threads import DEFAULT_STEP_THREADS, check_size
 from ._worker import Worker, WorkerConfig
 from .errors import (
@@ -328,15 +328,8 @@ class Engine:
         """Validate a new run's input and singleton key: its stored input, its tags (the
         singleton tag first) and its key. Raises before anything is written."""
         value, input_json = self._validated(defn, input)
-        clean = [
-            t
-            for t in dict.fromkeys(tags)
-            if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
-        ]
         key = gate.singleton_key(defn, value, self.store)
-        if key is not None:
-            clean.insert(0, SINGLETON_TAG_PREFIX + key)
-        return input_json, clean, key
+        return input_json, run_tags(tags, key), key
 
     def _validated(self, defn: WorkflowDefinition, input: Any) -> tuple[Any, Any]:
         """A run's input, validated as ``start`` validates it: the value and its stored JSON;

@@ -4,6 +4,7 @@ signal waiting in a run's inbox."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,19 @@ RESERVED_TAG_PREFIX = "flowkit:"
 # The longest run id and singleton key (in characters) every store keeps: PostgreSQL's
 # columns are VARCHAR(255). All the limits: ``flowkit._limits`` (``flowkit.stores.limits``).
 MAX_ID_LENGTH = MAX_RUN_ID_LENGTH
+
+
+def run_tags(tags: Iterable[str], key: str | None) -> list[str]:
+    """A new run's tags: the caller's, once each and without reserved ones, the singleton tag
+    of ``key`` first (``start``, a child's start, a continuation's successor)."""
+    clean = [
+        t
+        for t in dict.fromkeys(tags)
+        if not t.startswith(RESERVED_TAG_PREFIX) and not t.startswith(SINGLETON_TAG_PREFIX)
+    ]
+    if key is not None:
+        clean.insert(0, SINGLETON_TAG_PREFIX + key)
+    return clean
 
 
 @dataclass(frozen=True)
