@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from sim_kit import start_on_a_live_instance
 
 from flowkit import (
     NonDeterminismError,
@@ -25,7 +26,7 @@ from flowkit import (
 from flowkit._continue import base_id, successor_id
 from flowkit.events import RunContinued
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore
-from flowkit_testing import FaultPlan, InstanceCrashed, Rule, TestEnv
+from flowkit_testing import FaultPlan, Rule, TestEnv
 from flowkit_testing._faults import _continues
 
 
@@ -345,16 +346,7 @@ async def test_a_seeded_crash_plan_around_continuations_leaves_whole_chains() ->
     plan = FaultPlan(crash_rate=0.4, crash_points=("before_continuation", "after_continuation"))
     async with TestEnv([wf], instances=3, seed=7, faults=plan) as env:
         for i in range(4):
-            while True:  # the instance may die while serving the start: try another
-                live = [j for j in range(3) if j not in env.crashed]
-                if not live:
-                    await env.restart(0)
-                    continue
-                try:
-                    await env.engines[live[0]].start("counter", {"n": 0, "until": 3}, f"r{i}")
-                    break
-                except InstanceCrashed:
-                    continue
+            await start_on_a_live_instance(env, "counter", {"n": 0, "until": 3}, f"r{i}")
         await env.run_until_idle()
         crashes = [f for f in env.fired if f[3] == "crash"]
         assert crashes, "the seed should have crashed some instance"

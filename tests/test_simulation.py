@@ -7,11 +7,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sim_kit import start_on_a_live_instance
 
 from flowkit import RunStatus, WorkflowCtx, workflow
 from flowkit.stores import SqlStore
 from flowkit.stores.base import Update
-from flowkit_testing import FaultPlan, InjectedFault, InstanceCrashed, Rule, TestEnv
+from flowkit_testing import FaultPlan, InjectedFault, Rule, TestEnv
 
 
 @workflow(name="three-steps")
@@ -141,16 +142,7 @@ async def test_seeded_crash_plan_kills_at_crash_points_and_recovery_finishes() -
     plan = FaultPlan(crash_rate=0.3, crash_points=("before_step_record", "after_step_record"))
     async with TestEnv([wf], instances=3, seed=3, faults=plan) as env:
         for i in range(6):
-            while True:  # the instance may die while serving the start: try another
-                live = [j for j in range(3) if j not in env.crashed]
-                if not live:
-                    await env.restart(0)
-                    continue
-                try:
-                    await env.engines[live[0]].start("three-steps", None, f"r{i}")
-                    break
-                except InstanceCrashed:
-                    continue
+            await start_on_a_live_instance(env, "three-steps", None, f"r{i}")
         crashes = [f for f in env.fired if f[3] == "crash"]
         assert crashes, "the seed should have crashed some instance"
         env.fault_plan = None
@@ -190,16 +182,7 @@ async def _children_under_crashes(seed: int) -> list[str]:
     )
     async with TestEnv([SimParent(), SimKid()], instances=3, seed=seed, faults=plan) as env:
         for i in range(6):
-            while True:
-                live = [j for j in range(3) if j not in env.crashed]
-                if not live:
-                    await env.restart(0)
-                    continue
-                try:
-                    await env.engines[live[0]].start("sim-parent", i, f"p{i}")
-                    break
-                except InstanceCrashed:
-                    continue
+            await start_on_a_live_instance(env, "sim-parent", i, f"p{i}")
             await env.settle()
         crashes = [f for f in env.fired if f[3] == "crash"]
         assert crashes, "the seed should have crashed some instance"
