@@ -3,7 +3,7 @@
 import contextlib as _contextlib
 
 from ._clock import Clock, SystemClock
-from ._context import ChildHandle, WorkflowCtx
+from ._context import ChildHandle, UpdateRequest, WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
 from ._engine import Engine
 from ._history import History
@@ -17,6 +17,8 @@ from ._replay.replayer import (
     replay_dir_async,
 )
 from ._run import ADMITTED_TAG, Run, RunStatus
+from ._schedules import Schedule, Schedules
+from ._updates import update_validator
 from .errors import (
     ChildWorkflowError,
     FlowkitError,
@@ -27,12 +29,15 @@ from .errors import (
     RunCancelledError,
     RunNotFoundError,
     RunStateError,
+    ScheduleNotFoundError,
     SerializationError,
     SignalTimeout,
     SingletonQueueFullError,
     StepFailedError,
     StepTimeoutError,
     UnsupportedStoreError,
+    UpdateNotRepliedError,
+    UpdateRejectedError,
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
@@ -60,6 +65,9 @@ __all__ = [
     "RunNotFoundError",
     "RunStateError",
     "RunStatus",
+    "Schedule",
+    "ScheduleNotFoundError",
+    "Schedules",
     "SerializationError",
     "SignalTimeout",
     "Singleton",
@@ -68,6 +76,9 @@ __all__ = [
     "StepTimeoutError",
     "SystemClock",
     "UnsupportedStoreError",
+    "UpdateNotRepliedError",
+    "UpdateRejectedError",
+    "UpdateRequest",
     "WorkflowCtx",
     "WorkflowDefinition",
     "WorkflowFailedError",
@@ -76,6 +87,7 @@ __all__ = [
     "replay_async",
     "replay_dir",
     "replay_dir_async",
+    "update_validator",
     "workflow",
 ]
 

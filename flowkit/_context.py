@@ -65,6 +65,16 @@ class Runtime(Protocol):
 
     def continue_as_new(self, input: Any) -> NoReturn: ...
 
+    def set_event(self, key: str, value: Any) -> Awaitable[None]: ...
+
+    def wait_for_event(
+        self, name: str, match: dict[str, Any] | None, timeout: float | None
+    ) -> Coroutine[Any, Any, Any]: ...
+
+    def wait_for_update(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]: ...
+
+    def upsert_search(self, attrs: dict[str, Any]) -> Awaitable[None]: ...
+
 
 class ChildHandle:
     """A child run started by ``ctx.start_child``: its id, and ``await handle.result()`` for
@@ -86,6 +96,30 @@ class ChildHandle:
 
     def __repr__(self) -> str:
         return f"ChildHandle(run_id={self.run_id!r}, workflow={self.workflow!r})"
+
+
+class UpdateRequest:
+    """An update a run took with ``ctx.wait_for_update``: its ``name``, ``update_id`` and
+    ``arg`` (validated against the workflow's ``updates`` type); ``await upd.reply(value)``
+    records the answer ``engine.update`` returns. ``reply`` takes a position of the branch
+    that calls it, like any ctx call."""
+
+    __slots__ = ("_rt", "arg", "name", "pos", "update_id")
+
+    def __init__(self, runtime: Any, name: str, update_id: str, arg: Any, pos: str) -> None:
+        self._rt = runtime
+        self.name = name
+        self.update_id = update_id
+        self.arg = arg
+        self.pos = pos
+
+    def reply(self, value: Any = None) -> Coroutine[Any, Any, None]:
+        """Answer the update: ``engine.update`` returns ``value`` to its caller."""
+        result: Coroutine[Any, Any, None] = self._rt.reply_update(self, value)
+        return result
+
+    def __repr__(self) -> str:
+        return f"UpdateRequest(name={self.name!r}, update_id={self.update_id!r})"
 
 
 class WorkflowCtx:
@@ -246,6 +280,35 @@ class WorkflowCtx:
         (the run settles ``cancelled``, no successor); an ``input`` that does not validate
         fails the run. See docs/composing-workflows.md, "Continue-as-new"."""
         self._rt.continue_as_new(input)
+
+    # -- talking to the world (DESIGN §11) ----------------------------------------------
+    def set_event(self, key: str, value: Any) -> Awaitable[None]:
+        """Publish ``value`` under ``key`` for ``engine.get_event(run_id, key)`` readers (the
+        latest value wins). The call takes its position and records at once when awaited
+        (``await ctx.set_event(...)``); not awaited, it is written with the run's next write."""
+        return self._rt.set_event(key, value)
+
+    def wait_for_event(
+        self, name: str, *, match: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Coroutine[Any, Any, Any]:
+        """Wait for ``engine.publish_event(name, payload)`` whose payload's top-level keys equal
+        ``match``'s, and return the payload. An event published while no run waited for it is
+        buffered for the first later matching waiter. ``timeout`` (seconds) raises
+        ``SignalTimeout``."""
+        return self._rt.wait_for_event(name, match, timeout)
+
+    def wait_for_update(
+        self, name: str, timeout: float | None = None
+    ) -> Coroutine[Any, Any, UpdateRequest]:
+        """Wait for ``engine.update(run_id, name, arg)``: an ``UpdateRequest`` whose
+        ``await upd.reply(value)`` answers the caller. ``timeout`` raises ``SignalTimeout``."""
+        return self._rt.wait_for_update(name, timeout)
+
+    def upsert_search(self, **attrs: str | int | float | bool) -> Awaitable[None]:
+        """Set search attributes of this run (merged into those it has; ``engine.list_runs
+        (search=...)`` finds runs by them). Awaited, it records at once; not awaited, it is
+        written with the run's next write."""
+        return self._rt.upsert_search(attrs)
 
     @property
     def run_id(self) -> str:

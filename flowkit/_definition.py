@@ -6,7 +6,7 @@ import inspect
 import math
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
@@ -175,6 +175,11 @@ class WorkflowDefinition:
     execution_timeout: float | None = None
     # lost activations a run survives before it settles ``dead`` (``None``: unbounded)
     max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS
+    # DESIGN §11: the published event that starts one run each (``None``: none), and the
+    # payload types of signals and updates by name (validated before anything is written)
+    on_event: str | None = None
+    signals: dict[str, Any] = field(default_factory=dict)
+    updates: dict[str, Any] = field(default_factory=dict)
     input_type: Any = field(init=False, repr=False)
     output_type: Any = field(init=False, repr=False)
     input_adapter: TypeAdapter[Any] = field(init=False, repr=False)
@@ -242,6 +247,9 @@ def _declare(
     frame: FrameType | None,
     execution_timeout: Any = None,
     max_recovery_attempts: Any = DEFAULT_MAX_RECOVERY_ATTEMPTS,
+    on_event: Any = None,
+    signals: Any = None,
+    updates: Any = None,
 ) -> Any:
     if not isinstance(klass, type):
         raise TypeError("@workflow decorates a class")
@@ -261,6 +269,9 @@ def _declare(
         annotations=_run_annotations(klass, frame),
         execution_timeout=timeout,
         max_recovery_attempts=recoveries,
+        on_event=on_event,
+        signals=dict(signals or {}),
+        updates=dict(updates or {}),
     )
     try:
         defn.resolve()
@@ -282,6 +293,9 @@ def workflow(
     singleton: Singleton | None = None,
     execution_timeout: float | None = None,
     max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
+    on_event: str | None = None,
+    signals: Mapping[str, Any] | None = None,
+    updates: Mapping[str, Any] | None = None,
 ) -> Any:
     """Declare a workflow class: ``@workflow(name=..., version=..., singleton=...)``.
 
@@ -292,8 +306,11 @@ def workflow(
     ``run``'s input and return annotations are resolved with the module's names, the class
     body's and those of the function that applies the decorator; one that cannot be resolved
     raises ``TypeError`` here (or, for a name a later line of the module may define, when
-    the workflow is first used)."""
-    limits = (execution_timeout, max_recovery_attempts)
+    the workflow is first used).
+
+    DESIGN §11: ``on_event`` names a published event that starts one run per event;
+    ``signals`` / ``updates`` map a signal's / an update's name to its payload type."""
+    limits = (execution_timeout, max_recovery_attempts, on_event, signals, updates)
 
     def wrap(klass: T) -> T:
         return typing.cast(T, _declare(klass, name, version, singleton, sys._getframe(1), *limits))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
-from . import _cancel, _results, _serde
+from . import _cancel, _publish, _results, _retention, _retry, _search, _serde, _updates
 from . import _gate as gate
 from ._bus import Bus
 from ._children import Kin
@@ -20,6 +20,7 @@ from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
 from ._history import History
 from ._run import Run, RunStatus, run_tags
+from ._schedules import Schedule, Schedules
 from ._threads import DEFAULT_STEP_THREADS, check_size
 from ._worker import Worker, WorkerConfig
 from .errors import (
@@ -31,9 +32,9 @@ from .errors import (
     UnsupportedStoreError,
     WorkflowNotFoundError,
 )
-from .events import RunRetried, RunStarted
+from .events import RunStarted
 from .stores import limits
-from .stores.base import UNSET, AdmitsOnCreate, ConflictError, Store, Update
+from .stores.base import UNSET, AdmitsOnCreate, Store
 
 T = TypeVar("T")
 
@@ -90,6 +91,8 @@ class Engine:
         notify_on_release: bool = True,
         max_payload_bytes: int | None = None,
         step_threads: int = DEFAULT_STEP_THREADS,
+        schedules: Mapping[str, Schedule] | None = None,
+        retention: float | None = None,
     ) -> None:
         rng = rng or random.Random()
         if instance_id is not None:
@@ -113,10 +116,15 @@ class Engine:
             else max_payload_bytes,
             # the most sync step functions running at once here, each in a thread
             step_threads=check_size(step_threads),
+            schedules=dict(schedules or {}),
+            retention=retention,
         )
         self.namespace = namespace
         self.is_worker = worker
         self.bus = bus or Bus()
+        self.config.recorded = self.bus.recorded
+        # durable schedules (DESIGN §11): ``engine.schedules.create(...)`` and the rest
+        self.schedules = Schedules(self)
         self._gate = gate.Gate(store, self.config.clock, rng)
         # what a settlement means for its parent and children (``_children.Kin``)
         self._kin = Kin(
@@ -439,56 +447,7 @@ class Engine:
         the run's input: validated as ``start`` validates it (``InvalidInputError``, nothing
         written), recorded in ``run_retried``, and what the body gets from now on. A singleton
         run keeps its key (the one its original input gave) and must claim a slot again."""
-        run = await self._get(run_id)
-        retryable = frozenset({RunStatus.FAILED, RunStatus.DEAD})
-        why = "only failed or dead runs can be retried"
-        if run.status not in retryable:
-            raise RunStateError(run_id, run.status, why)
-        entry = self.registry.get(run.workflow, run.workflow_version)
-        new_input: Any = UNSET
-        if input is not UNSET:
-            if entry is None:
-                raise WorkflowNotFoundError(run.workflow, run.workflow_version)
-            new_input = self._validated_input(entry[0], input)
-        timeout = entry[0].execution_timeout if entry is not None else None
-        # (registered here: its timeout now, none included; else the one it had)
-        deadline: Any = None
-        if entry is None and run.deadline_at is not None:
-            # not registered here: the timeout its last (re)start gave it
-            events = await self.store.load_events(run_id)
-            began = next(e.at for e in reversed(events) if e.type in ("run_started", "run_retried"))
-            timeout = run.deadline_at - began
-        now = self.clock.now()
-        if timeout is not None:
-            deadline = round(now + timeout, 6)
-        elif entry is None:
-            deadline = UNSET  # (unknown here, and it had none)
-        attempt = run.attempt + 1
-        retried = RunRetried(attempt=attempt, at=now)
-        if new_input is not UNSET:
-            retried = RunRetried(attempt=attempt, at=now, new_input=True, input=new_input)
-        try:
-            res = await self.store.commit(
-                run_id,
-                None,
-                now,
-                Update(
-                    events=[retried],
-                    status=RunStatus.PENDING,
-                    error=None,
-                    wake_at=None,
-                    attempt=attempt,
-                    expect_status=retryable,
-                    input=new_input,
-                    recoveries=0,
-                    deadline_at=deadline,
-                ),
-            )
-        except ConflictError:
-            fresh = await self._get(run_id)
-            raise RunStateError(run_id, fresh.status, why) from None
-        self._wake(run_id)
-        return res.run
+        return await _retry.retry(self, run_id, input)
 
     # -- results and queries -----------------------------------------------------------
     async def result(self, run_id: str, timeout: float | None = None) -> Any:
@@ -572,15 +531,47 @@ class Engine:
         status: RunStatus | str | None = None,
         tag: str | None = None,
         *,
+        search: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        after: Run | None = None,
         parent_id: str | None = None,
     ) -> list[Run]:
-        """Run snapshots, oldest first; ``parent_id`` keeps the children of that run."""
+        """Run snapshots, oldest first; ``parent_id`` keeps the children of that run;
+        ``search`` filters by search attributes (a value, or ``(op, value)``); ``limit`` /
+        ``after`` (the last run of the previous page) page through them."""
         st = RunStatus(status) if status is not None else None
-        if parent_id is None:
-            return await self.store.list_runs(workflow=workflow, status=st, tag=tag)
-        return await self.store.list_runs(
-            workflow=workflow, status=st, tag=tag, parent_id=parent_id
-        )
+        return await _search.list_runs(self, workflow, st, tag, search, limit, after, parent_id)
+
+    # -- talking to runs (DESIGN §11) ---------------------------------------------------
+    async def get_event(self, run_id: str, key: str, timeout: float | None = None) -> Any:
+        """The latest value run ``run_id`` published under ``key`` (``ctx.set_event``),
+        waiting up to ``timeout`` real seconds for the first one; ``None`` if none came."""
+        return await _publish.get_event(self, run_id, key, timeout)
+
+    async def publish_event(self, name: str, payload: Any, *, event_id: str | None = None) -> Any:
+        """Deliver an event to every run waiting for ``name`` whose ``match`` it satisfies, or
+        buffer it for the first later one; start the runs of ``@workflow(on_event=name)``.
+        An ``event_id`` already published is delivered once only."""
+        return await _publish.publish_event(self, name, payload, event_id)
+
+    async def update(
+        self, run_id: str, name: str, arg: Any = None, *, timeout: float | None = None
+    ) -> Any:
+        """Send update ``name`` to a running run and return its ``upd.reply(value)``."""
+        return await _updates.update(self, run_id, name, arg, timeout)
+
+    async def prune(
+        self,
+        older_than: float,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+    ) -> int:
+        """Delete terminal runs settled more than ``older_than`` seconds ago (histories,
+        signals, search rows, published values); how many. Never an active run or the child
+        of an active parent."""
+        st = RunStatus(status) if status is not None else None
+        return await _retention.prune(self, older_than, workflow, st)
 
     async def history(self, run_id: str) -> History:
         """The run's ``History``."""

@@ -18,13 +18,17 @@ from ._run import Run, RunStatus
 from ._seat import WorkerConfig
 from ._threads import StepThreads, waited_for
 from .errors import LeaseLostError
-from .events import CancelRequested, Event
+from .events import CancelRequested, Event, EventSet, UpdateReplied
 from .stores.base import InboxSignal, Notify, Update
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
 
     from ._drive import Drive
+
+
+_AWAITED = (EventSet, UpdateReplied)
+"""The events an ``engine.get_event`` / ``engine.update`` caller may be waiting for."""
 
 
 class Host:
@@ -62,7 +66,15 @@ class Host:
     ) -> asyncio.Future[Any]:
         return self._d.steps.submit(fn, args, kwargs)
 
-    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
+    async def record(
+        self,
+        events: Sequence[Event],
+        consume_signal: int | None = None,
+        search: dict[str, Any] | None = None,
+    ) -> bool:
+        """Append ``events`` under the lease (taking the inbox signal ``consume_signal`` with
+        them; ``search``: the run's new search attributes, ``Update.search``); whether the
+        run is ``cancelling`` now."""
         d = self._d
         if not self._proof.live():
             raise LeaseLostError(self._run_id)  # (the activation stops, writing nothing)
@@ -71,16 +83,25 @@ class Host:
             d.appends is not None
             and events
             and consume_signal is None
+            and search is None
             and await d.appends.append_events(self._run_id, d.owner, d.clock.now(), events)
         ):
+            self._told(events)
             return False  # (the run was ``running``, so not cancelling)
         res = await d.store.commit(
             self._run_id,
             d.owner,
             d.clock.now(),
-            Update(events=events, consume_signal=consume_signal),
+            Update(events=events, consume_signal=consume_signal, search=search),
         )
+        self._told(events)
         return res.run.status is RunStatus.CANCELLING
+
+    def _told(self, events: Sequence[Event]) -> None:
+        """Readers of this run's history hear of an event they may wait for."""
+        recorded = self._d.config.recorded
+        if recorded is not None and any(isinstance(e, _AWAITED) for e in events):
+            recorded(self._run_id)
 
     async def peek_signal(self, name: str) -> InboxSignal | None:
         return await self._d.store.peek_signal(self._run_id, name)

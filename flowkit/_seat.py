@@ -5,9 +5,9 @@ worker seat it runs in (``Seat``), and who hears of settlements (``Settled``). K
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._clock import Clock
 from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
@@ -51,6 +51,13 @@ class WorkerConfig:
     # the event loop waits for each sync step's thread (``TestEnv``: a seed then decides
     # every interleaving, as when sync steps ran on the loop)
     wait_for_step_threads: bool = False
+    # told the run id after an activation here records an event readers wait for
+    # (``event_set``, ``update_replied``): ``Engine`` passes its ``Bus.recorded``
+    recorded: Callable[[str], None] | None = None
+    # DESIGN §11: the schedules this engine declares (``Engine(schedules=...)``) and the age
+    # (seconds) past which its worker prunes terminal runs (``Engine(retention=...)``)
+    schedules: Mapping[str, Any] | None = None
+    retention: float | None = None
 
 
 class Seat(Protocol):

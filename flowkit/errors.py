@@ -25,6 +25,9 @@
     ├── UnsupportedDatabaseError   SqlStore(url): not a supported database URL (a ValueError too)
     ├── StoreUnavailableError      SqlStore: the database cannot be reached
     ├── NotAFlowkitDatabaseError   SqlStore.check(url): the URL names no flowkit database
+    ├── UpdateRejectedError        update(): the workflow's update validator refused it
+    ├── UpdateNotRepliedError      update(): the run settled without replying
+    ├── ScheduleNotFoundError      engine.schedules: no schedule with that id
     └── ReplayFailedError          replay_dir report: some recorded histories no longer replay
                                    (defined in flowkit._replay.replayer, exported from flowkit)
 """
@@ -325,6 +328,39 @@ class NotAFlowkitDatabaseError(FlowkitError):
         super().__init__(message)
 
 
+class UpdateRejectedError(FlowkitError):
+    """Raised by ``Engine.update`` when the workflow's ``@update_validator`` for ``name``
+    raised: nothing was written to the run. ``cause`` is the validator's exception."""
+
+    def __init__(self, run_id: str, name: str, cause: BaseException) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.cause = cause
+        super().__init__(
+            f"update {name!r} of run {run_id!r} rejected: {type(cause).__name__}: {cause}"
+        )
+        self.__cause__ = cause
+
+
+class UpdateNotRepliedError(FlowkitError):
+    """Raised by ``Engine.update`` when the run settled (``status``) before it replied to the
+    update: no answer will ever come."""
+
+    def __init__(self, run_id: str, name: str, status: str) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.status = status
+        super().__init__(f"run {run_id!r} settled {status} without replying to update {name!r}")
+
+
+class ScheduleNotFoundError(FlowkitError, LookupError):
+    """Raised by ``engine.schedules`` calls given a schedule id the store does not have."""
+
+    def __init__(self, schedule_id: str) -> None:
+        self.schedule_id = schedule_id
+        super().__init__(f"no schedule {schedule_id!r}")
+
+
 __all__ = [
     "ChildWorkflowError",
     "CodecError",
@@ -341,6 +377,7 @@ __all__ = [
     "RunIdTakenError",
     "RunNotFoundError",
     "RunStateError",
+    "ScheduleNotFoundError",
     "SchemaVersionError",
     "SerializationError",
     "SignalTimeout",
@@ -350,6 +387,8 @@ __all__ = [
     "StoreUnavailableError",
     "UnsupportedDatabaseError",
     "UnsupportedStoreError",
+    "UpdateNotRepliedError",
+    "UpdateRejectedError",
     "WorkflowFailedError",
     "WorkflowNotFoundError",
 ]

@@ -27,6 +27,8 @@ __all__ = [
     "CompensationFailed",
     "ErrorInfo",
     "Event",
+    "EventReceived",
+    "EventSet",
     "PatchMarker",
     "RunCancelled",
     "RunCompleted",
@@ -35,6 +37,7 @@ __all__ = [
     "RunFailed",
     "RunRetried",
     "RunStarted",
+    "SearchUpserted",
     "SignalReceived",
     "SingletonAdmitted",
     "SingletonGated",
@@ -43,6 +46,8 @@ __all__ = [
     "StepFailed",
     "TimerFired",
     "TimerStarted",
+    "UpdateReceived",
+    "UpdateReplied",
     "event_from_json",
     "event_to_json",
 ]
@@ -238,6 +243,57 @@ class PatchMarker(_Base):
     patch_id: str
 
 
+class EventSet(_Base):
+    """``ctx.set_event(key, value)``: the run published ``value`` under ``key``; readers
+    (``engine.get_event``) see the latest one (DESIGN §11)."""
+
+    type: Literal["event_set"] = "event_set"
+    pos: str
+    key: str
+    value: Any = None
+
+
+class EventReceived(_Base):
+    """``ctx.wait_for_event(name, match=...)`` received the published event ``event_id``
+    (delivered to the waiting run, or taken from the buffer of events nobody waited for)."""
+
+    type: Literal["event_received"] = "event_received"
+    pos: str
+    name: str
+    event_id: str
+    payload: Any = None
+
+
+class UpdateReceived(_Base):
+    """``ctx.wait_for_update(name)`` took the update ``update_id`` (its validated ``arg``)."""
+
+    type: Literal["update_received"] = "update_received"
+    pos: str
+    name: str
+    update_id: str
+    arg: Any = None
+
+
+class UpdateReplied(_Base):
+    """``upd.reply(value)``: the answer ``engine.update`` returns to its caller, recorded
+    before the caller sees it (a crash after the reply does not lose it)."""
+
+    type: Literal["update_replied"] = "update_replied"
+    pos: str
+    name: str
+    update_id: str
+    value: Any = None
+
+
+class SearchUpserted(_Base):
+    """``ctx.upsert_search(**attrs)``: search attributes set (merged into the run's; values
+    str, int, float or bool). Kept in clear text by ``CodecStore``: they are indexed."""
+
+    type: Literal["search_upserted"] = "search_upserted"
+    pos: str
+    attrs: dict[str, str | int | float | bool]
+
+
 Event = Annotated[
     RunStarted
     | SingletonGated
@@ -260,7 +316,12 @@ Event = Annotated[
     | ChildFailed
     | RunContinued
     | CompensationCompleted
-    | CompensationFailed,
+    | CompensationFailed
+    | EventSet
+    | EventReceived
+    | UpdateReceived
+    | UpdateReplied
+    | SearchUpserted,
     Field(discriminator="type"),
 ]
 """Any event of a history (a pydantic discriminated union on ``type``)."""

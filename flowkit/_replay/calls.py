@@ -16,6 +16,7 @@ from .. import _serde
 from .._context import ChildHandle
 from .._definition import RetryPolicy, definition_of
 from ..events import ChildFailed, ChildStarted, PatchMarker
+from . import published, search, updates
 from .branch import CURRENT, Branch
 from .children import ChildCall, run_child, run_child_result
 from .guard import Guard, branch_done, cancel_left, made_in_foreign_task, made_on, unawaited
@@ -160,6 +161,24 @@ class Calls:
         if br.counter == br.next:
             br.head = coro
         return coro
+
+    # -- talking to the world (DESIGN §11) ----------------------------------------------
+    def set_event(self, key: str, value: Any) -> Awaitable[None]:
+        return published.set_event(self.st, key, value)
+
+    def wait_for_event(
+        self, name: str, match: dict[str, Any] | None, timeout: float | None
+    ) -> Coroutine[Any, Any, Any]:
+        return published.wait_for_event(self.st, name, match, timeout)
+
+    def wait_for_update(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]:
+        return updates.wait_for_update(self.st, self, name, timeout)
+
+    def reply_update(self, upd: Any, value: Any) -> Coroutine[Any, Any, None]:
+        return updates.reply_update(self.st, upd, value)
+
+    def upsert_search(self, attrs: dict[str, Any]) -> Awaitable[None]:
+        return search.upsert_search(self.st, attrs)
 
     # -- children ----------------------------------------------------------------------
     def child(

@@ -14,6 +14,8 @@ from ..events import (
     CompensationCompleted,
     CompensationFailed,
     Event,
+    EventReceived,
+    EventSet,
     PatchMarker,
     RunCancelled,
     RunCompleted,
@@ -22,6 +24,7 @@ from ..events import (
     RunFailed,
     RunRetried,
     RunStarted,
+    SearchUpserted,
     SignalReceived,
     SingletonAdmitted,
     SingletonGated,
@@ -30,9 +33,23 @@ from ..events import (
     StepFailed,
     TimerFired,
     TimerStarted,
+    UpdateReceived,
+    UpdateReplied,
 )
 
-Call = Literal["step", "sleep", "wait_for_signal", "child", "start_child", "child_result"]
+Call = Literal[
+    "step",
+    "sleep",
+    "wait_for_signal",
+    "child",
+    "start_child",
+    "child_result",
+    "set_event",
+    "wait_for_event",
+    "wait_for_update",
+    "update_reply",
+    "upsert_search",
+]
 """The ctx calls that take a position and find their outcome in the history (a
 ``ctx.gather`` takes one too, but records nothing there: its children do)."""
 
@@ -75,6 +92,16 @@ def answers(ev: Event, call: Call, name: str) -> bool:
             return _child_started(ev, call, name)
         case ChildCompleted() | ChildFailed():
             return _child_outcome(ev, call, name)
+        case EventSet():
+            return call == "set_event" and ev.key == name
+        case EventReceived():
+            return call == "wait_for_event" and ev.name == name
+        case UpdateReceived():
+            return call == "wait_for_update" and ev.name == name
+        case UpdateReplied():
+            return call == "update_reply" and ev.update_id == name
+        case SearchUpserted():
+            return call == "upsert_search" and search_name(ev.attrs) == name
         case (
             RunStarted()
             | SingletonGated()
@@ -106,15 +133,25 @@ def _step_failed(ev: StepFailed, call: Call, name: str) -> bool:
     return call == "step" and (ev.name == name or name == ReplayStub.ANY_NAME)
 
 
+_TIMED_WAITS = ("wait_for_signal", "wait_for_event", "wait_for_update")
+"""The waits that take a ``timeout``: its timer is a ``signal_timeout`` at their position."""
+
+
 def _timer_started(ev: TimerStarted, call: Call) -> bool:
     if call == "sleep":
         return ev.purpose == "sleep"
-    return call == "wait_for_signal" and ev.purpose == "signal_timeout"
+    return call in _TIMED_WAITS and ev.purpose == "signal_timeout"
 
 
 def _timer_fired(call: Call) -> bool:
     # (the timer it ends, at the same position, says whose it was)
-    return call in ("sleep", "wait_for_signal")
+    return call == "sleep" or call in _TIMED_WAITS
+
+
+def search_name(attrs: Any) -> str:
+    """What an ``upsert_search`` call is matched by: its attribute names, sorted (a changed
+    body that sets other attributes at that position diverges; new values do not)."""
+    return ",".join(sorted(attrs))
 
 
 def _signal_received(ev: SignalReceived, call: Call, name: str) -> bool:

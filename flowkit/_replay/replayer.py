@@ -42,7 +42,12 @@ class _ReplayHost:
     def now(self) -> float:
         return self._at
 
-    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
+    async def record(
+        self,
+        events: Sequence[Event],
+        consume_signal: int | None = None,
+        search: dict[str, Any] | None = None,
+    ) -> bool:
         raise AssertionError("replay-only activations never record")  # pragma: no cover
 
     async def peek_signal(self, name: str) -> InboxSignal | None:

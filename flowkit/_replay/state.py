@@ -55,8 +55,14 @@ class Host(Protocol):
         """Call a sync step function in one of the engine's step threads."""
         ...
 
-    async def record(self, events: Sequence[Event], consume_signal: int | None = None) -> bool:
-        """Append events under the lease; returns whether cancellation was requested."""
+    async def record(
+        self,
+        events: Sequence[Event],
+        consume_signal: int | None = None,
+        search: dict[str, Any] | None = None,
+    ) -> bool:
+        """Append events under the lease (``search``: the run's new search attributes, when
+        they change); returns whether cancellation was requested."""
         ...
 
     async def peek_signal(self, name: str) -> InboxSignal | None: ...

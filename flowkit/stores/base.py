@@ -142,7 +142,11 @@ class Update:
     (a payload, encoded by ``CodecStore``), its fresh deadline and its reset recovery count.
 
     ``successor`` (stores with ``continues_as_new``, ``ContinuesAsNew``) is created in the
-    same transaction, and the run's ``continued_as`` names it."""
+    same transaction, and the run's ``continued_as`` names it.
+
+    ``search`` is the run's whole new map of search attributes (``ctx.upsert_search``: the
+    old ones merged with the ``SearchUpserted`` among ``events``), replacing ``Run.search``
+    and the store's index of it in the same transaction."""
 
     events: Sequence[Event] = ()
     status: RunStatus | None = None
@@ -160,6 +164,7 @@ class Update:
     deadline_at: Any = UNSET
     recoveries: int | None = None
     successor: Successor | None = None
+    search: dict[str, str | int | float | bool] | None = None
 
     @property
     def revives(self) -> bool:

@@ -15,7 +15,7 @@ from sqlalchemy.ext.compiler import compiles
 
 from ...errors import SchemaVersionError, StoreUnavailableError, UnsupportedDatabaseError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The layout this code reads and writes; bump it (and add a migration) on any change."""
 
 SCHEMA_VERSION_KEY = "schema_version"
@@ -102,6 +102,8 @@ runs = sa.Table(
     sa.Column("parent_id", sa.String(255)),
     # since version 3: the successor a run continued as (``ctx.continue_as_new``)
     sa.Column("continued_as", sa.String(255)),
+    # since version 4: the search attributes (``Run.search``; indexed in ``flowkit_search``)
+    sa.Column("search", _json()),
     # due timers: the poller's scan of suspended/blocked runs by wake time
     sa.Index("ix_flowkit_runs_due", "status", "wake_at"),
     # singleton admission and queue caps read only the active runs of one key
@@ -184,6 +186,7 @@ _ADDED_INDEXES = [
 _ADDED_COLUMNS = {
     2: ("deadline_at DOUBLE PRECISION", "recoveries INTEGER NOT NULL DEFAULT 0"),
     3: ("parent_id VARCHAR(255)", "continued_as VARCHAR(255)"),
+    4: ("search {json}",),
 }
 
 # SQLite: an event inserted past its run's ``last_seq`` moves ``last_seq`` (and ``updated_at``)
@@ -243,6 +246,8 @@ def _migrate(conn: sa.Connection, found: int) -> None:
     for version in range(found + 1, SCHEMA_VERSION + 1):
         for column in _ADDED_COLUMNS.get(version, ()):
             if column.split()[0] not in existing:
+                json_type = "JSONB" if conn.dialect.name == "postgresql" else "TEXT"
+                column = column.format(json=json_type)
                 conn.exec_driver_sql(f"ALTER TABLE {runs.name} ADD COLUMN {column}")
     conn.execute(
         sa.update(meta).where(meta.c.key == SCHEMA_VERSION_KEY).values(value=str(SCHEMA_VERSION))
