@@ -28,6 +28,8 @@ def test_the_public_names() -> None:
         "CompensationFailed",
         "ErrorInfo",
         "Event",
+        "EventReceived",
+        "EventSet",
         "PatchMarker",
         "RunCancelled",
         "RunCompleted",
@@ -36,6 +38,7 @@ def test_the_public_names() -> None:
         "RunFailed",
         "RunRetried",
         "RunStarted",
+        "SearchUpserted",
         "SignalReceived",
         "SingletonAdmitted",
         "SingletonGated",
@@ -44,6 +47,8 @@ def test_the_public_names() -> None:
         "StepFailed",
         "TimerFired",
         "TimerStarted",
+        "UpdateReceived",
+        "UpdateReplied",
         "event_from_json",
         "event_to_json",
     ]
@@ -74,6 +79,11 @@ def test_the_type_names_are_fixed_and_read_off_the_union() -> None:
         "run_continued",
         "compensation_completed",
         "compensation_failed",
+        "event_set",
+        "event_received",
+        "update_received",
+        "update_replied",
+        "search_upserted",
     )
     # every event model the module exports is a member of the union, once
     exported = [getattr(flowkit.events, n) for n in flowkit.events.__all__]

@@ -44,8 +44,18 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._continue",
         "flowkit._drive",
         "flowkit._worker",
+        "flowkit._history_wait",
+        "flowkit._retry",
     ),
-    "client": ("flowkit._results", "flowkit._engine"),
+    "client": (
+        "flowkit._results",
+        "flowkit._search",
+        "flowkit._retention",
+        "flowkit._publish",
+        "flowkit._updates",
+        "flowkit._schedules",
+        "flowkit._engine",
+    ),
     "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
 }
 ORDER = list(LAYERS)

@@ -300,7 +300,7 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
 
 async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backend) -> None:
     """Schema version 2 added ``deadline_at`` and ``recoveries`` (and the ``dead`` status),
-    version 3 ``parent_id``: a database of version 1 gets the columns on first use, its runs
+    version 3 ``parent_id``, version 4 ``search``: a database of version 1 gets the columns on first use, its runs
     read back with no deadline, no recovery and no parent, and its version becomes the
     current one (an older flowkit then refuses it rather than misread a ``dead`` run)."""
     s = sql_backend.store
@@ -311,6 +311,7 @@ async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backen
         conn.exec_driver_sql("DROP INDEX ix_flowkit_runs_parent")
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN parent_id")
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN continued_as")
+        conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN search")
         conn.exec_driver_sql("UPDATE flowkit_meta SET value = '1' WHERE key = 'schema_version'")
     assert sql_backend.url is not None
     fresh = SqlStore(sql_backend.url)
@@ -323,8 +324,8 @@ async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backen
             version = conn.exec_driver_sql(
                 "SELECT value FROM flowkit_meta WHERE key = 'schema_version'"
             ).scalar()
-        assert {"deadline_at", "recoveries", "parent_id", "continued_as"} <= cols
-        assert version == str(SCHEMA_VERSION) == "3"
+        assert {"deadline_at", "recoveries", "parent_id", "continued_as", "search"} <= cols
+        assert version == str(SCHEMA_VERSION) == "4"
         await put(fresh, mk("r2"))
         assert [r.id for r in await fresh.list_runs()] == ["r", "r2"]
     finally:
