@@ -23,12 +23,15 @@ from flowkit.errors import (
     UpdateNotRepliedError,
     UpdateRejectedError,
 )
+from flowkit.events import EventSet, UpdateReceived, UpdateReplied
+from flowkit.stores import SqlStore
+from flowkit.stores.codec import CodecStore
 from flowkit_testing import TestEnv
 
 try:
-    from store_kit import Backend
+    from store_kit import Backend, codec
 except ImportError:  # tests/ imported as a package
-    from tests.store_kit import Backend
+    from tests.store_kit import Backend, codec
 
 T = TypeVar("T")
 
@@ -290,3 +293,28 @@ async def test_a_changed_body_diverges_at_each_new_event(changed: type) -> None:
         h = await env.history("d1")
     with pytest.raises(NonDeterminismError):
         await flowkit.replay_async(h, changed())
+
+
+async def test_codec_store_encrypts_values_args_and_replies(tmp_path: Any) -> None:
+    """Through a ``CodecStore`` the published value, the update's arg and its reply are
+    envelopes in the database (keys, names and ids stay clear) and read back in clear."""
+    inner = SqlStore(f"sqlite:///{tmp_path / 'enc.db'}")
+    store = CodecStore(inner, codec())
+    try:
+        async with TestEnv([Desk()], store=store) as env:
+            eng = env.engines[0]
+            await env.start("desk", 10, "d1")
+            assert await eng.get_event("d1", "total") == 10
+            reply = await _in_background(env, eng.update("d1", "change", {"amount": 5}))
+            assert reply == {"total": 15}
+            assert await eng.get_event("d1", "total") == 15
+            raw = await inner.load_events("d1")
+            kinds = [e for e in raw if isinstance(e, EventSet | UpdateReceived | UpdateReplied)]
+            assert len(kinds) == 4
+            for ev in kinds:
+                secret = ev.value if isinstance(ev, EventSet | UpdateReplied) else ev.arg
+                assert isinstance(secret, dict) and "$codec" in secret, ev
+            found = await inner.latest_event("d1", "event_set", "key", "total")
+            assert isinstance(found, EventSet) and "$codec" in found.value
+    finally:
+        store.close()
