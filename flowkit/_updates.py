@@ -11,15 +11,15 @@ history (``_history_wait``): a reply is durable before the caller sees it."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from . import _serde
 from ._history_wait import latest_event, wait_for_history
+from ._payloads import INBOX_PREFIX, inbox_name, payload_adapter, received
 from ._run import Run
 from .errors import (
     InvalidInputError,
@@ -42,9 +42,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 VALIDATOR_ATTR = "__flowkit_update_validator__"
 """The attribute ``update_validator`` sets on a method: the update name it validates."""
 
-INBOX_PREFIX = "flowkit:update:"
-"""The reserved signal names that carry updates into a run's inbox (``inbox_name``)."""
-
 
 def update_validator(name: str) -> Callable[[F], F]:
     """Mark a workflow method ``def check(self, arg) -> None`` as the validator of update
@@ -58,23 +55,6 @@ def update_validator(name: str) -> Callable[[F], F]:
         return fn
 
     return mark
-
-
-def inbox_name(name: str) -> str:
-    """The signal name update ``name`` travels under: the reserved prefix and the name, or
-    its digest when both would not fit a signal name (the mapping is fixed, as a run waiting
-    for the update parks on it)."""
-    full = INBOX_PREFIX + name
-    if len(full) <= limits.MAX_SIGNAL_NAME_LENGTH:
-        return full
-    return INBOX_PREFIX + "sha256:" + hashlib.sha256(name.encode()).hexdigest()
-
-
-def payload_adapter(types: dict[str, Any], name: str) -> TypeAdapter[Any] | None:
-    """The adapter of the payload type ``types`` (a workflow's ``signals`` or ``updates``)
-    declares for ``name``; ``None`` when it declares none (the payload is plain JSON)."""
-    tp = types.get(name)
-    return None if tp is None else _serde.adapter_for(tp)
 
 
 def typed_payload(
@@ -96,13 +76,6 @@ def typed_payload(
         return _serde.to_json(value, adapter, what=f"{what} {name!r}", max_bytes=max_bytes)
     except SerializationError as exc:
         raise InvalidInputError(workflow, str(exc)) from None
-
-
-def received(types: dict[str, Any], name: str, data: Any) -> Any:
-    """What the body gets for a stored payload: ``types[name]`` rebuilt from its JSON (on
-    the live path and on replay alike), or the JSON itself when no type is declared."""
-    adapter = payload_adapter(types, name)
-    return data if adapter is None else _serde.from_json(data, adapter)
 
 
 def signal_payload(engine: Engine, run: Run, name: str, payload: Any) -> Any:
@@ -203,11 +176,7 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
 
 
 __all__ = [
-    "INBOX_PREFIX",
     "VALIDATOR_ATTR",
-    "inbox_name",
-    "payload_adapter",
-    "received",
     "signal_payload",
     "typed_payload",
     "update",

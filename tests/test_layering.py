@@ -27,7 +27,12 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._serde",
         "flowkit.singleton",
     ),
-    "definition": ("flowkit._definition", "flowkit._context", "flowkit._versions"),
+    "definition": (
+        "flowkit._definition",
+        "flowkit._context",
+        "flowkit._versions",
+        "flowkit._payloads",
+    ),
     "events": ("flowkit.events", "flowkit._history"),
     "stores": ("flowkit.stores",),
     "replay": ("flowkit._replay",),
@@ -44,8 +49,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._continue",
         "flowkit._drive",
         "flowkit._worker",
+        "flowkit._history_wait",
     ),
-    "client": ("flowkit._results", "flowkit._engine"),
+    "client": ("flowkit._results", "flowkit._engine", "flowkit._updates", "flowkit._publish"),
     "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
 }
 ORDER = list(LAYERS)

@@ -318,3 +318,30 @@ async def test_codec_store_encrypts_values_args_and_replies(tmp_path: Any) -> No
             assert isinstance(found, EventSet) and "$codec" in found.value
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("event", "answered"),
+    [
+        (EventSet(pos="1", key="total"), {"set_event:total"}),
+        (UpdateReceived(pos="1", name="change", update_id="u1"), {"wait_for_update:change"}),
+        (UpdateReplied(pos="1", name="change", update_id="u1"), {"update_reply:u1"}),
+    ],
+    ids=lambda v: getattr(v, "type", ""),
+)
+def test_the_calls_each_new_event_answers(event: Any, answered: set[str]) -> None:
+    """The replay rule of each event (``matching.answers``): only its own call, of its own
+    key, update name or update id."""
+    from flowkit._replay.matching import answers
+
+    calls: list[tuple[Any, str]] = [
+        ("set_event", "total"),
+        ("set_event", "sum"),
+        ("wait_for_update", "change"),
+        ("wait_for_update", "adjust"),
+        ("wait_for_signal", "change"),
+        ("update_reply", "u1"),
+        ("update_reply", "u2"),
+        ("step", "total"),
+    ]
+    assert {f"{c}:{n}" for c, n in calls if answers(event, c, n)} == answered

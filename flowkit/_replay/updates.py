@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _limits, _serde
 from .._context import UpdateRequest
-from .._updates import inbox_name, received
+from .._payloads import inbox_name, received
 from ..errors import ConflictError, SignalTimeout
 from ..events import TimerFired, TimerStarted, UpdateReceived, UpdateReplied
 from .branch import Branch

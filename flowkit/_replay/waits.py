@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._updates import received
+from .._payloads import received
 from ..errors import ConflictError, SignalTimeout
 from ..events import SignalReceived, TimerFired, TimerStarted
 from .branch import Branch
