@@ -345,3 +345,24 @@ def test_the_calls_each_new_event_answers(event: Any, answered: set[str]) -> Non
         ("step", "total"),
     ]
     assert {f"{c}:{n}" for c, n in calls if answers(event, c, n)} == answered
+
+
+def test_flowkit_history_describes_the_new_events() -> None:
+    from flowkit._cli_out import EVENT_STYLE, _describe
+
+    assert _describe(EventSet(pos="1", key="total", value={"n": 1}), 0.0) == 'total = {"n":1}'
+    got = _describe(UpdateReceived(pos="2", name="change", update_id="ab", arg=5), 0.0)
+    assert got == "change (ab) arg 5"
+    got = _describe(UpdateReplied(pos="3", name="change", update_id="ab", value="ok"), 0.0)
+    assert got == 'change (ab) -> "ok"'
+    assert {"event_set", "update_received", "update_replied"} <= set(EVENT_STYLE)
+
+
+async def test_update_needs_the_workflow_registered_here(backend: Backend) -> None:
+    """Its types and validator are needed: an engine without the workflow writes nothing."""
+    async with TestEnv([Desk()], store=backend.store) as env:
+        await env.start("desk", 10, "d1")
+        client = flowkit.Engine(env.store, [], clock=env.clock, worker=False)
+        with pytest.raises(flowkit.errors.WorkflowNotFoundError):
+            await client.update("d1", "change", {"amount": 1})
+        assert await env.store.peek_signal("d1", "flowkit:update:change") is None
