@@ -23,6 +23,7 @@ from .events import (
     CompensationCompleted,
     CompensationFailed,
     Event,
+    EventSet,
     PatchMarker,
     RunCompleted,
     RunContinued,
@@ -37,6 +38,8 @@ from .events import (
     StepCompleted,
     StepFailed,
     TimerStarted,
+    UpdateReceived,
+    UpdateReplied,
 )
 
 VALUE_WIDTH = 80
@@ -313,6 +316,12 @@ def _describe(ev: Event, t0: float) -> str:
             return f"activation lost {ev.recoveries} times;{why}"
         case PatchMarker():
             return f"took patch {ev.patch_id}"
+        case EventSet():
+            return f"{_escape(ev.key)} = {_value(ev.value)}"
+        case UpdateReceived():
+            return f"{_escape(ev.name)} ({ev.update_id}) arg {_value(ev.arg)}"
+        case UpdateReplied():
+            return f"{_escape(ev.name)} ({ev.update_id}) -> {_value(ev.value)}"
         case RunContinued():
             return f"continued as {_escape(ev.next_run_id)} input {_value(ev.input)}"
         case ChildStarted():
@@ -340,6 +349,9 @@ EVENT_STYLE = {
     "cancel_requested": "magenta",
     "signal_received": "cyan",
     "patch_marker": "yellow",
+    "event_set": "blue",
+    "update_received": "cyan",
+    "update_replied": "green",
     "child_started": "cyan",
     "child_completed": "green",
     "child_failed": "red",

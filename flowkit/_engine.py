@@ -359,15 +359,13 @@ class Engine:
         return self._validated(defn, input)[1]
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it."""
+        """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it. A
+        payload type the workflow declares (``@workflow(signals={name: T})``) validates it
+        first (``InvalidInputError``, nothing written)."""
         limits.check_identifier("signal name", name, limits.MAX_SIGNAL_NAME_LENGTH)
         run = await self._get(run_id)
-        try:
-            data = _serde.to_json(
-                payload, what=f"payload of signal {name!r}", max_bytes=self.max_payload_bytes
-            )
-        except SerializationError as exc:
-            raise InvalidInputError(run.workflow, str(exc)) from None
+        # (validated against ``@workflow(signals=...)``'s type when declared: InvalidInputError)
+        data = _updates.signal_payload(self, run, name, payload)
         if run.status.terminal:
             raise RunStateError(run_id, run.status, f"signal {name!r} cannot be delivered")
         now = self.clock.now()

@@ -84,6 +84,8 @@ class Host:
             and events
             and consume_signal is None
             and search is None
+            # (a value or reply someone waits for takes the commit path: its wake-up)
+            and not any(isinstance(e, _AWAITED) for e in events)
             and await d.appends.append_events(self._run_id, d.owner, d.clock.now(), events)
         ):
             self._told(events)

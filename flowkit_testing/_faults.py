@@ -17,7 +17,13 @@ from typing import Any, Literal
 
 from flowkit import Run
 from flowkit.errors import StoreUnavailableError
-from flowkit.events import ChildStarted, CompensationCompleted, StepCompleted
+from flowkit.events import (
+    ChildStarted,
+    CompensationCompleted,
+    StepCompleted,
+    UpdateReceived,
+    UpdateReplied,
+)
 from flowkit.stores.base import Update, claims_by_version, records_admission
 
 Phase = Literal["before", "after"]
@@ -131,6 +137,19 @@ def _appends_child(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return any(isinstance(e, ChildStarted) for e in events)
 
 
+def _records(*types: type) -> Matcher:
+    """A ``commit`` (or ``append_events``) whose events hold one of ``types``."""
+
+    def match(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        update = kwargs.get("update", args[3] if len(args) > 3 else None)
+        events = update.events if isinstance(update, Update) else kwargs.get("events", ())
+        if not isinstance(update, Update) and not events and len(args) > 3:
+            events = args[3]
+        return any(isinstance(e, types) for e in events)
+
+    return match
+
+
 def _appended(result: Any) -> bool:
     """``append_events``' result: the events were written (``None``: nothing was)."""
     return result is not None
@@ -190,6 +209,13 @@ CRASH_SITES: dict[str, tuple[CrashSite, ...]] = {
     "before_child_record": (
         CrashSite("commit", "before", _records_child),
         CrashSite("append_events", "before", _appends_child),
+    ),
+    # an update's receipt (``ctx.wait_for_update``) is recorded, nothing after it; its reply
+    # (``upd.reply``) is recorded and the caller has not seen it yet
+    "after_update_receipt": (CrashSite("commit", "after", _records(UpdateReceived)),),
+    "after_update_reply": (
+        CrashSite("commit", "after", _records(UpdateReplied)),
+        CrashSite("append_events", "after", _records(UpdateReplied), _appended),
     ),
 }
 

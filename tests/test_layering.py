@@ -27,7 +27,12 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._serde",
         "flowkit.singleton",
     ),
-    "definition": ("flowkit._definition", "flowkit._context", "flowkit._versions"),
+    "definition": (
+        "flowkit._definition",
+        "flowkit._context",
+        "flowkit._versions",
+        "flowkit._payloads",
+    ),
     "events": ("flowkit.events", "flowkit._history"),
     "stores": ("flowkit.stores",),
     "replay": ("flowkit._replay",),

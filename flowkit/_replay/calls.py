@@ -381,6 +381,8 @@ _CALL_CODES = frozenset(
         run_wait_signal.__code__,
         run_child.__code__,
         run_child_result.__code__,
+        updates.run_wait_update.__code__,
+        updates.run_reply_update.__code__,
     }
 )
 

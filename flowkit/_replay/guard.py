@@ -253,7 +253,16 @@ def awaited(it: Any, yielded: Any) -> str:
 # ``waits.run_wait_signal``, ``children.run_child``/``run_child_result`` and ``Calls.gather``
 # (whose local ``g`` is its position)
 CALL_NAMES = frozenset(
-    {"run_step", "run_sleep", "run_wait_signal", "run_child", "run_child_result", "gather"}
+    {
+        "run_step",
+        "run_sleep",
+        "run_wait_signal",
+        "run_child",
+        "run_child_result",
+        "run_wait_update",
+        "run_reply_update",
+        "gather",
+    }
 )
 
 
@@ -281,6 +290,10 @@ def call_of(code_name: str, local: dict[str, Any]) -> tuple[str, str]:
         return pos, f"wait_for_signal({local.get('name')!r})"
     if code_name == "run_sleep":
         return pos, "sleep"
+    if code_name == "run_wait_update":
+        return pos, f"wait_for_update({local.get('name')!r})"
+    if code_name == "run_reply_update":
+        return pos, f"reply to update {getattr(local.get('upd'), 'name', '?')!r}"
     if code_name == "run_child":
         call = local.get("call")
         return pos, f"child({getattr(call, 'name', '?')!r})"

@@ -1,11 +1,26 @@
 """``ctx.wait_for_update`` (event ``update_received``) and ``UpdateRequest.reply``
-(``update_replied``): DESIGN §11."""
+(``update_replied``): DESIGN §11.
+
+An update waits in the run's inbox as a signal of a reserved name (``_updates.inbox_name``)
+whose payload is ``{"update_id", "arg"}``; its receipt is recorded with the commit that
+consumes it, as a signal's is, and its ``arg`` is rebuilt from JSON with the workflow's
+``updates[name]`` type live and on replay alike. A reply is a write of its own: it is in the
+history before ``engine.update`` can see it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
+from .. import _limits, _serde
+from .._context import UpdateRequest
+from .._payloads import inbox_name, received
+from ..errors import ConflictError, SignalTimeout
+from ..events import TimerFired, TimerStarted, UpdateReceived, UpdateReplied
+from .branch import Branch
+from .guard import cancel_left, enter, made_on
+from .signals import _Evicted
 from .state import ActivationState
 
 
@@ -13,9 +28,127 @@ def wait_for_update(
     st: ActivationState, runtime: Any, name: str, timeout: float | None
 ) -> Coroutine[Any, Any, Any]:
     """``ctx.wait_for_update``: takes its position now; an ``UpdateRequest``."""
-    raise NotImplementedError("ctx.wait_for_update (issue #22)")
+    _limits.check_identifier("update name", name, _limits.MAX_UPDATE_NAME_LENGTH, st.defn.name)
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+    ):
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    br = made_on(st)
+    pos = br.next_pos()
+    coro = run_wait_update(st, br, br.counter, pos, name, timeout, runtime)
+    if br.counter == br.next:
+        br.head = coro
+    return coro
 
 
 def reply_update(st: ActivationState, upd: Any, value: Any) -> Coroutine[Any, Any, None]:
     """``UpdateRequest.reply``: takes its position now; records ``UpdateReplied``."""
-    raise NotImplementedError("UpdateRequest.reply (issue #22)")
+    if not isinstance(upd, UpdateRequest):
+        raise TypeError(f"reply() belongs to an UpdateRequest, got {upd!r}")
+    br = made_on(st)
+    pos = br.next_pos()
+    coro = run_reply_update(st, br, br.counter, pos, upd, value)
+    if br.counter == br.next:
+        br.head = coro
+    return coro
+
+
+async def run_wait_update(
+    st: ActivationState,
+    made_in: Branch,
+    idx: int,
+    pos: str,
+    name: str,
+    timeout: float | None,
+    runtime: Any,
+) -> UpdateRequest:
+    """The update wait at ``pos`` (call ``idx`` of ``made_in``): the run's oldest update
+    ``name``, or ``SignalTimeout`` once ``timeout`` seconds have passed."""
+    br = enter(st, made_in, idx)
+    try:
+        got = await _wait_update_in(st, pos, name, timeout)
+        arg = received(st.defn.updates, name, got.arg)
+        return UpdateRequest(runtime, name, got.update_id, arg, pos)
+    except asyncio.CancelledError:
+        cancel_left(st, br)
+        raise
+    finally:
+        br.depth -= 1
+
+
+async def _wait_update_in(
+    st: ActivationState, pos: str, name: str, timeout: float | None
+) -> UpdateReceived:
+    st.check_alive()
+    evs = st.take(pos, "wait_for_update", name)
+    for ev in evs:
+        if isinstance(ev, UpdateReceived):
+            st.observe(ev)
+            return ev
+    timer = next((e for e in evs if isinstance(e, TimerStarted)), None)
+    fired = next((e for e in evs if isinstance(e, TimerFired)), None)
+    if fired is not None:
+        st.observe(fired)
+        raise SignalTimeout(name, timeout if timeout is not None else 0.0)
+    inbox = inbox_name(name)
+    while True:
+        st.check_alive()
+        if st.cancel_requested:  # (before the inbox: an update there is not taken)
+            raise asyncio.CancelledError()
+        try:
+            sig = await st.host.peek_signal(inbox)
+        except Exception as exc:
+            st.store_error = exc
+            st.evict()
+            raise _Evicted() from exc
+        if sig is not None:
+            body = sig.payload if isinstance(sig.payload, dict) else {}
+            ev = UpdateReceived(
+                pos=pos,
+                name=name,
+                update_id=str(body.get("update_id", sig.id)),
+                arg=body.get("arg"),
+                at=st.host.now(),
+            )
+            try:
+                await st.record([ev], consume_signal=sig.id)
+            except ConflictError:
+                continue  # consumed by a racing activation; look again
+            return ev
+        now = st.host.now()
+        if timeout is not None and timer is None:
+            timer = TimerStarted(
+                pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
+            )
+            await st.record([timer])
+        if timer is not None and timer.fire_at <= now:
+            await st.record([TimerFired(pos=pos, at=now)])
+            raise SignalTimeout(name, timeout if timeout is not None else 0.0)
+        await st.park(timer.fire_at if timer else None, inbox)
+
+
+async def run_reply_update(
+    st: ActivationState, made_in: Branch, idx: int, pos: str, upd: UpdateRequest, value: Any
+) -> None:
+    """The reply at ``pos`` (call ``idx`` of ``made_in``) to ``upd``: recorded at once (a
+    write of its own), found again on replay. A value that cannot be stored raises
+    ``SerializationError`` in the body, and nothing is recorded."""
+    br = enter(st, made_in, idx)
+    try:
+        st.check_alive()
+        evs = st.take(pos, "update_reply", upd.update_id)
+        if evs:
+            st.observe(evs[0])
+            return
+        data = _serde.to_json(
+            value, what=f"reply to update {upd.name!r}", max_bytes=st.max_payload_bytes
+        )
+        ev = UpdateReplied(
+            pos=pos, name=upd.name, update_id=upd.update_id, value=data, at=st.host.now()
+        )
+        await st.record([ev])
+    except asyncio.CancelledError:
+        cancel_left(st, br)
+        raise
+    finally:
+        br.depth -= 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from .._payloads import received
 from ..errors import ConflictError, SignalTimeout
 from ..events import SignalReceived, TimerFired, TimerStarted
 from .branch import Branch
@@ -58,7 +59,9 @@ async def run_wait_signal(
     oldest signal ``name``, or ``SignalTimeout`` once ``timeout`` seconds have passed."""
     br = enter(st, made_in, idx)
     try:
-        return await _wait_signal_in(st, pos, name, timeout)
+        data = await _wait_signal_in(st, pos, name, timeout)
+        # (the workflow's ``signals[name]`` type, rebuilt from JSON live and on replay)
+        return received(st.defn.signals, name, data) if st.defn.signals else data
     except asyncio.CancelledError:
         cancel_left(st, br)
         raise

@@ -24,6 +24,7 @@ from ..events import (
     CompensationFailed,
     ErrorInfo,
     Event,
+    EventSet,
     RunCompleted,
     RunContinued,
     RunDead,
@@ -33,6 +34,8 @@ from ..events import (
     SignalReceived,
     StepCompleted,
     StepFailed,
+    UpdateReceived,
+    UpdateReplied,
 )
 from .limits import check_json, payload_limit, storable
 
@@ -219,6 +222,17 @@ class CodecFields:
         if isinstance(ev, ChildFailed):
             ctx = (run_id, "event", "child_failed", ev.pos)
             return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
+        # DESIGN §11: a published value, an update's arg and its reply (the key, the name and
+        # the update id stay clear: ``latest_event`` compares them in the store)
+        if isinstance(ev, EventSet):
+            ctx = (run_id, "event", "event_set", ev.pos, ev.key, "value")
+            return ev.model_copy(update={"value": self._enc(ev.value, ctx)})
+        if isinstance(ev, UpdateReceived):
+            ctx = (run_id, "event", "update_received", ev.pos, ev.update_id, "arg")
+            return ev.model_copy(update={"arg": self._enc(ev.arg, ctx)})
+        if isinstance(ev, UpdateReplied):
+            ctx = (run_id, "event", "update_replied", ev.pos, ev.update_id, "value")
+            return ev.model_copy(update={"value": self._enc(ev.value, ctx)})
         return ev
 
     def _event_out(self, ev: Event, run_id: str) -> Event:
@@ -273,6 +287,17 @@ class CodecFields:
         if isinstance(ev, ChildFailed):
             ctx = (run_id, "event", "child_failed", ev.pos)
             return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
+        # DESIGN §11: a published value, an update's arg and its reply (the key, the name and
+        # the update id stay clear: ``latest_event`` compares them in the store)
+        if isinstance(ev, EventSet):
+            ctx = (run_id, "event", "event_set", ev.pos, ev.key, "value")
+            return ev.model_copy(update={"value": self._dec(ev.value, ctx)})
+        if isinstance(ev, UpdateReceived):
+            ctx = (run_id, "event", "update_received", ev.pos, ev.update_id, "arg")
+            return ev.model_copy(update={"arg": self._dec(ev.arg, ctx)})
+        if isinstance(ev, UpdateReplied):
+            ctx = (run_id, "event", "update_replied", ev.pos, ev.update_id, "value")
+            return ev.model_copy(update={"value": self._dec(ev.value, ctx)})
         return ev
 
 

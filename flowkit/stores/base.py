@@ -551,6 +551,19 @@ def records_workers(store: Any) -> bool:
     return bool(getattr(store, "records_workers", False))
 
 
+class LatestEvent(Protocol):
+    """The optional ``latest_event`` method (``MemoryStore``, ``SqlStore``, ``CodecStore``):
+    one event of a run found without loading its whole history. ``engine.get_event`` reads
+    a run's newest ``event_set`` of a key with it, ``engine.update`` its reply; a store
+    without it has the whole history loaded and searched instead (``_history_wait``)."""
+
+    async def latest_event(self, run_id: str, type: str, field: str, value: str) -> Event | None:
+        """The run's newest event (highest ``seq``) of ``type`` whose string field ``field``
+        equals ``value``, with its ``seq``; ``None`` when there is none or no such run
+        (visible to this store's namespace). One read; writes nothing."""
+        ...
+
+
 class Watchable(Protocol):
     """The optional ``watch`` method: cross-process wake-ups (``SqlStore`` has it).
 
@@ -558,9 +571,11 @@ class Watchable(Protocol):
     by any worker (a new ``pending`` run, a released lease, a signal or cancellation that makes
     a parked run due) or wakes a singleton waiter, and delivers it to the watchers of every
     store object and process on the same data. Writes that keep their lease (a step's record)
-    emit nothing. Wake-ups are hints, not messages: one may cover several writes, one may be
-    delivered without new work, and one may be lost (a dropped connection), so the workers'
-    timer poll stays the fallback and correctness never depends on them."""
+    emit nothing, except those that record an event a reader may wait for (``event_set``,
+    ``update_replied``: ``engine.get_event`` and ``engine.update`` in another process).
+    Wake-ups are hints, not messages: one may cover several writes, one may be delivered
+    without new work, and one may be lost (a dropped connection), so the workers' timer poll
+    stays the fallback and correctness never depends on them."""
 
     def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` (no arguments, on the running event loop) after wake-ups of
@@ -583,6 +598,7 @@ __all__ = [
     "ContinuesAsNew",
     "HandOff",
     "InboxSignal",
+    "LatestEvent",
     "NextDueAfter",
     "Notify",
     "QueueCap",

@@ -268,6 +268,19 @@ class CodecStore(CodecFields):
     async def load_events(self, run_id: str) -> list[Event]:
         return [self._event_out(e, run_id) for e in await self.inner.load_events(run_id)]
 
+    async def latest_event(self, run_id: str, type: str, field: str, value: str) -> Event | None:
+        """``base.LatestEvent``: the wrapped store's (the event decoded), or a search of the
+        decoded history when it has none. ``field`` must be one kept in clear (a key, an
+        id: ``_codec_fields``), as the wrapped store compares it."""
+        find = getattr(self.inner, "latest_event", None)
+        if not callable(find):
+            for ev in reversed(await self.load_events(run_id)):
+                if ev.type == type and getattr(ev, field, None) == value:
+                    return ev
+            return None
+        found = await find(run_id, type, field, value)
+        return None if found is None else self._event_out(found, run_id)
+
     async def claim(
         self,
         run_id: str,

@@ -255,6 +255,14 @@ class MemoryStore:
         self._get(run_id)
         return list(self._d.events.get(run_id, ()))
 
+    async def latest_event(self, run_id: str, type: str, field: str, value: str) -> Event | None:
+        """``base.LatestEvent``: the run's newest event of ``type`` whose ``field`` is
+        ``value`` (``None``: none, or no such run)."""
+        for ev in reversed(self._d.events.get(run_id, ())):
+            if ev.type == type and getattr(ev, field, None) == value:
+                return ev
+        return None
+
     async def claim(
         self,
         run_id: str,

@@ -67,6 +67,7 @@ from ._on_create import (
     check_create_admits_on_a_free_key,
     check_create_gates_behind_holders,
 )
+from ._published import check_latest_event_finds_the_newest_match
 from ._recoveries import (
     check_claim_counts_lost_activations,
     check_dead_is_terminal,
@@ -134,7 +135,7 @@ async def run_all(
     Without ``make_pair`` the competing checks run on one store object used twice (still
     concurrent through ``asyncio.gather``, but not two connections). Checks that need an
     optional store method (``try_admit_singleton``, ``scoped``, ``release_leases``,
-    ``next_due_after``) or capability (``admits_on_create``, ``appends_events``,
+    ``next_due_after``, ``latest_event``) or capability (``admits_on_create``, ``appends_events``,
     ``records_admission``) run only when a store from
     ``make_store`` has it; ``singleton=True``/``False`` forces the singleton checks in or out
     (those of admission at creation still need ``admits_on_create``). Every selected check
@@ -226,6 +227,7 @@ __all__ = [
     "check_hand_over_only_to_a_version_of_the_releaser",
     "check_id_ties_by_code_point",
     "check_identifier_limits",
+    "check_latest_event_finds_the_newest_match",
     "check_list_runs_by_parent",
     "check_list_runs_order_and_filters",
     "check_microsecond_timestamps",

@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from flowkit import (
     ChildWorkflowError,
     History,
@@ -23,6 +25,7 @@ from flowkit import (
     SignalTimeout,
     Singleton,
     WorkflowCtx,
+    update_validator,
     workflow,
 )
 from flowkit_testing import TestEnv
@@ -398,6 +401,31 @@ class Checkout:
         return {"first": first["charged"], "declined": declined, "invalid": invalid}
 
 
+class Limit(BaseModel):
+    """The argument of the ``approval`` workflow's ``raise`` update."""
+
+    amount: int
+
+
+@workflow(name="approval", updates={"raise": Limit})
+class Approval:
+    """Publishes its progress (``event_set``), takes an update (``update_received``) and
+    answers it (``update_replied``)."""
+
+    @update_validator("raise")
+    def check_raise(self, arg: Limit) -> None:
+        if arg.amount <= 0:
+            raise ValueError("a raise must be positive")
+
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        ctx.set_event("limit", input)
+        upd = await ctx.wait_for_update("raise", timeout=3600)
+        limit = input + upd.arg.amount
+        await upd.reply({"limit": limit})
+        await ctx.set_event("limit", limit)
+        return limit
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -416,6 +444,7 @@ def workflows() -> list[Any]:
         Subscription(Billing()),
         ChargeCard(),
         Checkout(),
+        Approval(),
     ]
 
 
@@ -568,6 +597,21 @@ async def checkout(env: TestEnv) -> list[str]:
     return ["checkout-1"]
 
 
+async def approval(env: TestEnv) -> list[str]:
+    """A published value, a rejected update (nothing recorded), an update and its reply."""
+    await env.start("approval", 100, "approval-1")
+    eng = env.engines[0]
+    try:
+        await eng.update("approval-1", "raise", {"amount": -5})
+    except Exception as exc:  # UpdateRejectedError
+        assert type(exc).__name__ == "UpdateRejectedError", exc
+    task = asyncio.ensure_future(eng.update("approval-1", "raise", {"amount": 50}))
+    await env.run_until_idle()
+    assert await task == {"limit": 150}
+    await env.result("approval-1")
+    return ["approval-1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -584,6 +628,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     sagas,
     subscription,
     checkout,
+    approval,
 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...errors import ConflictError, RunNotFoundError
-from ...events import Event
+from ...events import Event, EventSet, UpdateReplied
 from ..base import CommitResult, HandOff, Update
 from ..rules import admitted_event, apply_update, check_commit, claimable, plan_release
 from . import _runs as runs
@@ -42,6 +42,23 @@ def wake_if_free(c: Conn, run: Run, now: float) -> None:
     that expired meanwhile: its owner is still at work), so the hot path costs nothing."""
     if run.lease_owner is None and claimable(run, now):
         c.wakeup(run.namespace)
+
+
+AWAITED = (EventSet, UpdateReplied)
+"""Events a reader in another process may wait for (``engine.get_event``, ``engine.update``:
+``_history_wait``): a commit that records one emits a wake-up, claimable run or not."""
+
+
+def _telling(rest: Callable[[Conn, Any], CommitResult]) -> Callable[[Conn, Any], CommitResult]:
+    """``rest`` that also emits a wake-up for the committed run's namespace (with the
+    transaction's ``COMMIT``, or right after a single statement's)."""
+
+    def told(c: Conn, row: Any) -> CommitResult:
+        res = rest(c, row)
+        c.wakeup(res.run.namespace)
+        return res
+
+    return told
 
 
 def _hit(row: Any) -> bool:
@@ -138,7 +155,10 @@ class Commits:
             single = _hit
         rel = update.notify
         locks = () if rel is None else (lock_name(rel.workflow, rel.tag),)
-        return Op(rest, first, run_id, single=single, locks=locks)
+        then: Callable[[Conn, Any], CommitResult] = rest
+        if any(isinstance(e, AWAITED) for e in update.events):
+            then = _telling(rest)
+        return Op(then, first, run_id, single=single, locks=locks)
 
     def locked(
         self,

@@ -4,6 +4,7 @@ from the writes (``_store``) because none of them takes part in a group commit."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,9 +20,12 @@ from . import _runs as runs
 from ._connection import Conn
 from ._database import Database
 from ._group_commit import GroupCommit
-from ._rows import has_tag, loads, run_from_mapping, to_run, visible
+from ._rows import has_tag, loads, run_from_mapping, to_event, to_run, visible
 from ._schema import runs as runs_table
 from ._statements import Statements
+
+_FIELD = re.compile(r"[a-z_]{1,64}")
+"""An event type or a field name of its body (spelled into ``latest_event``'s SQL)."""
 
 
 class Reads:
@@ -82,6 +86,33 @@ class Reads:
             if evs is None:
                 raise RunNotFoundError(run_id)
             return evs
+
+        return await self._gc.read(op)
+
+    async def latest_event(self, run_id: str, type: str, field: str, value: str) -> Event | None:
+        """``base.LatestEvent``: one indexed read of the run's events, newest first, the
+        JSON field compared in SQL (``LIMIT 1``): the whole history is never loaded."""
+        if not _limits.storable(run_id) or not _limits.storable(value):
+            return None
+        if not _FIELD.fullmatch(field) or not _FIELD.fullmatch(type):
+            raise ValueError(f"latest_event: not an event field {field!r} / type {type!r}")
+        sql = self._sql
+        if self._db.dialect == "postgresql":
+            pick = f"e.body ->> '{field}'"
+        else:
+            pick = f"json_extract(e.body, '$.{field}')"
+        q = (
+            f"SELECT e.seq, e.body{sql.TEXT} FROM flowkit_runs r"
+            f" JOIN flowkit_events e ON e.run_id = r.id"
+            f" WHERE r.id = {sql.p('id')}{sql.ns.replace('namespace', 'r.namespace')}"
+            f" AND e.type = {sql.p('type')} AND {pick} = {sql.p('value')}"
+            " ORDER BY e.seq DESC LIMIT 1"
+        )
+        params = sql.params(id=run_id, type=type, value=value)
+
+        def op(c: Conn) -> Event | None:
+            row = c.one(q, params)
+            return None if row is None else to_event(int(row[0]), row[1])
 
         return await self._gc.read(op)
 
