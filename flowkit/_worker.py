@@ -311,6 +311,9 @@ class Worker:
                     await asyncio.sleep(0)  # a backlog and free capacity: next batch at once
                     continue
                 nxt = await self.next_due(now)
+                if cfg.fire_schedules is not None:  # (due schedule ticks: ``_schedules``)
+                    at = await cfg.fire_schedules(now)
+                    nxt = at if at is not None and (nxt is None or at < nxt) else nxt
             except Exception:  # the store is unavailable: try again after a short pause
                 log.warning("polling the store failed", exc_info=True)
                 await self._wait(round(self.clock.now() + backoff.pause(), 6))
