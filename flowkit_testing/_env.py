@@ -227,9 +227,9 @@ class TestEnv:
             if not p.crashed
         }
         best: float | None = None
-        for r in await self.store.list_runs():
-            if r.status.terminal:
-                continue
+        active = [st for st in RunStatus if not st.terminal]
+        # (only the active runs, status by status: settled runs pile up over a long test)
+        for r in [r for st in active for r in await self.store.list_runs(status=st)]:
             if r.lease_owner is not None and r.lease_expires is not None:
                 owner = live.get(r.lease_owner)
                 if owner is not None and owner.executing(r.id):
