@@ -100,6 +100,11 @@ from ._singleton import (
     check_notify_hands_the_slot_over,
     check_notify_wakes_oldest_waiters,
 )
+from ._schedules import (
+    check_competing_schedule_advances,
+    check_due_schedules,
+    check_schedule_rows,
+)
 from ._support import ConformanceError, PairFactory, StoreFactory
 from ._values import (
     check_microsecond_timestamps,
@@ -217,10 +222,12 @@ __all__ = [
     "check_create_run_idempotent",
     "check_create_run_writes_its_events",
     "check_dead_is_terminal",
+    "check_competing_schedule_advances",
     "check_deliver_signal_wakes_waiter",
     "check_denial_parks_waiter",
     "check_due_runs_and_next_due_at",
     "check_due_runs_by_version",
+    "check_due_schedules",
     "check_event_seqs_gap_free",
     "check_expect_status_conflict_writes_nothing",
     "check_hand_over_only_to_a_version_of_the_releaser",
@@ -242,6 +249,7 @@ __all__ = [
     "check_release_leases_counts_lost_activations",
     "check_renew_lease",
     "check_retry_sets_input_deadline_and_recoveries",
+    "check_schedule_rows",
     "check_signal_name_limits",
     "check_signal_peek_fifo",
     "check_terminal_commit_clears_bookkeeping",
