@@ -45,7 +45,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._drive",
         "flowkit._worker",
     ),
-    "client": ("flowkit._results", "flowkit._engine"),
+    "client": ("flowkit._results", "flowkit._timetable", "flowkit._schedules", "flowkit._engine"),
     "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
 }
 ORDER = list(LAYERS)
