@@ -89,6 +89,11 @@ from ._runs import (
     check_list_runs_order_and_filters,
     check_queue_cap_rejection_writes_nothing,
 )
+from ._schedules import (
+    check_competing_schedule_advances,
+    check_due_schedules,
+    check_schedule_rows,
+)
 from ._singleton import (
     check_admission_fifo_keeps_holders,
     check_admission_marker_persisted,
@@ -99,11 +104,6 @@ from ._singleton import (
     check_denial_parks_waiter,
     check_notify_hands_the_slot_over,
     check_notify_wakes_oldest_waiters,
-)
-from ._schedules import (
-    check_competing_schedule_advances,
-    check_due_schedules,
-    check_schedule_rows,
 )
 from ._support import ConformanceError, PairFactory, StoreFactory
 from ._values import (
@@ -210,6 +210,7 @@ __all__ = [
     "check_competing_commits",
     "check_competing_create_admissions",
     "check_competing_create_run",
+    "check_competing_schedule_advances",
     "check_consumed_signal_conflict_writes_nothing",
     "check_continue_as_new_creates_the_successor",
     "check_continue_as_new_is_all_or_nothing",
@@ -222,7 +223,6 @@ __all__ = [
     "check_create_run_idempotent",
     "check_create_run_writes_its_events",
     "check_dead_is_terminal",
-    "check_competing_schedule_advances",
     "check_deliver_signal_wakes_waiter",
     "check_denial_parks_waiter",
     "check_due_runs_and_next_due_at",
