@@ -131,6 +131,7 @@ def test_registry_covers_every_check_function() -> None:
         "schedule_rows",
         "due_schedules",
         "competing_schedule_advances",
+        "schedules_respect_namespaces",
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -163,7 +164,12 @@ def test_registry_covers_every_check_function() -> None:
         "continue_as_new_passes_the_slot",
     }
     schedules = {n for n, c in CHECKS.items() if "keeps_schedules" in c.requires}
-    assert schedules == {"schedule_rows", "due_schedules", "competing_schedule_advances"}
+    assert schedules == {
+        "schedule_rows",
+        "due_schedules",
+        "competing_schedule_advances",
+        "schedules_respect_namespaces",
+    }
 
 
 async def test_run_all_returns_every_check_name() -> None:

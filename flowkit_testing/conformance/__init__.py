@@ -93,6 +93,7 @@ from ._schedules import (
     check_competing_schedule_advances,
     check_due_schedules,
     check_schedule_rows,
+    check_schedules_respect_namespaces,
 )
 from ._singleton import (
     check_admission_fifo_keeps_holders,
@@ -250,6 +251,7 @@ __all__ = [
     "check_renew_lease",
     "check_retry_sets_input_deadline_and_recoveries",
     "check_schedule_rows",
+    "check_schedules_respect_namespaces",
     "check_signal_name_limits",
     "check_signal_peek_fifo",
     "check_terminal_commit_clears_bookkeeping",

@@ -76,6 +76,24 @@ async def check_due_schedules(factory: StoreFactory) -> None:
     expect_eq((got.next_fire, got.last_run_id), (T0 + 70, None), "advance without a run")
 
 
+@check(requires=("keeps_schedules", "scoped"))
+async def check_schedules_respect_namespaces(factory: StoreFactory) -> None:
+    """Each namespace (``scoped``) has its own schedules: one id in two namespaces is two
+    rows, and no call of one namespace's view reads, advances or deletes another's."""
+    s: Any = await make_store(factory)
+    a, b = s.scoped("ns-a"), s.scoped("ns-b")
+    await a.put_schedule(_rec("same", next_fire=T0))
+    await b.put_schedule(_rec("same", next_fire=T0 + 5, input="b"))
+    expect_eq(await s.list_schedules(), [], "an unscoped view sees no namespace's schedules")
+    expect_eq([r.input for r in await b.list_schedules()], ["b"], "the other namespace's rows")
+    expect_eq(await b.advance_schedule("same", T0, T0 + 60, T0), False, "cross-namespace CAS")
+    expect_eq([r.id for r in await b.due_schedules(T0 + 1, 10)], [], "cross-namespace due")
+    expect_eq(await b.next_schedule_after(T0), T0 + 5, "next_schedule_after of a namespace")
+    expect(await b.delete_schedule("same"), "delete in its own namespace")
+    got = await a.get_schedule("same")
+    expect(got is not None and got.next_fire == T0, "a delete reached another namespace")
+
+
 @check(kind="pair", requires=("keeps_schedules",))
 async def check_competing_schedule_advances(factory: PairFactory) -> None:
     """Two instances advancing one schedule from the same ``next_fire`` at once: exactly one
@@ -101,4 +119,5 @@ __all__ = [
     "check_competing_schedule_advances",
     "check_due_schedules",
     "check_schedule_rows",
+    "check_schedules_respect_namespaces",
 ]
