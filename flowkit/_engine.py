@@ -125,6 +125,7 @@ class Engine:
         self.config.recorded = self.bus.recorded
         # durable schedules (DESIGN §11): ``engine.schedules.create(...)`` and the rest
         self.schedules = Schedules(self)
+        self.config.fire_schedules = self.schedules.fire_due
         self._gate = gate.Gate(store, self.config.clock, rng)
         # what a settlement means for its parent and children (``_children.Kin``)
         self._kin = Kin(
@@ -206,6 +207,7 @@ class Engine:
     async def start_worker(self) -> None:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
         if self.is_worker and self._worker is None:
+            await self.schedules.declare()  # (``Engine(schedules=...)``)
             worker = Worker(self.config, self._settled)
             await worker.take_back_leases()  # (a restart under the same instance id)
             if self._worker is None:

@@ -58,6 +58,9 @@ class WorkerConfig:
     # (seconds) past which its worker prunes terminal runs (``Engine(retention=...)``)
     schedules: Mapping[str, Any] | None = None
     retention: float | None = None
+    # the poll loop's call to start due schedule ticks (``Schedules.fire_due``): given the
+    # poll's ``now``, it answers the next tick (a deadline for the poller) or ``None``
+    fire_schedules: Callable[[float], Awaitable[float | None]] | None = None
 
 
 class Seat(Protocol):

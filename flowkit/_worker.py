@@ -307,10 +307,13 @@ class Worker:
                 for run_id in due:
                     if run_id not in self._active:
                         self.dispatch(run_id)
+                # due schedule ticks (``_schedules``; a backlog of runs does not delay them)
+                tick = None if cfg.fire_schedules is None else await cfg.fire_schedules(now)
                 if len(due) >= cfg.max_concurrency and len(self._active) < cfg.max_concurrency:
                     await asyncio.sleep(0)  # a backlog and free capacity: next batch at once
                     continue
                 nxt = await self.next_due(now)
+                nxt = tick if tick is not None and (nxt is None or tick < nxt) else nxt
             except Exception:  # the store is unavailable: try again after a short pause
                 log.warning("polling the store failed", exc_info=True)
                 await self._wait(round(self.clock.now() + backoff.pause(), 6))

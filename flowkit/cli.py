@@ -37,6 +37,7 @@ from ._cli_out import (
     no_worker_line,
     unserved,
 )
+from ._cli_schedules import schedules
 from ._clock import SystemClock
 from ._definition import definition_of
 from ._engine import Engine
@@ -416,6 +417,7 @@ COMMANDS: dict[str, tuple[Command, bool]] = {
     "cancel": (_cancel, True),
     "signal": (_signal, True),
     "demo": (_demo, False),
+    "schedules": (schedules, True),
 }
 
 
@@ -461,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("run")
     sg.add_argument("name")
     sg.add_argument("payload", nargs="?", metavar="JSON", help="the payload (default null)")
+    sub.add_parser("schedules", help="list durable schedules with their next fire time")
     d = sub.add_parser("demo", help="the live demo of singleton lanes")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     return p

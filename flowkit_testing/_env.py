@@ -15,6 +15,7 @@ from flowkit._eager import others_ready
 from flowkit._threads import steps_in_threads
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import UNSET
+from flowkit.stores.schedules import keeps_schedules
 
 from ._clock import DEFAULT_START, VirtualClock
 from ._faults import CRASH_SITES, CrashSite, FaultPlan, InstanceStore, Rule
@@ -204,6 +205,13 @@ class TestEnv:
             if not proxy.crashed:
                 eng.poke()
 
+    async def _next_schedule(self) -> float | None:
+        """The next tick of a durable schedule (``engine.schedules``) after now, if any."""
+        if not keeps_schedules(self.store):
+            return None
+        at: float | None = await self.store.next_schedule_after(self.clock.now())
+        return at
+
     async def _next_time(self) -> float | None:
         """The next instant at which some run becomes claimable (wake time, or the lease
         expiry of a crashed instance). Gate re-checks of singleton waiters are skipped unless
@@ -219,9 +227,9 @@ class TestEnv:
             if not p.crashed
         }
         best: float | None = None
-        for r in await self.store.list_runs():
-            if r.status.terminal:
-                continue
+        active = [st for st in RunStatus if not st.terminal]
+        # (only the active runs, status by status: settled runs pile up over a long test)
+        for r in [r for st in active for r in await self.store.list_runs(status=st)]:
             if r.lease_owner is not None and r.lease_expires is not None:
                 owner = live.get(r.lease_owner)
                 if owner is not None and owner.executing(r.id):
@@ -259,28 +267,32 @@ class TestEnv:
         await self.settle()
 
     async def advance(self, seconds: float) -> None:
-        """Move virtual time ``seconds`` forward, firing due timers in order."""
+        """Move virtual time ``seconds`` forward, firing due timers and the ticks of durable
+        schedules (``engine.schedules``) in order."""
         if seconds < 0:
             raise ValueError("advance needs seconds >= 0")
         target = self.clock.now() + seconds
         self._poke()  # work made due by others (a client engine, a store) moves first
         await self.settle()
         while True:
-            nxt = await self._next_time()
+            nxt = _earliest(await self._next_time(), await self._next_schedule())
             if nxt is None or nxt > target:
                 break
             await self._jump(nxt)
         await self._jump(target)
 
     async def run_until_idle(self, max_jumps: int = 1_000_000) -> None:
-        """Time skipping: jump from due time to due time until nothing can move."""
+        """Time skipping: jump from due time to due time until nothing can move. A durable
+        schedule's ticks do not count as something that can move (it would never be idle):
+        those before the last due time fire on the way; ``advance`` fires the later ones."""
         self._poke()
         await self.settle()
         for _ in range(max_jumps):
             nxt = await self._next_time()
             if nxt is None:
                 return
-            await self._jump(nxt)
+            # (a schedule's ticks never keep it from idling; one due before then fires first)
+            await self._jump(_earliest(nxt, await self._next_schedule()) or nxt)
         raise RuntimeError("run_until_idle(): still moving after max_jumps")
 
     # -- engine shortcuts (the first live instance) -----------------------------------
@@ -335,6 +347,10 @@ class TestEnv:
 
     async def history(self, run_id: str) -> History:
         return await self._client().history(run_id)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _nothing_ready(loop: asyncio.AbstractEventLoop) -> bool:

@@ -104,6 +104,7 @@ def test_registry_covers_every_check_function() -> None:
         "competing_commits",
         "competing_admissions",
         "competing_create_admissions",
+        "competing_schedule_advances",
     }
     # plain checks first, then those needing optional methods, then the competing ones
     order = [(c.kind == "pair", bool(c.requires)) for c in CHECKS.values()]
@@ -128,6 +129,10 @@ def test_registry_covers_every_check_function() -> None:
         "continue_as_new_creates_the_successor",
         "continue_as_new_is_all_or_nothing",
         "latest_event_finds_the_newest_match",
+        "schedule_rows",
+        "due_schedules",
+        "competing_schedule_advances",
+        "schedules_respect_namespaces",
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -158,6 +163,13 @@ def test_registry_covers_every_check_function() -> None:
         "continue_as_new_creates_the_successor",
         "continue_as_new_is_all_or_nothing",
         "continue_as_new_passes_the_slot",
+    }
+    schedules = {n for n, c in CHECKS.items() if "keeps_schedules" in c.requires}
+    assert schedules == {
+        "schedule_rows",
+        "due_schedules",
+        "competing_schedule_advances",
+        "schedules_respect_namespaces",
     }
 
 
@@ -194,6 +206,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "records_workers",
         "continues_as_new",
         "latest_event",
+        "keeps_schedules",
     }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
     assert "next_due_after" in ran

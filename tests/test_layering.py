@@ -58,10 +58,17 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._retention",
         "flowkit._publish",
         "flowkit._updates",
+        "flowkit._timetable",
         "flowkit._schedules",
         "flowkit._engine",
     ),
-    "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
+    "tools": (
+        "flowkit.cli",
+        "flowkit._cli_out",
+        "flowkit._cli_schedules",
+        "flowkit.otel",
+        "flowkit.ui",
+    ),
 }
 ORDER = list(LAYERS)
 # what a layer must never import although it comes later in ORDER

@@ -19,6 +19,7 @@ EXPECTED = {
     "deploy_a_change.py": "ok: runs in flight kept the old branch, new runs took the patch",
     "order_saga.py": "ok: the failed shipment undid the payment, then the reservation",
     "meter_loop.py": "ok: every history stayed bounded and the slot stayed with the chain",
+    "hourly_report.py": "ok: one run per hour, none twice, on three instances",
     "hello.py": "result: Receipt(order_id='o-42', charged_cents=1999, approved_by='alice')",
     "sync_inventory.py": "ok: no two syncs of one store overlapped",
     "approval.py": "ok: the rejected update wrote nothing, the valid one was answered",

@@ -27,6 +27,7 @@ from .base import (
     Update,
 )
 from .memory import MemoryStore
+from .schedules import KeepsSchedules, ScheduleRecord
 
 if TYPE_CHECKING:
     from .codec import AESGCMCodec, Codec, CodecStore
@@ -67,12 +68,14 @@ __all__ = [
     "EncryptedStoreError",
     "HandOff",
     "InboxSignal",
+    "KeepsSchedules",
     "MemoryStore",
     "NextDueAfter",
     "Notify",
     "QueueCap",
     "RecordsAdmission",
     "ReleasesLeases",
+    "ScheduleRecord",
     "SqlStore",
     "Store",
     "Successor",

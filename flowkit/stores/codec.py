@@ -23,6 +23,7 @@ from ..events import (
 )
 from ._codec_aesgcm import AESGCMCodec
 from ._codec_fields import STRING_PREFIX, CodecFields
+from ._codec_schedules import CodecSchedules
 from .base import (
     UNSET,
     Admission,
@@ -40,6 +41,7 @@ from .base import (
     records_admission,
     records_workers,
 )
+from .schedules import keeps_schedules
 
 log = logging.getLogger("flowkit")
 
@@ -93,7 +95,7 @@ class _NextDueAfterFn(Protocol):
     ) -> float | None: ...
 
 
-class CodecStore(CodecFields):
+class CodecStore(CodecFields, CodecSchedules):
     """A store that encodes payloads with ``codec`` before they reach ``inner`` (module doc).
 
     ``try_admit_singleton``, ``scoped``, ``watch`` and ``next_due_after`` exist only when
@@ -109,7 +111,8 @@ class CodecStore(CodecFields):
     (``Update.successor``'s run and events encoded as a new run's). Any of these, called on a
     wrapper whose ``inner`` lacks the capability, raises ``TypeError`` and sends nothing.
     ``records_admission`` (``singleton_admitted`` written with the marker) and
-    ``release_leases`` are ``inner``'s too.
+    ``release_leases`` are ``inner``'s too. ``keeps_schedules`` (``engine.schedules``) is
+    forwarded likewise, each schedule's input encoded (``_codec_schedules``).
 
     When ``inner`` has ``bind_codec`` (``MemoryStore``, ``SqlStore``), the wrapper calls
     ``inner.bind_codec(marker)`` at construction: writes through that store object come
@@ -127,6 +130,7 @@ class CodecStore(CodecFields):
     claims_by_version: bool = False
     records_workers: bool = False
     continues_as_new: bool = False
+    keeps_schedules: bool = False
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -165,6 +169,8 @@ class CodecStore(CodecFields):
             self.records_workers = True
         if continues_as_new(inner):
             self.continues_as_new = True
+        if keeps_schedules(inner):
+            self.keeps_schedules = True
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)

@@ -26,6 +26,7 @@ from ._codec_mark import (
     run_carries_payload,
     update_carries_payload,
 )
+from ._memory_schedules import MemorySchedules
 from .base import (
     Admission,
     AdmittedAt,
@@ -49,6 +50,7 @@ from .rules import (
     of_versions,
     plan_release,
 )
+from .schedules import ScheduleRecord
 
 
 @dataclass
@@ -62,10 +64,12 @@ class _Data:
     meta: dict[str, str] = field(default_factory=dict)  # (the encryption marker)
     # (namespace, instance id) -> what that worker made known (``base.RecordsWorkers``)
     workers: dict[tuple[str | None, str], WorkerSeen] = field(default_factory=dict)
+    # (namespace, schedule id) -> its row (``schedules.KeepsSchedules``, ``MemorySchedules``)
+    schedules: dict[tuple[str | None, str], ScheduleRecord] = field(default_factory=dict)
     signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
 
-class MemoryStore:
+class MemoryStore(MemorySchedules):
     """An in-process store (see ``flowkit.stores.base.Store`` for the contract)."""
 
     admits_on_create = True
@@ -93,6 +97,7 @@ class MemoryStore:
         self.max_payload_bytes = max_payload_bytes
         """The largest payload it keeps, in bytes of JSON (docs/stores.md, "Limits")."""
         self._d = _data if _data is not None else _Data()
+        self._schedules = self._d.schedules
         self._mark = CodecMark()
 
     def scoped(self, namespace: str) -> MemoryStore:

@@ -90,6 +90,12 @@ from ._runs import (
     check_list_runs_order_and_filters,
     check_queue_cap_rejection_writes_nothing,
 )
+from ._schedules import (
+    check_competing_schedule_advances,
+    check_due_schedules,
+    check_schedule_rows,
+    check_schedules_respect_namespaces,
+)
 from ._singleton import (
     check_admission_fifo_keeps_holders,
     check_admission_marker_persisted,
@@ -206,6 +212,7 @@ __all__ = [
     "check_competing_commits",
     "check_competing_create_admissions",
     "check_competing_create_run",
+    "check_competing_schedule_advances",
     "check_consumed_signal_conflict_writes_nothing",
     "check_continue_as_new_creates_the_successor",
     "check_continue_as_new_is_all_or_nothing",
@@ -222,6 +229,7 @@ __all__ = [
     "check_denial_parks_waiter",
     "check_due_runs_and_next_due_at",
     "check_due_runs_by_version",
+    "check_due_schedules",
     "check_event_seqs_gap_free",
     "check_expect_status_conflict_writes_nothing",
     "check_hand_over_only_to_a_version_of_the_releaser",
@@ -244,6 +252,8 @@ __all__ = [
     "check_release_leases_counts_lost_activations",
     "check_renew_lease",
     "check_retry_sets_input_deadline_and_recoveries",
+    "check_schedule_rows",
+    "check_schedules_respect_namespaces",
     "check_signal_name_limits",
     "check_signal_peek_fifo",
     "check_terminal_commit_clears_bookkeeping",

@@ -35,12 +35,13 @@ OPTIONAL_CAPABILITIES = (
     "claims_by_version",
     "records_workers",
     "continues_as_new",
+    "keeps_schedules",
 )
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
 (``create_run`` takes an ``Admission``), ``appends_events`` (``append_events`` records a
 running step), ``claims_by_version`` (``claim``/``due_runs`` take ``versions``) and
 ``records_workers`` (``record_worker``/``workers``), ``continues_as_new`` (``commit`` takes
-``Update.successor``)."""
+``Update.successor``), ``keeps_schedules`` (durable schedules: ``flowkit.stores.schedules``)."""
 
 
 @dataclass(frozen=True)

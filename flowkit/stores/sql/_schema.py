@@ -1,7 +1,8 @@
-"""The SQL schema of ``SqlStore``: five tables (runs, events, signals, meta, workers), indexes,
-the schema version, and the bootstrap that creates them once and migrates what an older
-flowkit left (indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so that ids
-order by code point, as Python compares them). The tables: docs/stores.md, "SqlStore"."""
+"""The SQL schema of ``SqlStore``: six tables (runs, events, signals, meta, workers,
+schedules), indexes, the schema version, and the bootstrap that creates them once and
+migrates what an older flowkit left (indexes added since, PostgreSQL run ids declared
+``COLLATE "C"``, so that ids order by code point, as Python compares them). The tables:
+docs/stores.md, "SqlStore"."""
 
 from __future__ import annotations
 
@@ -167,6 +168,31 @@ workers = sa.Table(
     sa.Column("instance_id", sa.String(255), primary_key=True),
     sa.Column("versions", _json(), nullable=False),
     sa.Column("last_seen", _TIME, nullable=False),
+)
+
+# durable schedules (``stores.schedules.KeepsSchedules``, ``engine.schedules``): an additive
+# table like ``flowkit_workers`` (no new schema version: an older flowkit never reads it), one
+# row per schedule, not per run (nothing to prune with runs; ``delete`` removes the row).
+# ``next_fire`` is advanced by compare-and-set; ``namespace`` is '' for a store without one.
+schedules = sa.Table(
+    "flowkit_schedules",
+    metadata,
+    sa.Column("namespace", sa.String(255), primary_key=True),
+    sa.Column("schedule_id", sa.String(255), primary_key=True),
+    sa.Column("workflow", sa.String(255), nullable=False),
+    sa.Column("cron", sa.String(255)),
+    sa.Column("every", sa.Double),
+    sa.Column("timezone", sa.String(255), nullable=False),
+    sa.Column("input", _json()),
+    sa.Column("overlap", sa.String(16), nullable=False),
+    sa.Column("catchup_window", sa.Double, nullable=False),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Column("next_fire", _TIME, nullable=False),
+    sa.Column("last_run_id", RUN_ID),
+    sa.Column("created_at", _TIME, nullable=False),
+    sa.Column("updated_at", _TIME, nullable=False),
+    # the workers' scan of due schedules
+    sa.Index("ix_flowkit_schedules_due", "namespace", "paused", "next_fire"),
 )
 
 # Indexes added after version 1 first shipped, created on databases that lack them.

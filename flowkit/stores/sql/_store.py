@@ -47,6 +47,7 @@ from ._rows import (
     run_params,
     to_run,
 )
+from ._schedules import Schedules
 from ._workers import Workers
 
 
@@ -64,7 +65,7 @@ def _hit(row: Any) -> bool:
     return row is not None
 
 
-class SqlStore(CodecMarked, Reads, Workers):
+class SqlStore(CodecMarked, Reads, Workers, Schedules):
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract): ``sqlite:///path/to/file.db`` (several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts); the schema is
