@@ -250,10 +250,18 @@ def awaited(it: Any, yielded: Any) -> str:
 
 
 # the code names of the coroutines running ctx calls: ``steps.run_step``, ``waits.run_sleep``,
-# ``waits.run_wait_signal``, ``children.run_child``/``run_child_result`` and ``Calls.gather``
-# (whose local ``g`` is its position)
+# ``waits.run_wait_signal``, ``published.run_wait_event``, ``children.run_child``/
+# ``run_child_result`` and ``Calls.gather`` (whose local ``g`` is its position)
 CALL_NAMES = frozenset(
-    {"run_step", "run_sleep", "run_wait_signal", "run_child", "run_child_result", "gather"}
+    {
+        "run_step",
+        "run_sleep",
+        "run_wait_signal",
+        "run_wait_event",
+        "run_child",
+        "run_child_result",
+        "gather",
+    }
 )
 
 

@@ -25,6 +25,7 @@ from ..events import (
     RunRetried,
     RunStarted,
 )
+from ..stores.base import TakenEvent
 from .activation import Activation
 from .children import ChildCall, ChildStart
 from .matching import ReplayStub
@@ -51,6 +52,11 @@ class _ReplayHost:
         raise AssertionError("replay-only activations never record")  # pragma: no cover
 
     async def peek_signal(self, name: str) -> InboxSignal | None:
+        return None
+
+    async def take_event(
+        self, pos: str, name: str, match: dict[str, str], *, wait: bool
+    ) -> TakenEvent | None:
         return None
 
     def lease_live(self) -> bool:

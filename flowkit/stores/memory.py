@@ -26,6 +26,7 @@ from ._codec_mark import (
     run_carries_payload,
     update_carries_payload,
 )
+from ._memory_events import MemoryEventData, MemoryEvents
 from .base import (
     Admission,
     AdmittedAt,
@@ -63,9 +64,11 @@ class _Data:
     # (namespace, instance id) -> what that worker made known (``base.RecordsWorkers``)
     workers: dict[tuple[str | None, str], WorkerSeen] = field(default_factory=dict)
     signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    # published events (``base.PublishesEvents``, ``_events.MemoryEvents``)
+    events_data: MemoryEventData = field(default_factory=MemoryEventData)
 
 
-class MemoryStore:
+class MemoryStore(MemoryEvents):
     """An in-process store (see ``flowkit.stores.base.Store`` for the contract)."""
 
     admits_on_create = True
@@ -79,6 +82,8 @@ class MemoryStore:
     """It keeps what workers make known (``flowkit.stores.base.RecordsWorkers``)."""
     continues_as_new = True
     """``commit`` creates ``Update.successor`` (``flowkit.stores.base.ContinuesAsNew``)."""
+    publishes_events = True
+    """``publish_event``/``take_event`` (``flowkit.stores.base.PublishesEvents``)."""
 
     def __init__(
         self,

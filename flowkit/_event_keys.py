@@ -1,0 +1,31 @@
+"""How published events are matched (DESIGN §11): a ``ctx.wait_for_event(match=...)`` waiter
+receives an event when each of its ``match`` items equals the payload's top-level item of that
+key. Stores compare digests of the values (``PublishesEvents``), never the values themselves:
+a ``CodecStore``'s payloads stay opaque, and equal JSON values give equal digests."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ._serde import dumps
+
+
+def value_digest(value: Any) -> str:
+    """The digest of a JSON value (its canonical bytes: sorted keys, no whitespace)."""
+    return hashlib.sha256(dumps(value)).hexdigest()[:32]
+
+
+def payload_keys(payload: Any) -> dict[str, str]:
+    """The digests of a (JSON) payload's top-level items; none when it is no object."""
+    if not isinstance(payload, dict):
+        return {}
+    return {str(k): value_digest(v) for k, v in payload.items()}
+
+
+def match_keys(match: dict[str, Any] | None) -> dict[str, str]:
+    """The digests of a waiter's ``match`` (already JSON)."""
+    return {str(k): value_digest(v) for k, v in (match or {}).items()}
+
+
+__all__ = ["match_keys", "payload_keys", "value_digest"]
