@@ -81,9 +81,7 @@ class MemoryEvents:
     ) -> PublishedEvent:
         if not self._mark.settled and (found := self._guard()) is not None and payload is not None:
             raise refuse(found, f"publish event {name!r} with a payload")
-        _limits.check_identifier("event name", name, _limits.MAX_EVENT_NAME_LENGTH)
-        _limits.check_identifier("event id", event_id, _limits.MAX_EVENT_NAME_LENGTH)
-        _limits.check_json("event payload", payload, self.max_payload_bytes)
+        _limits.check_event(name, event_id, payload, self.max_payload_bytes)
         ed = self._d.events_data
         ns = self.namespace
         if (ns, event_id) in ed.published:
