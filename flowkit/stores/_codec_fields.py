@@ -24,6 +24,7 @@ from ..events import (
     CompensationFailed,
     ErrorInfo,
     Event,
+    EventReceived,
     RunCompleted,
     RunContinued,
     RunDead,
@@ -192,6 +193,9 @@ class CodecFields:
         if isinstance(ev, SignalReceived):
             ctx = (run_id, "event", "signal_received", ev.pos, ev.name, "payload")
             return ev.model_copy(update={"payload": self._enc(ev.payload, ctx)})
+        if isinstance(ev, EventReceived):
+            ctx = (run_id, "event", "event_received", ev.pos, ev.name, "payload")
+            return ev.model_copy(update={"payload": self._enc(ev.payload, ctx)})
         if isinstance(ev, RunCompleted):
             ctx = (run_id, "event", "run_completed", "output")
             return ev.model_copy(update={"output": self._enc(ev.output, ctx)})
@@ -245,6 +249,9 @@ class CodecFields:
             )
         if isinstance(ev, SignalReceived):
             ctx = (run_id, "event", "signal_received", ev.pos, ev.name, "payload")
+            return ev.model_copy(update={"payload": self._dec(ev.payload, ctx)})
+        if isinstance(ev, EventReceived):
+            ctx = (run_id, "event", "event_received", ev.pos, ev.name, "payload")
             return ev.model_copy(update={"payload": self._dec(ev.payload, ctx)})
         if isinstance(ev, RunCompleted):
             ctx = (run_id, "event", "run_completed", "output")
