@@ -29,12 +29,13 @@ OPTIONAL_CAPABILITIES = (
     "claims_by_version",
     "records_workers",
     "continues_as_new",
+    "publishes_events",
 )
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
 (``create_run`` takes an ``Admission``), ``appends_events`` (``append_events`` records a
 running step), ``claims_by_version`` (``claim``/``due_runs`` take ``versions``) and
 ``records_workers`` (``record_worker``/``workers``), ``continues_as_new`` (``commit`` takes
-``Update.successor``)."""
+``Update.successor``), ``publishes_events`` (``publish_event``/``take_event``)."""
 
 
 @dataclass(frozen=True)
