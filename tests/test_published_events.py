@@ -287,7 +287,7 @@ async def test_replay_matches_event_received_and_diverges_on_another_name() -> N
         await env.result("r1")
         history = await env.history("r1")
     await replay_async(history, Order())  # (raises on a divergence)
-    with pytest.raises(NonDeterminismError, match="refund.issued"):
+    with pytest.raises(NonDeterminismError, match=r"refund\.issued"):
         await replay_async(history, Renamed())
 
 

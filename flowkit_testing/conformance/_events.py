@@ -52,7 +52,7 @@ async def check_publish_delivers_to_every_matching_waiter(factory: StoreFactory)
     """``publish_event`` delivers to every registered waiter whose ``match`` matches (in
     waiting order), makes a run suspended on the mark due now, and buffers nothing; the
     waiter's ``take_event`` answers the event and its inbox mark, which a commit consumes."""
-    s = await make_store(factory)
+    s: Any = await make_store(factory)
     for i, (rid, match) in enumerate((("r1", A), ("r2", A), ("r3", B))):
         await put(s, mk(rid, t=T0 + i / 10))
         await _waiting(s, rid, match, park=rid != "r2")
@@ -79,7 +79,7 @@ async def check_publish_buffers_once_for_the_first_later_waiter(factory: StoreFa
     """An event no waiter matches is buffered; the first later matching ``take_event``
     takes it out of the buffer (a waiter that does not match leaves it), and no other waiter
     gets it again."""
-    s = await make_store(factory)
+    s: Any = await make_store(factory)
     for i, rid in enumerate(("r1", "r2", "r3")):
         await put(s, mk(rid, t=T0 + i))
     done = await s.publish_event(EV, {"order": "a"}, "e1", A, T0 + 1)
@@ -96,7 +96,7 @@ async def check_publish_dedupes_event_ids(factory: StoreFactory) -> None:
     """A second publish of an ``event_id`` is a ``duplicate``: it delivers and buffers
     nothing. Bad names and ids raise ``InvalidInputError`` and write nothing (the id is not
     taken)."""
-    s = await make_store(factory)
+    s: Any = await make_store(factory)
     await put(s, mk("r1"))
     first = await s.publish_event(EV, 1, "e1", {}, T0)
     again = await s.publish_event(EV, 2, "e1", {}, T0 + 1)
@@ -119,7 +119,7 @@ async def check_take_without_wait_drops_the_registration(factory: StoreFactory) 
     """``take_event(wait=False)`` (a timeout) with nothing delivered removes the waiter: a
     later publish buffers instead of delivering to it. Waiters of settled and cancelling runs
     receive nothing either."""
-    s = await make_store(factory)
+    s: Any = await make_store(factory)
     for i, rid in enumerate(("r1", "r2", "r3")):
         await put(s, mk(rid, t=T0 + i))
         await _waiting(s, rid, A, park=False)
@@ -136,7 +136,8 @@ async def check_take_without_wait_drops_the_registration(factory: StoreFactory) 
 async def check_competing_publish_and_take(factory: PairFactory) -> None:
     """Publishes racing the registrations of their waiters (two store objects): each event
     reaches its waiter exactly once, delivered or taken from the buffer, never lost."""
-    s1, s2 = await make_pair(factory)
+    pair: Any = await make_pair(factory)
+    s1, s2 = pair
     n = 12
     for i in range(n):
         await put(s1, mk(f"r{i}", t=T0 + i))
