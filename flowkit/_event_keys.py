@@ -10,6 +10,16 @@ from typing import Any
 
 from ._serde import dumps
 
+EVENT_MARK_PREFIX = "flowkit:event@"
+"""The inbox signal of a delivered published event: ``EVENT_MARK_PREFIX + pos`` (``pos``: the
+waiting ``ctx.wait_for_event``'s position). A run parks waiting for it, so a delivery makes the
+run due (or the park finds it), and the record of ``event_received`` consumes it."""
+
+
+def event_mark(pos: str) -> str:
+    """The inbox signal name of the event delivered to the wait at ``pos``."""
+    return EVENT_MARK_PREFIX + pos
+
 
 def value_digest(value: Any) -> str:
     """The digest of a JSON value (its canonical bytes: sorted keys, no whitespace)."""
@@ -28,4 +38,4 @@ def match_keys(match: dict[str, Any] | None) -> dict[str, str]:
     return {str(k): value_digest(v) for k, v in (match or {}).items()}
 
 
-__all__ = ["match_keys", "payload_keys", "value_digest"]
+__all__ = ["EVENT_MARK_PREFIX", "event_mark", "match_keys", "payload_keys", "value_digest"]

@@ -25,6 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._limits",
         "flowkit._run",
         "flowkit._serde",
+        "flowkit._event_keys",
         "flowkit.singleton",
     ),
     "definition": ("flowkit._definition", "flowkit._context", "flowkit._versions"),
@@ -45,7 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._drive",
         "flowkit._worker",
     ),
-    "client": ("flowkit._results", "flowkit._engine"),
+    "client": ("flowkit._results", "flowkit._publish", "flowkit._engine"),
     "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
 }
 ORDER = list(LAYERS)

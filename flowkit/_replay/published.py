@@ -8,11 +8,10 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from .. import _serde
-from .._event_keys import match_keys
+from .._event_keys import event_mark, match_keys
 from .._limits import MAX_EVENT_NAME_LENGTH, identifier_problem
 from ..errors import ConflictError, SerializationError, SignalTimeout
 from ..events import EventReceived, TimerFired, TimerStarted
-from ..stores.base import event_mark
 from .branch import Branch
 from .guard import cancel_left, enter, made_on
 from .signals import _Evicted

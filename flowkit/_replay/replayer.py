@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._definition import definition_of
 from .._history import History
@@ -25,12 +25,14 @@ from ..events import (
     RunRetried,
     RunStarted,
 )
-from ..stores.base import TakenEvent
 from .activation import Activation
 from .children import ChildCall, ChildStart
 from .matching import ReplayStub
 from .outcome import Completed, Continued, Diverged, Evicted, Failed, Suspended
 from .state import with_note
+
+if TYPE_CHECKING:
+    from ..stores.base import TakenEvent
 
 
 class _ReplayHost:

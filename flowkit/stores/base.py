@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from .._event_keys import EVENT_MARK_PREFIX, event_mark
 from .._run import InboxSignal, Run, RunStatus
 from ..errors import ConflictError
 from ..events import Event
@@ -549,17 +550,6 @@ class RecordsWorkers(Protocol):
 def records_workers(store: Any) -> bool:
     """Whether ``store`` keeps what workers make known of themselves (``RecordsWorkers``)."""
     return bool(getattr(store, "records_workers", False))
-
-
-EVENT_MARK_PREFIX = "flowkit:event@"
-"""The inbox signal of a delivered published event: ``EVENT_MARK_PREFIX + pos`` (``pos``: the
-waiting ``ctx.wait_for_event``'s position). A run parks waiting for it, so a delivery makes the
-run due (or the park finds it), and the record of ``event_received`` consumes it."""
-
-
-def event_mark(pos: str) -> str:
-    """The inbox signal name of the event delivered to the wait at ``pos``."""
-    return EVENT_MARK_PREFIX + pos
 
 
 @dataclass(frozen=True)
