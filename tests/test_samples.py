@@ -21,6 +21,7 @@ EXPECTED = {
     "meter_loop.py": "ok: every history stayed bounded and the slot stayed with the chain",
     "hello.py": "result: Receipt(order_id='o-42', charged_cents=1999, approved_by='alice')",
     "sync_inventory.py": "ok: no two syncs of one store overlapped",
+    "order_events.py": "ok: each payment reached its order once, buffered or delivered",
 }
 
 
