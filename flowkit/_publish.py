@@ -37,6 +37,8 @@ async def publish_event(
     if event_id is None:
         event_id = str(uuid.UUID(int=engine.config.rng.getrandbits(128), version=4))
     limits.check_identifier("event_id", event_id, limits.MAX_EVENT_NAME_LENGTH)
+    for wf in _on_event(engine, name):  # (their run ids must fit: checked before writing)
+        limits.check_identifier("run_id", _run_id(event_id, wf), limits.MAX_RUN_ID_LENGTH, wf)
     try:
         data = _serde.to_json(
             payload, what=f"payload of event {name!r}", max_bytes=engine.max_payload_bytes
@@ -58,18 +60,25 @@ async def publish_event(
     return done
 
 
+def _on_event(engine: Engine, name: str) -> list[str]:
+    """The workflows registered on ``engine`` whose newest version has ``on_event=name``."""
+    reg = engine.registry
+    return [wf for wf in reg.names() if (e := reg.get(wf)) is not None and e[0].on_event == name]
+
+
+def _run_id(event_id: str, workflow: str) -> str:
+    """The id of the run ``event_id`` starts for an ``on_event`` workflow (DESIGN §11)."""
+    return f"evt:{event_id}:{workflow}"
+
+
 async def _start_on_event(engine: Engine, name: str, event_id: str, data: Any) -> list[str]:
     """Start one run per ``@workflow(on_event=name)`` registered on ``engine`` (its newest
     version). A payload one of them refuses as input (``InvalidInputError``) or a start that
     fails otherwise is logged and skipped: the delivery to the waiters stands, and publishing
     the same ``event_id`` again retries the starts."""
     started: list[str] = []
-    reg = engine.registry
-    for wf in reg.names():
-        entry = reg.get(wf)
-        if entry is None or entry[0].on_event != name:
-            continue
-        run_id = f"evt:{event_id}:{wf}"
+    for wf in _on_event(engine, name):
+        run_id = _run_id(event_id, wf)
         try:
             await engine.start(wf, data, run_id)
         except FlowkitError as exc:

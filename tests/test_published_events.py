@@ -194,6 +194,15 @@ async def test_bad_input_is_refused_and_writes_nothing(
         assert (await env.get_run("o")).status.value == "suspended"
 
 
+async def test_an_event_id_too_long_for_its_on_event_run_id_is_refused() -> None:
+    async with TestEnv([Order(), Receipt()]) as env:
+        with pytest.raises(InvalidInputError):
+            await env.publish_event(EV, {"order": "o", "amount": 1}, event_id="x" * 250)
+        await env.start("order", "o", "o")
+        await env.run_until_idle()
+        assert (await env.get_run("o")).status.value == "suspended"  # (nothing was written)
+
+
 async def test_payload_size_is_bounded_like_signals() -> None:
     async with Engine(MemoryStore(), [Order()], max_payload_bytes=100) as eng:
         with pytest.raises(InvalidInputError):
@@ -364,3 +373,11 @@ async def test_a_take_cannot_slip_into_a_publish_in_flight(sql_backend: Any) -> 
     finally:
         pub.close()
         sub.close()
+
+
+def test_flowkit_history_prints_event_received() -> None:
+    from flowkit._cli_out import EVENT_STYLE, _describe
+
+    ev = EventReceived(pos="2", name=EV, event_id="pay-1", payload={"order": "o"}, at=10.0)
+    assert _describe(ev, 0.0) == 'payment.received (pay-1) payload {"order":"o"}'
+    assert EVENT_STYLE["event_received"] == "cyan"
