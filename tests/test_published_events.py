@@ -381,3 +381,66 @@ def test_flowkit_history_prints_event_received() -> None:
     ev = EventReceived(pos="2", name=EV, event_id="pay-1", payload={"order": "o"}, at=10.0)
     assert _describe(ev, 0.0) == 'payment.received (pay-1) payload {"order":"o"}'
     assert EVENT_STYLE["event_received"] == "cyan"
+
+
+PUBLISHER = """
+import asyncio, json, sys
+from pydantic import BaseModel
+from flowkit import Engine, WorkflowCtx, workflow
+from flowkit.stores import SqlStore
+
+class Paid(BaseModel):
+    order: str
+    amount: int
+
+@workflow(name="receipt", on_event="payment.received")
+class Receipt:
+    async def run(self, ctx: WorkflowCtx, paid: Paid) -> str:
+        return "receipt"
+
+async def main() -> None:
+    engine = Engine(SqlStore(sys.argv[1]), [Receipt()], worker=False)
+    out = []
+    for i in range(5):
+        done = await engine.publish_event(
+            "payment.received", {"order": f"o{i}", "amount": i}, event_id=f"e{i}"
+        )
+        out.append([done.duplicate, list(done.started)])
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def test_processes_publishing_the_same_events_start_one_run_each(sql_backend: Any) -> None:
+    """Three processes publish the same five event ids at once: each id is published (not a
+    duplicate) by exactly one of them, and each ``on_event`` run exists once."""
+    import asyncio
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, sql_backend.url],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        outs.append(json.loads(stdout))
+    for i in range(5):
+        assert sum(not out[i][0] for out in outs) == 1
+        assert all(out[i][1] == [f"evt:e{i}:receipt"] for out in outs)
+    runs = asyncio.run(sql_backend.store.list_runs(workflow="receipt"))
+    assert sorted(r.id for r in runs) == [f"evt:e{i}:receipt" for i in range(5)]
