@@ -56,7 +56,9 @@ async def main(db: Path) -> None:
         print(await engine.result("o-1", timeout=10))
 
         # o-2 waits (parked) by now: delivered at once; the retry of the same id is a no-op
-        while (await engine.get_run("o-2")).status.value != "suspended":
+        for _ in range(1000):  # (up to ten seconds)
+            if (await engine.get_run("o-2")).status.value == "suspended":
+                break
             await asyncio.sleep(0.01)
         late = await engine.publish_event(PAID, {"order": "o-2", "amount": 12}, event_id="pay-2")
         again = await engine.publish_event(PAID, {"order": "o-2", "amount": 12}, event_id="pay-2")
