@@ -106,8 +106,12 @@ async def _wait_event_in(
             )
             try:
                 await st.record([ev], consume_signal=got.mark)
-            except ConflictError:
-                continue  # (recorded by a racing activation: look again)
+            except ConflictError as exc:
+                # (its mark is gone: only a record of this very wait consumes it, so the
+                # history moved on without this activation; stop, writing nothing more)
+                st.store_error = exc
+                st.evict()
+                raise _Evicted() from exc
             return got.payload
         if due:
             await st.record([TimerFired(pos=pos, at=now)])
