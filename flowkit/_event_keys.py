@@ -6,6 +6,7 @@ a ``CodecStore``'s payloads stay opaque, and equal JSON values give equal digest
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from ._serde import dumps
@@ -19,6 +20,16 @@ run due (or the park finds it), and the record of ``event_received`` consumes it
 def event_mark(pos: str) -> str:
     """The inbox signal name of the event delivered to the wait at ``pos``."""
     return EVENT_MARK_PREFIX + pos
+
+
+@dataclass(frozen=True)
+class TakenEvent:
+    """An event a store's ``take_event`` handed to a wait (``PublishesEvents``): its id,
+    payload, and the inbox signal (``mark``) the record of ``event_received`` consumes."""
+
+    event_id: str
+    payload: Any
+    mark: int
 
 
 def value_digest(value: Any) -> str:
@@ -38,4 +49,11 @@ def match_keys(match: dict[str, Any] | None) -> dict[str, str]:
     return {str(k): value_digest(v) for k, v in (match or {}).items()}
 
 
-__all__ = ["EVENT_MARK_PREFIX", "event_mark", "match_keys", "payload_keys", "value_digest"]
+__all__ = [
+    "EVENT_MARK_PREFIX",
+    "TakenEvent",
+    "event_mark",
+    "match_keys",
+    "payload_keys",
+    "value_digest",
+]

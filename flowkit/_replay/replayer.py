@@ -32,7 +32,7 @@ from .outcome import Completed, Continued, Diverged, Evicted, Failed, Suspended
 from .state import with_note
 
 if TYPE_CHECKING:
-    from ..stores.base import TakenEvent
+    from .._event_keys import TakenEvent
 
 
 class _ReplayHost:

@@ -29,7 +29,7 @@ from .patches import Patches
 from .signals import _Diverged, _Evicted
 
 if TYPE_CHECKING:
-    from ..stores.base import TakenEvent
+    from .._event_keys import TakenEvent
     from .children import ChildCall, ChildStart
 
 

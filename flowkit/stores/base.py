@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .._event_keys import EVENT_MARK_PREFIX, event_mark
+from .._event_keys import EVENT_MARK_PREFIX, TakenEvent, event_mark
 from .._run import InboxSignal, Run, RunStatus
 from ..errors import ConflictError
 from ..events import Event
@@ -565,16 +565,6 @@ class PublishedEvent:
     delivered: tuple[str, ...] = ()
     buffered: bool = False
     started: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class TakenEvent:
-    """An event ``take_event`` handed to a wait: its id, payload, and the inbox signal
-    (``mark``) the record of ``event_received`` consumes."""
-
-    event_id: str
-    payload: Any
-    mark: int
 
 
 class PublishesEvents(Protocol):
