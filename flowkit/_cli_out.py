@@ -23,6 +23,7 @@ from .events import (
     CompensationCompleted,
     CompensationFailed,
     Event,
+    EventReceived,
     EventSet,
     PatchMarker,
     RunCompleted,
@@ -300,6 +301,8 @@ def _describe(ev: Event, t0: float) -> str:
             return f"{ev.purpose.replace('_', ' ')} until +{ev.fire_at - t0:.3f}s"
         case SignalReceived():
             return f"{ev.name} payload {_value(ev.payload)}"
+        case EventReceived():
+            return f"{ev.name} ({ev.event_id}) payload {_value(ev.payload)}"
         case RunCompleted():
             return f"output {_value(ev.output)}"
         case RunFailed():
@@ -348,6 +351,7 @@ EVENT_STYLE = {
     "run_dead": "bold red",
     "cancel_requested": "magenta",
     "signal_received": "cyan",
+    "event_received": "cyan",
     "patch_marker": "yellow",
     "event_set": "blue",
     "update_received": "cyan",

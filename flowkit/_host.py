@@ -17,9 +17,9 @@ from ._replay.children import ChildCall, ChildStart
 from ._run import Run, RunStatus
 from ._seat import WorkerConfig
 from ._threads import StepThreads, waited_for
-from .errors import LeaseLostError
+from .errors import LeaseLostError, UnsupportedStoreError
 from .events import CancelRequested, Event, EventSet, UpdateReplied
-from .stores.base import InboxSignal, Notify, Update
+from .stores.base import InboxSignal, Notify, TakenEvent, Update, publishes_events
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -107,6 +107,17 @@ class Host:
 
     async def peek_signal(self, name: str) -> InboxSignal | None:
         return await self._d.store.peek_signal(self._run_id, name)
+
+    async def take_event(
+        self, pos: str, name: str, match: dict[str, str], *, wait: bool
+    ) -> TakenEvent | None:
+        store: Any = self._d.store
+        if not publishes_events(store):
+            raise UnsupportedStoreError(f"{store!r} has no published events (publishes_events)")
+        taken: TakenEvent | None = await store.take_event(
+            self._run_id, pos, name, match, self._d.clock.now(), wait=wait
+        )
+        return taken
 
     async def compensating(self, events: Sequence[Event]) -> None:
         d = self._d

@@ -319,6 +319,14 @@ class TestEnv:
         await self._client().signal(run_id, name, payload)
         await self.settle()
 
+    async def publish_event(
+        self, name: str, payload: Any = None, *, event_id: str | None = None
+    ) -> Any:
+        """``Engine.publish_event`` on a live instance, then ``settle``."""
+        done = await self._client().publish_event(name, payload, event_id=event_id)
+        await self.settle()
+        return done
+
     async def signal_with_start(
         self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None
     ) -> Run:

@@ -43,6 +43,8 @@ STORE_OPS = (
     "deliver_signal",
     "peek_signal",
     "try_admit_singleton",
+    "publish_event",
+    "take_event",
 )
 WRITE_OPS = (
     "create_run",
@@ -52,6 +54,8 @@ WRITE_OPS = (
     "append_events",
     "deliver_signal",
     "try_admit_singleton",
+    "publish_event",
+    "take_event",
 )
 
 

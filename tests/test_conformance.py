@@ -105,6 +105,7 @@ def test_registry_covers_every_check_function() -> None:
         "competing_admissions",
         "competing_create_admissions",
         "competing_schedule_advances",
+        "competing_publish_and_take",
     }
     # plain checks first, then those needing optional methods, then the competing ones
     order = [(c.kind == "pair", bool(c.requires)) for c in CHECKS.values()]
@@ -117,6 +118,15 @@ def test_registry_covers_every_check_function() -> None:
         "refused_append_events_writes_nothing",
         "append_events_respects_namespaces",
     }
+    published = {n for n, c in CHECKS.items() if "publishes_events" in c.requires}
+    assert published == {
+        "publish_delivers_to_every_matching_waiter",
+        "publish_buffers_once_for_the_first_later_waiter",
+        "publish_dedupes_event_ids",
+        "take_without_wait_drops_the_registration",
+        "competing_publish_and_take",
+    }
+    assert all(CHECKS[n].requires == ("publishes_events",) for n in published)
     assert {n for n, c in CHECKS.items() if c.requires and not c.singleton} == {
         "namespace_scoping",
         "release_leases",
@@ -133,6 +143,7 @@ def test_registry_covers_every_check_function() -> None:
         "due_schedules",
         "competing_schedule_advances",
         "schedules_respect_namespaces",
+        *published,
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -207,6 +218,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "continues_as_new",
         "latest_event",
         "keeps_schedules",
+        "publishes_events",
     }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
     assert "next_due_after" in ran

@@ -25,6 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._limits",
         "flowkit._run",
         "flowkit._serde",
+        "flowkit._event_keys",
         "flowkit.singleton",
     ),
     "definition": (

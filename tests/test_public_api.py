@@ -153,15 +153,15 @@ FLOWKIT_STORES = [
     "AESGCMCodec", "Admission", "AdmitsOnCreate", "AppendsEvents", "Codec", "CodecError",
     "CodecStore", "CommitResult", "ConflictError", "ContinuesAsNew", "EncryptedStoreError",
     "HandOff", "InboxSignal", "KeepsSchedules", "MemoryStore", "NextDueAfter", "Notify",
-    "QueueCap", "RecordsAdmission", "ReleasesLeases", "ScheduleRecord", "SqlStore", "Store",
-    "Successor", "Update",
+    "PublishedEvent", "PublishesEvents", "QueueCap", "RecordsAdmission", "ReleasesLeases",
+    "ScheduleRecord", "SqlStore", "Store", "Successor", "TakenEvent", "Update",
 ]  # fmt: skip
 
 FLOWKIT_STORES_LIMITS = [
     "DEFAULT_MAX_PAYLOAD_BYTES", "MAX_ERROR_TEXT_LENGTH", "MAX_EVENT_NAME_LENGTH",
     "MAX_NAMESPACE_LENGTH", "MAX_PATCH_ID_LENGTH", "MAX_RUN_ID_LENGTH", "MAX_SIGNAL_NAME_LENGTH",
     "MAX_SINGLETON_KEY_LENGTH", "MAX_TAG_LENGTH", "MAX_UPDATE_NAME_LENGTH",
-    "MAX_WORKFLOW_NAME_LENGTH", "PAYLOAD_FIELDS", "check_events", "check_identifier",
+    "MAX_WORKFLOW_NAME_LENGTH", "PAYLOAD_FIELDS", "check_event", "check_events", "check_identifier",
     "check_json", "check_run", "check_signal", "check_tag", "check_update", "error_text",
     "payload_limit", "storable",
 ]  # fmt: skip

@@ -23,6 +23,7 @@ EXPECTED = {
     "hello.py": "result: Receipt(order_id='o-42', charged_cents=1999, approved_by='alice')",
     "sync_inventory.py": "ok: no two syncs of one store overlapped",
     "approval.py": "ok: the rejected update wrote nothing, the valid one was answered",
+    "order_events.py": "ok: each payment reached its order once, buffered or delivered",
 }
 
 

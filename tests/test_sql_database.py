@@ -300,9 +300,10 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
 
 async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backend) -> None:
     """Schema version 2 added ``deadline_at`` and ``recoveries`` (and the ``dead`` status),
-    version 3 ``parent_id``, version 4 ``search``: a database of version 1 gets the columns on first use, its runs
-    read back with no deadline, no recovery and no parent, and its version becomes the
-    current one (an older flowkit then refuses it rather than misread a ``dead`` run)."""
+    version 3 ``parent_id``, version 4 ``search``: a database of version 1 gets the columns on
+    first use, its runs read back with no deadline, no recovery and no parent, and its version
+    becomes the current one (an older flowkit then refuses it rather than misread a ``dead``
+    run)."""
     s = sql_backend.store
     await put(s, mk("r"))
     with s._db.tx() as conn:

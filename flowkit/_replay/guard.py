@@ -250,8 +250,8 @@ def awaited(it: Any, yielded: Any) -> str:
 
 
 # the code names of the coroutines running ctx calls: ``steps.run_step``, ``waits.run_sleep``,
-# ``waits.run_wait_signal``, ``children.run_child``/``run_child_result`` and ``Calls.gather``
-# (whose local ``g`` is its position)
+# ``waits.run_wait_signal``, ``published.run_wait_event``, ``children.run_child``/
+# ``run_child_result`` and ``Calls.gather`` (whose local ``g`` is its position)
 CALL_NAMES = frozenset(
     {
         "run_step",
@@ -261,6 +261,7 @@ CALL_NAMES = frozenset(
         "run_child_result",
         "run_wait_update",
         "run_reply_update",
+        "run_wait_event",
         "gather",
     }
 )

@@ -3,12 +3,18 @@ published event, ``event_received``): DESIGN §11."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Coroutine, Generator
 from typing import Any
 
 from .. import _limits, _serde
-from ..events import EventSet
-from .guard import enter, made_on
+from .._event_keys import event_mark, match_keys
+from .._limits import MAX_EVENT_NAME_LENGTH, identifier_problem
+from ..errors import ConflictError, SerializationError, SignalTimeout
+from ..events import EventReceived, EventSet, TimerFired, TimerStarted
+from .branch import Branch
+from .guard import cancel_left, enter, made_on
+from .signals import _Evicted
 from .state import ActivationState
 
 
@@ -60,5 +66,101 @@ class Written:
 def wait_for_event(
     st: ActivationState, name: str, match: dict[str, Any] | None, timeout: float | None
 ) -> Coroutine[Any, Any, Any]:
-    """``ctx.wait_for_event``: takes its position now; records ``EventReceived``."""
-    raise NotImplementedError("ctx.wait_for_event (issue #22)")
+    """``ctx.wait_for_event``: takes its position now; records ``EventReceived``. A bad
+    ``name``, ``match`` or ``timeout`` raises ``ValueError`` at the call."""
+    if identifier_problem(name, MAX_EVENT_NAME_LENGTH) is not None:
+        raise ValueError(f"event name must be a non-empty string, got {name!r}")
+    if match is not None and (
+        not isinstance(match, dict) or not all(isinstance(k, str) for k in match)
+    ):
+        raise ValueError(f"match must be a dict with str keys, got {match!r}")
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or timeout < 0 or timeout != timeout
+    ):
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    try:
+        keys = match_keys(_serde.to_json(match, what="match") if match else None)
+    except SerializationError as exc:
+        raise ValueError(str(exc)) from None
+    br = made_on(st)
+    pos = br.next_pos()
+    coro = run_wait_event(st, br, br.counter, pos, name, keys, timeout)
+    if br.counter == br.next:
+        br.head = coro
+    return coro
+
+
+async def run_wait_event(
+    st: ActivationState,
+    made_in: Branch,
+    idx: int,
+    pos: str,
+    name: str,
+    match: dict[str, str],
+    timeout: float | None,
+) -> Any:
+    """The event wait at ``pos`` (call ``idx`` of ``made_in``): the payload of the event the
+    store delivered to it or took from its buffer for it (``take_event``), or
+    ``SignalTimeout`` once ``timeout`` seconds have passed."""
+    br = enter(st, made_in, idx)
+    try:
+        return await _wait_event_in(st, pos, name, match, timeout)
+    except asyncio.CancelledError:
+        cancel_left(st, br)
+        raise
+    finally:
+        br.depth -= 1
+
+
+async def _wait_event_in(
+    st: ActivationState, pos: str, name: str, match: dict[str, str], timeout: float | None
+) -> Any:
+    st.check_alive()
+    evs = st.take(pos, "wait_for_event", name)
+    for ev in evs:
+        if isinstance(ev, EventReceived):
+            st.observe(ev)
+            return ev.payload
+    timer = next((e for e in evs if isinstance(e, TimerStarted)), None)
+    fired = next((e for e in evs if isinstance(e, TimerFired)), None)
+    if fired is not None:
+        st.observe(fired)
+        raise SignalTimeout(name, timeout if timeout is not None else 0.0)
+    while True:
+        st.check_alive()
+        if st.cancel_requested:
+            raise asyncio.CancelledError()
+        now = st.host.now()
+        # the timer is due: the take is the last chance of a delivery, exclusive with the
+        # timeout (``wait=False`` drops the registration when nothing came)
+        due = timer is not None and timer.fire_at <= now
+        try:
+            got = await st.host.take_event(pos, name, match, wait=not due)
+        except Exception as exc:
+            st.store_error = exc
+            st.evict()
+            raise _Evicted() from exc
+        if got is not None:
+            ev = EventReceived(
+                pos=pos, name=name, event_id=got.event_id, payload=got.payload, at=now
+            )
+            try:
+                await st.record([ev], consume_signal=got.mark)
+            except ConflictError as exc:
+                # (its mark is gone: only a record of this very wait consumes it, so the
+                # history moved on without this activation; stop, writing nothing more)
+                st.store_error = exc
+                st.evict()
+                raise _Evicted() from exc
+            return got.payload
+        if due:
+            await st.record([TimerFired(pos=pos, at=now)])
+            raise SignalTimeout(name, timeout if timeout is not None else 0.0)
+        if timeout is not None and timer is None:
+            timer = TimerStarted(
+                pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
+            )
+            await st.record([timer])
+            if timer.fire_at <= now:
+                continue  # (a zero timeout: one last take, then the timeout)
+        await st.park(timer.fire_at if timer else None, event_mark(pos))

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._definition import definition_of
 from .._history import History
@@ -30,6 +30,9 @@ from .children import ChildCall, ChildStart
 from .matching import ReplayStub
 from .outcome import Completed, Continued, Diverged, Evicted, Failed, Suspended
 from .state import with_note
+
+if TYPE_CHECKING:
+    from .._event_keys import TakenEvent
 
 
 class _ReplayHost:
@@ -51,6 +54,11 @@ class _ReplayHost:
         raise AssertionError("replay-only activations never record")  # pragma: no cover
 
     async def peek_signal(self, name: str) -> InboxSignal | None:
+        return None
+
+    async def take_event(
+        self, pos: str, name: str, match: dict[str, str], *, wait: bool
+    ) -> TakenEvent | None:
         return None
 
     def lease_live(self) -> bool:

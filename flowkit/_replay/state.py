@@ -29,6 +29,7 @@ from .patches import Patches
 from .signals import _Diverged, _Evicted
 
 if TYPE_CHECKING:
+    from .._event_keys import TakenEvent
     from .children import ChildCall, ChildStart
 
 
@@ -66,6 +67,12 @@ class Host(Protocol):
         ...
 
     async def peek_signal(self, name: str) -> InboxSignal | None: ...
+
+    async def take_event(
+        self, pos: str, name: str, match: dict[str, str], *, wait: bool
+    ) -> TakenEvent | None:
+        """The store's ``take_event`` for the wait at ``pos`` of this run (DESIGN §11)."""
+        ...
 
     async def start_child(self, parent_id: str, call: ChildCall) -> ChildStart:
         """Start the child run ``call`` describes (idempotent by its id: an existing child of

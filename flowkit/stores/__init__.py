@@ -19,11 +19,14 @@ from .base import (
     InboxSignal,
     NextDueAfter,
     Notify,
+    PublishedEvent,
+    PublishesEvents,
     QueueCap,
     RecordsAdmission,
     ReleasesLeases,
     Store,
     Successor,
+    TakenEvent,
     Update,
 )
 from .memory import MemoryStore
@@ -72,6 +75,8 @@ __all__ = [
     "MemoryStore",
     "NextDueAfter",
     "Notify",
+    "PublishedEvent",
+    "PublishesEvents",
     "QueueCap",
     "RecordsAdmission",
     "ReleasesLeases",
@@ -79,5 +84,6 @@ __all__ = [
     "SqlStore",
     "Store",
     "Successor",
+    "TakenEvent",
     "Update",
 ]

@@ -24,6 +24,7 @@ from ..events import (
     CompensationFailed,
     ErrorInfo,
     Event,
+    EventReceived,
     EventSet,
     RunCompleted,
     RunContinued,
@@ -195,6 +196,9 @@ class CodecFields:
         if isinstance(ev, SignalReceived):
             ctx = (run_id, "event", "signal_received", ev.pos, ev.name, "payload")
             return ev.model_copy(update={"payload": self._enc(ev.payload, ctx)})
+        if isinstance(ev, EventReceived):
+            ctx = (run_id, "event", "event_received", ev.pos, ev.name, "payload")
+            return ev.model_copy(update={"payload": self._enc(ev.payload, ctx)})
         if isinstance(ev, RunCompleted):
             ctx = (run_id, "event", "run_completed", "output")
             return ev.model_copy(update={"output": self._enc(ev.output, ctx)})
@@ -259,6 +263,9 @@ class CodecFields:
             )
         if isinstance(ev, SignalReceived):
             ctx = (run_id, "event", "signal_received", ev.pos, ev.name, "payload")
+            return ev.model_copy(update={"payload": self._dec(ev.payload, ctx)})
+        if isinstance(ev, EventReceived):
+            ctx = (run_id, "event", "event_received", ev.pos, ev.name, "payload")
             return ev.model_copy(update={"payload": self._dec(ev.payload, ctx)})
         if isinstance(ev, RunCompleted):
             ctx = (run_id, "event", "run_completed", "output")

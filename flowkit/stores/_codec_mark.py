@@ -18,6 +18,7 @@ from ..events import (
     CompensationCompleted,
     CompensationFailed,
     Event,
+    EventReceived,
     RunCompleted,
     RunDead,
     RunFailed,
@@ -44,7 +45,7 @@ def event_carries_payload(ev: Event) -> bool:
         return True  # (the error message)
     if isinstance(ev, RunStarted):
         return ev.input is not None
-    if isinstance(ev, SignalReceived):
+    if isinstance(ev, SignalReceived | EventReceived):
         return ev.payload is not None
     if isinstance(ev, RunCompleted):
         return ev.output is not None

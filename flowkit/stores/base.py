@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from .._event_keys import EVENT_MARK_PREFIX, TakenEvent, event_mark
 from .._run import InboxSignal, Run, RunStatus
 from ..errors import ConflictError
 from ..events import Event
@@ -564,6 +565,71 @@ class LatestEvent(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class PublishedEvent:
+    """What ``publish_event`` did with one event: ``delivered`` to these waiting runs (their
+    ids, in waiting order), else ``buffered`` for the first later matching waiter; a
+    ``duplicate`` (its ``event_id`` was published before) delivered and buffered nothing.
+    ``started``: the runs ``Engine.publish_event`` started for ``@workflow(on_event=...)``
+    (the store leaves it empty)."""
+
+    event_id: str
+    duplicate: bool = False
+    delivered: tuple[str, ...] = ()
+    buffered: bool = False
+    started: tuple[str, ...] = ()
+
+
+class PublishesEvents(Protocol):
+    """The optional capability ``publishes_events`` (``MemoryStore``, ``SqlStore``;
+    ``CodecStore`` when the store it wraps has it): published events (DESIGN §11), delivered
+    to waiting runs or buffered, atomically. Both methods are serialized per event ``name``
+    (PostgreSQL: a transaction-scoped advisory lock; SQLite: its write lock), so a publish and
+    a waiter registering cannot miss each other: the event is delivered or buffered, never
+    lost in between.
+
+    Matching: ``keys`` maps each top-level key of the payload to a digest of its value
+    (``flowkit._publish.digests``); a waiter's ``match`` maps keys to digests; a waiter
+    matches when every one of its ``match`` items is among ``keys``. Stores compare digests
+    only, so a ``CodecStore`` payload stays opaque."""
+
+    publishes_events: bool
+
+    async def publish_event(
+        self, name: str, payload: Any, event_id: str, keys: dict[str, str], now: float
+    ) -> PublishedEvent:
+        """Atomically: when ``event_id`` was published before in this namespace, nothing
+        (``duplicate``). Else remember it; deliver the event to every registered waiter of
+        ``name`` whose run is active and not cancelling and whose ``match`` matches (the
+        waiter is removed, the run's inbox gets the signal ``event_mark(pos)``, and a run
+        suspended waiting for it becomes due at ``now``); waiters of settled or cancelling runs
+        are dropped. When none matched, buffer it (oldest first) for ``take_event``."""
+        ...
+
+    async def take_event(
+        self,
+        run_id: str,
+        pos: str,
+        name: str,
+        match: dict[str, str],
+        now: float,
+        *,
+        wait: bool = True,
+    ) -> TakenEvent | None:
+        """Atomically, for the wait at ``pos`` of ``run_id``: the event delivered to it, if
+        any; else the oldest buffered event of ``name`` that ``match`` matches, taken out of
+        the buffer and delivered to it; else ``None`` after registering the wait
+        (``wait=True``) or removing its registration (``wait=False``: a timeout, exclusive
+        with a delivery). Again after a crash, it answers the same event until the record of
+        ``event_received`` consumes its mark. ``RunNotFoundError`` for an unknown run."""
+        ...
+
+
+def publishes_events(store: Any) -> bool:
+    """Whether ``store`` has published events (``PublishesEvents``)."""
+    return bool(getattr(store, "publishes_events", False))
+
+
 class Watchable(Protocol):
     """The optional ``watch`` method: cross-process wake-ups (``SqlStore`` has it).
 
@@ -587,6 +653,7 @@ class Watchable(Protocol):
 
 
 __all__ = [
+    "EVENT_MARK_PREFIX",
     "UNSET",
     "Admission",
     "AdmitsOnCreate",
@@ -601,12 +668,15 @@ __all__ = [
     "LatestEvent",
     "NextDueAfter",
     "Notify",
+    "PublishedEvent",
+    "PublishesEvents",
     "QueueCap",
     "RecordsAdmission",
     "RecordsWorkers",
     "ReleasesLeases",
     "Store",
     "Successor",
+    "TakenEvent",
     "Update",
     "Watchable",
     "WorkerSeen",
@@ -614,6 +684,8 @@ __all__ = [
     "admission_time",
     "claims_by_version",
     "continues_as_new",
+    "event_mark",
+    "publishes_events",
     "records_admission",
     "records_workers",
 ]

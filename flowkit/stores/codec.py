@@ -31,13 +31,16 @@ from .base import (
     CommitResult,
     HandOff,
     InboxSignal,
+    PublishedEvent,
     QueueCap,
     Successor,
+    TakenEvent,
     Update,
     WorkerSeen,
     WorkflowVersions,
     claims_by_version,
     continues_as_new,
+    publishes_events,
     records_admission,
     records_workers,
 )
@@ -108,7 +111,9 @@ class CodecStore(CodecFields, CodecSchedules):
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
     ``Update.events``. ``claims_by_version`` (``claim``/``due_runs`` with ``versions``) and
     ``records_workers`` (no payload either) are forwarded likewise, and ``continues_as_new``
-    (``Update.successor``'s run and events encoded as a new run's). Any of these, called on a
+    (``Update.successor``'s run and events encoded as a new run's), and ``publishes_events``
+    (``publish_event``'s payload encoded, at rest in the buffer too; ``take_event``'s decoded;
+    the match digests pass as they are). Any of these, called on a
     wrapper whose ``inner`` lacks the capability, raises ``TypeError`` and sends nothing.
     ``records_admission`` (``singleton_admitted`` written with the marker) and
     ``release_leases`` are ``inner``'s too. ``keeps_schedules`` (``engine.schedules``) is
@@ -131,6 +136,7 @@ class CodecStore(CodecFields, CodecSchedules):
     records_workers: bool = False
     continues_as_new: bool = False
     keeps_schedules: bool = False
+    publishes_events: bool = False
 
     def __init__(self, inner: Any, codec: Codec) -> None:
         if not (
@@ -171,6 +177,8 @@ class CodecStore(CodecFields, CodecSchedules):
             self.continues_as_new = True
         if keeps_schedules(inner):
             self.keeps_schedules = True
+        if publishes_events(inner):
+            self.publishes_events = True
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)
@@ -402,6 +410,37 @@ class CodecStore(CodecFields, CodecSchedules):
         encoded = self._enc(payload, (run_id, "signal", name))
         run = await self.inner.deliver_signal(run_id, name, encoded, now)
         return self._run_out(run)
+
+    async def publish_event(
+        self, name: str, payload: Any, event_id: str, keys: dict[str, str], now: float
+    ) -> PublishedEvent:
+        """``inner``'s, the payload encoded (bound to the event, not to a run: it may go to
+        many; buffered, it stays encoded at rest). ``keys`` are digests already
+        (``PublishesEvents``). ``TypeError`` without the capability."""
+        if not self.publishes_events:
+            raise TypeError(f"{self.inner!r} has no published events (publishes_events)")
+        encoded = self._enc(payload, ("event", name, event_id, "payload"))
+        done: PublishedEvent = await self.inner.publish_event(name, encoded, event_id, keys, now)
+        return done
+
+    async def take_event(
+        self,
+        run_id: str,
+        pos: str,
+        name: str,
+        match: dict[str, str],
+        now: float,
+        *,
+        wait: bool = True,
+    ) -> TakenEvent | None:
+        """``inner``'s, the payload decoded. ``TypeError`` without the capability."""
+        if not self.publishes_events:
+            raise TypeError(f"{self.inner!r} has no published events (publishes_events)")
+        got = await self.inner.take_event(run_id, pos, name, match, now, wait=wait)
+        if got is None:
+            return None
+        ctx = ("event", name, got.event_id, "payload")
+        return TakenEvent(got.event_id, self._dec(got.payload, ctx), got.mark)
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
         sig = await self.inner.peek_signal(run_id, name)

@@ -147,6 +147,14 @@ def check_signal(name: Any, payload: Any, max_bytes: int) -> None:
     check_json("signal payload", payload, max_bytes)
 
 
+def check_event(name: Any, event_id: Any, payload: Any, max_bytes: int) -> None:
+    """An event ``publish_event`` is about to deliver or buffer: its name and id
+    (``InvalidInputError``) and payload (``SerializationError``)."""
+    check_identifier("event name", name, MAX_EVENT_NAME_LENGTH)
+    check_identifier("event_id", event_id, MAX_EVENT_NAME_LENGTH)
+    check_json("event payload", payload, max_bytes)
+
+
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "MAX_ERROR_TEXT_LENGTH",
@@ -160,6 +168,7 @@ __all__ = [
     "MAX_UPDATE_NAME_LENGTH",
     "MAX_WORKFLOW_NAME_LENGTH",
     "PAYLOAD_FIELDS",
+    "check_event",
     "check_events",
     "check_identifier",
     "check_json",

@@ -26,6 +26,7 @@ from ._codec_mark import (
     run_carries_payload,
     update_carries_payload,
 )
+from ._memory_events import MemoryEventData, MemoryEvents
 from ._memory_schedules import MemorySchedules
 from .base import (
     Admission,
@@ -67,9 +68,11 @@ class _Data:
     # (namespace, schedule id) -> its row (``schedules.KeepsSchedules``, ``MemorySchedules``)
     schedules: dict[tuple[str | None, str], ScheduleRecord] = field(default_factory=dict)
     signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    # published events (``base.PublishesEvents``, ``_events.MemoryEvents``)
+    events_data: MemoryEventData = field(default_factory=MemoryEventData)
 
 
-class MemoryStore(MemorySchedules):
+class MemoryStore(MemorySchedules, MemoryEvents):
     """An in-process store (see ``flowkit.stores.base.Store`` for the contract)."""
 
     admits_on_create = True
@@ -83,6 +86,8 @@ class MemoryStore(MemorySchedules):
     """It keeps what workers make known (``flowkit.stores.base.RecordsWorkers``)."""
     continues_as_new = True
     """``commit`` creates ``Update.successor`` (``flowkit.stores.base.ContinuesAsNew``)."""
+    publishes_events = True
+    """``publish_event``/``take_event`` (``flowkit.stores.base.PublishesEvents``)."""
 
     def __init__(
         self,

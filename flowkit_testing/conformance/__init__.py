@@ -45,6 +45,13 @@ from ._continues import (
     check_continue_as_new_is_all_or_nothing,
     check_continue_as_new_passes_the_slot,
 )
+from ._events import (
+    check_competing_publish_and_take,
+    check_publish_buffers_once_for_the_first_later_waiter,
+    check_publish_dedupes_event_ids,
+    check_publish_delivers_to_every_matching_waiter,
+    check_take_without_wait_drops_the_registration,
+)
 from ._leases import (
     check_cancelling_is_sticky,
     check_claim_exclusive,
@@ -212,6 +219,7 @@ __all__ = [
     "check_competing_commits",
     "check_competing_create_admissions",
     "check_competing_create_run",
+    "check_competing_publish_and_take",
     "check_competing_schedule_advances",
     "check_consumed_signal_conflict_writes_nothing",
     "check_continue_as_new_creates_the_successor",
@@ -245,6 +253,9 @@ __all__ = [
     "check_notify_wakes_oldest_waiters",
     "check_payload_size_limit",
     "check_payloads_round_trip",
+    "check_publish_buffers_once_for_the_first_later_waiter",
+    "check_publish_dedupes_event_ids",
+    "check_publish_delivers_to_every_matching_waiter",
     "check_queue_cap_rejection_writes_nothing",
     "check_record_worker",
     "check_refused_append_events_writes_nothing",
@@ -256,6 +267,7 @@ __all__ = [
     "check_schedules_respect_namespaces",
     "check_signal_name_limits",
     "check_signal_peek_fifo",
+    "check_take_without_wait_drops_the_registration",
     "check_terminal_commit_clears_bookkeeping",
     "check_unstorable_values_refused",
     "run_all",

@@ -36,12 +36,14 @@ OPTIONAL_CAPABILITIES = (
     "records_workers",
     "continues_as_new",
     "keeps_schedules",
+    "publishes_events",
 )
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
 (``create_run`` takes an ``Admission``), ``appends_events`` (``append_events`` records a
 running step), ``claims_by_version`` (``claim``/``due_runs`` take ``versions``) and
 ``records_workers`` (``record_worker``/``workers``), ``continues_as_new`` (``commit`` takes
-``Update.successor``), ``keeps_schedules`` (durable schedules: ``flowkit.stores.schedules``)."""
+``Update.successor``), ``keeps_schedules`` (durable schedules: ``flowkit.stores.schedules``),
+``publishes_events`` (``publish_event``/``take_event``)."""
 
 
 @dataclass(frozen=True)

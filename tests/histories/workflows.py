@@ -426,6 +426,21 @@ class Approval:
         return limit
 
 
+@workflow(name="payment")
+class Payment:
+    """Two waits for published events (one matched by order id), the second with a timeout."""
+
+    async def run(self, ctx: WorkflowCtx, order_id: str) -> dict[str, Any]:
+        paid = await ctx.wait_for_event("payment.received", match={"order": order_id})
+        try:
+            shipped = await ctx.wait_for_event(
+                "parcel.shipped", match={"order": order_id}, timeout=3600
+            )
+        except SignalTimeout:
+            shipped = None
+        return {"paid": paid["amount"], "shipped": shipped is not None}
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -445,6 +460,7 @@ def workflows() -> list[Any]:
         ChargeCard(),
         Checkout(),
         Approval(),
+        Payment(),
     ]
 
 
@@ -612,6 +628,19 @@ async def approval(env: TestEnv) -> list[str]:
     return ["approval-1"]
 
 
+async def payments(env: TestEnv) -> list[str]:
+    """One event buffered before its waiter parks, one delivered to a parked waiter, and a
+    wait that times out."""
+    await env.publish_event("payment.received", {"order": "p-1", "amount": 30}, event_id="e-1")
+    await env.start("payment", "p-1", "payment-1")
+    await env.publish_event("parcel.shipped", {"order": "p-1"}, event_id="e-2")
+    await env.result("payment-1")
+    await env.start("payment", "p-2", "payment-late")
+    await env.publish_event("payment.received", {"order": "p-2", "amount": 5}, event_id="e-3")
+    await env.result("payment-late")  # (its parcel never ships: the hour passes)
+    return ["payment-1", "payment-late"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -629,6 +658,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     subscription,
     checkout,
     approval,
+    payments,
 )
 
 

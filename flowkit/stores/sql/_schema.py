@@ -1,8 +1,8 @@
 """The SQL schema of ``SqlStore``: six tables (runs, events, signals, meta, workers,
-schedules), indexes, the schema version, and the bootstrap that creates them once and
-migrates what an older flowkit left (indexes added since, PostgreSQL run ids declared
-``COLLATE "C"``, so that ids order by code point, as Python compares them). The tables:
-docs/stores.md, "SqlStore"."""
+schedules) and those of published events (waits, buffer, published ids), indexes, the schema
+version, and the bootstrap that creates them once and migrates what an older flowkit left
+(indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so that ids order by code
+point, as Python compares them). The tables: docs/stores.md, "SqlStore"."""
 
 from __future__ import annotations
 
@@ -195,6 +195,52 @@ schedules = sa.Table(
     sa.Index("ix_flowkit_schedules_due", "namespace", "paused", "next_fire"),
 )
 
+# Published events (``base.PublishesEvents``, ``_events``): additive tables, created on
+# existing databases by ``create_all`` (no new schema version). ``namespace`` is '' for a store
+# without one. ``flowkit_event_waits`` holds a row per ``ctx.wait_for_event`` registered (and,
+# once one came, the event delivered to it): per-run rows, pruned with their run.
+# ``flowkit_event_buffer`` (events nobody waited for) and ``flowkit_published_events`` (the
+# ``event_id`` dedupe) are pruned by age.
+event_waits = sa.Table(
+    "flowkit_event_waits",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),  # (the waiting order)
+    sa.Column("run_id", RUN_ID, nullable=False),
+    sa.Column("pos", sa.String(255), nullable=False),
+    sa.Column("namespace", sa.String(255), nullable=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("match", _json(), nullable=False),
+    sa.Column("event_id", sa.String(255)),  # (NULL: still waiting)
+    sa.Column("payload", _json()),
+    sa.Column("mark", sa.BigInteger),  # (the inbox signal of the delivery)
+    sa.UniqueConstraint("run_id", "pos", name="uq_flowkit_event_waits_pos"),
+    sa.Index("ix_flowkit_event_waits_name", "namespace", "name", "id"),
+    sqlite_autoincrement=True,
+)
+event_buffer = sa.Table(
+    "flowkit_event_buffer",
+    metadata,
+    sa.Column("id", _BIGID, primary_key=True, autoincrement=True),  # (oldest first)
+    sa.Column("namespace", sa.String(255), nullable=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("event_id", sa.String(255), nullable=False),
+    sa.Column("keys", _json(), nullable=False),
+    sa.Column("payload", _json()),
+    sa.Column("at", _TIME, nullable=False),
+    sa.Index("ix_flowkit_event_buffer_name", "namespace", "name", "id"),
+    sa.Index("ix_flowkit_event_buffer_at", "at"),
+    sqlite_autoincrement=True,
+)
+published_events = sa.Table(
+    "flowkit_published_events",
+    metadata,
+    sa.Column("namespace", sa.String(255), primary_key=True),
+    sa.Column("event_id", sa.String(255), primary_key=True),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("at", _TIME, nullable=False),
+    sa.Index("ix_flowkit_published_events_at", "at"),
+)
+
 # Indexes added after version 1 first shipped, created on databases that lack them.
 _ADDED_INDEXES = [
     ix
@@ -344,9 +390,12 @@ __all__ = [
     "StoreUnavailableError",
     "UnsupportedDatabaseError",
     "ensure_schema",
+    "event_buffer",
+    "event_waits",
     "events",
     "meta",
     "metadata",
+    "published_events",
     "runs",
     "signals",
 ]
