@@ -127,6 +127,7 @@ def test_registry_covers_every_check_function() -> None:
         "record_worker",
         "continue_as_new_creates_the_successor",
         "continue_as_new_is_all_or_nothing",
+        "prune_runs",
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -192,6 +193,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "claims_by_version",
         "records_workers",
         "continues_as_new",
+        "prune_runs",
     }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
     assert "next_due_after" in ran

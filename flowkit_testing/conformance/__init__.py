@@ -89,6 +89,7 @@ from ._runs import (
     check_list_runs_order_and_filters,
     check_queue_cap_rejection_writes_nothing,
 )
+from ._search import check_prune_runs, check_search_attributes_filter_and_page
 from ._singleton import (
     check_admission_fifo_keeps_holders,
     check_admission_marker_persisted,
@@ -235,6 +236,7 @@ __all__ = [
     "check_notify_wakes_oldest_waiters",
     "check_payload_size_limit",
     "check_payloads_round_trip",
+    "check_prune_runs",
     "check_queue_cap_rejection_writes_nothing",
     "check_record_worker",
     "check_refused_append_events_writes_nothing",
@@ -242,6 +244,7 @@ __all__ = [
     "check_release_leases_counts_lost_activations",
     "check_renew_lease",
     "check_retry_sets_input_deadline_and_recoveries",
+    "check_search_attributes_filter_and_page",
     "check_signal_name_limits",
     "check_signal_peek_fifo",
     "check_terminal_commit_clears_bookkeeping",

@@ -20,7 +20,13 @@ from ._support import (
 CheckFn = Callable[[Any], Awaitable[None]]
 F = TypeVar("F", bound=CheckFn)
 
-OPTIONAL_METHODS = ("try_admit_singleton", "scoped", "release_leases", "next_due_after")
+OPTIONAL_METHODS = (
+    "try_admit_singleton",
+    "scoped",
+    "release_leases",
+    "next_due_after",
+    "prune_runs",
+)
 """Store methods the contract lets a store leave out (absent or ``None``)."""
 OPTIONAL_CAPABILITIES = (
     "admits_on_create",
