@@ -24,6 +24,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._annotations",
         "flowkit._limits",
         "flowkit._run",
+        "flowkit._search_terms",
         "flowkit._serde",
         "flowkit.singleton",
     ),
@@ -43,9 +44,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._host",
         "flowkit._continue",
         "flowkit._drive",
+        "flowkit._retention",
         "flowkit._worker",
     ),
-    "client": ("flowkit._results", "flowkit._engine"),
+    "client": ("flowkit._results", "flowkit._search", "flowkit._engine"),
     "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
 }
 ORDER = list(LAYERS)

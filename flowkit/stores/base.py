@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .._run import InboxSignal, Run, RunStatus
-from .._search_terms import Term
+from .._search_terms import Term, parse_filter
 from ..errors import ConflictError
 from ..events import Event
 from ..singleton import check_limit
@@ -637,6 +637,7 @@ __all__ = [
     "ReleasesLeases",
     "Store",
     "Successor",
+    "Term",
     "Update",
     "Watchable",
     "WorkerSeen",
@@ -645,6 +646,7 @@ __all__ = [
     "claims_by_version",
     "continues_as_new",
     "lists_by_search",
+    "parse_filter",
     "prunes_runs",
     "records_admission",
     "records_workers",

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from flowkit._search_terms import parse_filter
 from flowkit.events import RunCompleted, SearchUpserted, StepCompleted
-from flowkit.stores.base import Update
+from flowkit.stores.base import Update, parse_filter
 
 from ._registry import check
 from ._support import T0, S, StoreFactory, expect, expect_eq, make_store, mk, put
