@@ -30,6 +30,7 @@ from .events import (
     RunFailed,
     RunRetried,
     RunStarted,
+    SearchUpserted,
     SignalReceived,
     SingletonAdmitted,
     SingletonGated,
@@ -313,6 +314,8 @@ def _describe(ev: Event, t0: float) -> str:
             return f"activation lost {ev.recoveries} times;{why}"
         case PatchMarker():
             return f"took patch {ev.patch_id}"
+        case SearchUpserted():
+            return "search " + ", ".join(f"{k}={_value(v)}" for k, v in ev.attrs.items())
         case RunContinued():
             return f"continued as {_escape(ev.next_run_id)} input {_value(ev.input)}"
         case ChildStarted():
@@ -340,6 +343,7 @@ EVENT_STYLE = {
     "cancel_requested": "magenta",
     "signal_received": "cyan",
     "patch_marker": "yellow",
+    "search_upserted": "cyan",
     "child_started": "cyan",
     "child_completed": "green",
     "child_failed": "red",

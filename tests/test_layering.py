@@ -48,7 +48,13 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._worker",
     ),
     "client": ("flowkit._results", "flowkit._search", "flowkit._engine"),
-    "tools": ("flowkit.cli", "flowkit._cli_out", "flowkit.otel", "flowkit.ui"),
+    "tools": (
+        "flowkit.cli",
+        "flowkit._cli_out",
+        "flowkit._cli_search",
+        "flowkit.otel",
+        "flowkit.ui",
+    ),
 }
 ORDER = list(LAYERS)
 # what a layer must never import although it comes later in ORDER
