@@ -43,3 +43,22 @@ async def test_a_filtered_list_uses_the_search_index(sql_backend: Backend) -> No
         last = (page[-1].created_at, page[-1].id)
         nxt = await store.list_runs(search=terms, limit=50, after=last)
         assert [r.id for r in nxt] == [r.id for r in found[50:100]]
+
+
+async def test_a_page_after_another_seeks_instead_of_scanning(sql_backend: Backend) -> None:
+    """Keyset paging: the page after run ``r050000`` starts with an index seek on
+    ``ix_flowkit_runs_created`` (no OFFSET, no scan of the runs before it)."""
+    store = sql_backend.store
+    fill(store, N)
+    first = await store.list_runs(limit=1, after=None)
+    assert [r.id for r in first] == ["r000000"]
+    mid = (await store.list_runs(search=parse_filter({"customer": "c-0", "amount": 0})))[10]
+    assert mid.id == "r050000"
+    text = plan(store, store.list_query(limit=50, after=(mid.created_at, mid.id)))
+    if store._db.dialect == "sqlite":
+        assert "SEARCH flowkit_runs USING INDEX ix_flowkit_runs_created (created_at>?)" in text
+    else:
+        assert "ix_flowkit_runs_created" in text and "Index Cond" in text, text
+        assert "Seq Scan on flowkit_runs" not in text, text
+    page = await store.list_runs(limit=3, after=(mid.created_at, mid.id))
+    assert [r.id for r in page] == ["r050001", "r050002", "r050003"]

@@ -138,7 +138,8 @@ class Pruning:
             q = q.where(term_clause(t))
         if after is not None:  # keyset paging on ix_flowkit_runs_created (no OFFSET)
             at, rid = after
-            q = q.where(sa.or_(r.created_at > at, sa.and_(r.created_at == at, r.id > rid)))
+            # (``created_at >= at`` first: a range seek on the index, on both databases)
+            q = q.where(r.created_at >= at, sa.or_(r.created_at > at, r.id > rid))
         q = q.order_by(r.created_at, sa.literal_column(BY_ID[self._db.dialect]))
         if limit is not None:
             q = q.limit(limit)
