@@ -191,7 +191,9 @@ search = sa.Table(
     metadata,
     sa.Column("run_id", RUN_ID, primary_key=True),
     sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("text", sa.String(255)),
+    # (code-point order on PostgreSQL too, whatever the database's locale: ``<`` on strings
+    # means what it means in Python, as for run ids)
+    sa.Column("text", sa.String(255).with_variant(sa.String(255, collation="C"), "postgresql")),
     sa.Column("num", sa.Double),
     sa.Column("flag", sa.Boolean()),
     sa.Index("ix_flowkit_search_text", "name", "text", "run_id"),
