@@ -152,8 +152,9 @@ FLOWKIT_TESTING = [
 FLOWKIT_STORES = [
     "AESGCMCodec", "Admission", "AdmitsOnCreate", "AppendsEvents", "Codec", "CodecError",
     "CodecStore", "CommitResult", "ConflictError", "ContinuesAsNew", "EncryptedStoreError",
-    "HandOff", "InboxSignal", "MemoryStore", "NextDueAfter", "Notify", "QueueCap",
-    "RecordsAdmission", "ReleasesLeases", "SqlStore", "Store", "Successor", "Update",
+    "HandOff", "InboxSignal", "MemoryStore", "NextDueAfter", "Notify", "PrunesRuns",
+    "QueueCap", "RecordsAdmission", "ReleasesLeases", "SqlStore", "Store", "Successor",
+    "Update",
 ]  # fmt: skip
 
 FLOWKIT_STORES_LIMITS = [
