@@ -1,5 +1,5 @@
-"""The SQL schema of ``SqlStore``: five tables (runs, events, signals, meta, workers), indexes,
-the schema version, and the bootstrap that creates them once and migrates what an older
+"""The SQL schema of ``SqlStore``: six tables (runs, events, signals, meta, workers, search),
+indexes, the schema version, and the bootstrap that creates them once and migrates what an older
 flowkit left (indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so that ids
 order by code point, as Python compares them). The tables: docs/stores.md, "SqlStore"."""
 
