@@ -540,7 +540,8 @@ class Engine:
         after: Run | None = None,
         parent_id: str | None = None,
     ) -> list[Run]:
-        """Run snapshots, oldest first; ``parent_id`` keeps the children of that run;
+        """Run snapshots without payloads (``input``, ``output``, ``error`` are ``None``:
+        ``get_run`` has them), oldest first; ``parent_id`` keeps the children of that run;
         ``search`` filters by search attributes (a value, or ``(op, value)``); ``limit`` /
         ``after`` (the last run of the previous page) page through them."""
         st = RunStatus(status) if status is not None else None
