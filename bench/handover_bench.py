@@ -497,8 +497,11 @@ async def wait_settled(store: SqlStore, n: int, workers: Workers, timeout: float
         workers.check_alive()
         runs = await store.list_runs(workflow=HANDOVER_WF)
         if any(r.status.terminal and r.status is not RunStatus.COMPLETED for r in runs):
-            bad = [(r.id, r.status.value, r.error) for r in runs if r.status.terminal]
-            raise RuntimeError(f"handover runs did not complete: {bad[:3]}")
+            # (listed runs carry no payloads: the errors come from get_run)
+            failed = [r.id for r in runs if r.status.terminal][:3]
+            bad = [await store.get_run(rid) for rid in failed]
+            shown = [(r.id, r.status.value, r.error) for r in bad if r is not None]
+            raise RuntimeError(f"handover runs did not complete: {shown}")
         if sum(r.status.terminal for r in runs) == n:
             return runs
         if time.monotonic() > deadline:

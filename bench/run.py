@@ -26,6 +26,7 @@ import handover_bench
 import latency_bench
 import lock_bench
 import replay_bench
+import search_bench
 import singleton_bench
 import store_bench
 import sync_steps_bench
@@ -56,6 +57,7 @@ def main() -> int:
             "latency": lambda: latency_bench.main(args.smoke, pg_url),
             "sync_steps": lambda: sync_steps_bench.main(args.smoke),
             "children": lambda: child_bench.main(args.smoke, pg_url, Path(tmp)),
+            "search": lambda: search_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

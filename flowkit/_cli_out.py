@@ -32,6 +32,7 @@ from .events import (
     RunFailed,
     RunRetried,
     RunStarted,
+    SearchUpserted,
     SignalReceived,
     SingletonAdmitted,
     SingletonGated,
@@ -325,6 +326,8 @@ def _describe(ev: Event, t0: float) -> str:
             return f"{_escape(ev.name)} ({ev.update_id}) arg {_value(ev.arg)}"
         case UpdateReplied():
             return f"{_escape(ev.name)} ({ev.update_id}) -> {_value(ev.value)}"
+        case SearchUpserted():
+            return "search " + ", ".join(f"{k}={_value(v)}" for k, v in ev.attrs.items())
         case RunContinued():
             return f"continued as {_escape(ev.next_run_id)} input {_value(ev.input)}"
         case ChildStarted():
@@ -356,6 +359,7 @@ EVENT_STYLE = {
     "event_set": "blue",
     "update_received": "cyan",
     "update_replied": "green",
+    "search_upserted": "cyan",
     "child_started": "cyan",
     "child_completed": "green",
     "child_failed": "red",

@@ -117,7 +117,7 @@ class Engine:
             # the most sync step functions running at once here, each in a thread
             step_threads=check_size(step_threads),
             schedules=dict(schedules or {}),
-            retention=retention,
+            retention=None if retention is None else _retention.check_age("retention", retention),
         )
         self.namespace = namespace
         self.is_worker = worker
@@ -258,6 +258,7 @@ class Engine:
         *,
         tags: Sequence[str] = (),
         version: str | None = None,
+        search: Mapping[str, Any] | None = None,
     ) -> Run:
         """Create a run (idempotent by ``run_id``) and hand it to a worker.
 
@@ -266,7 +267,8 @@ class Engine:
         passed as ``workflow`` means its own version. A version not registered here raises
         ``WorkflowNotFoundError`` and writes nothing. An existing ``run_id`` returns that run
         as it is, even where a new start would be refused (input the current code rejects, a
-        store without singleton admission)."""
+        store without singleton admission). ``search`` sets its first search attributes
+        (DESIGN §11; a bad one raises ``InvalidInputError``, nothing written)."""
         defn = self._resolve(workflow, version)
         if run_id is not None:
             limits.check_identifier("run_id", run_id, limits.MAX_RUN_ID_LENGTH, defn.name)
@@ -274,6 +276,7 @@ class Engine:
             raise TypeError("tags must be a sequence of strings")
         for t in tags:
             limits.check_identifier("tag", t, limits.MAX_TAG_LENGTH, defn.name)
+        attrs = _search.start_attrs(search, defn.name)  # (search attributes: DESIGN §11)
         try:
             input_json, clean, key = self._admissible(defn, input, tags)
         except (InvalidInputError, UnsupportedStoreError):
@@ -306,6 +309,7 @@ class Engine:
             lease_owner=cfg.instance_id if claim else None,
             lease_expires=round(now + cfg.lease_ttl, 6) if claim else None,
             deadline_at=deadline,
+            search=attrs,
         )
         first = RunStarted(
             seq=1, at=now, workflow=defn.name, version=defn.version, input=input_json, tags=clean
@@ -536,7 +540,8 @@ class Engine:
         after: Run | None = None,
         parent_id: str | None = None,
     ) -> list[Run]:
-        """Run snapshots, oldest first; ``parent_id`` keeps the children of that run;
+        """Run snapshots without payloads (``input``, ``output``, ``error`` are ``None``:
+        ``get_run`` has them), oldest first; ``parent_id`` keeps the children of that run;
         ``search`` filters by search attributes (a value, or ``(op, value)``); ``limit`` /
         ``after`` (the last run of the previous page) page through them."""
         st = RunStatus(status) if status is not None else None

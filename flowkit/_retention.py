@@ -1,15 +1,63 @@
 """Retention (DESIGN §11): ``Engine.prune`` deletes terminal runs settled long enough ago, with
-everything that belongs to them, in short batches; ``Engine(retention=...)`` has the worker do
-it periodically."""
+everything that belongs to them, in short batches (``Store.prune_runs``, one transaction per
+``BATCH`` runs: no long lock); ``Engine(retention=...)`` has the worker do it periodically, on
+the engine's clock."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ._run import RunStatus
+from ._seat import WorkerConfig
+from .errors import InvalidInputError, UnsupportedStoreError
+from .stores.base import prunes_runs
 
 if TYPE_CHECKING:
     from ._engine import Engine
+
+log = logging.getLogger("flowkit")
+
+BATCH = 500
+"""Runs deleted per transaction."""
+MAX_PERIOD = 3600.0
+"""The longest pause between two prunes of ``Engine(retention=...)`` (seconds)."""
+
+
+def check_age(what: str, seconds: Any) -> float:
+    """A retention age in seconds (``InvalidInputError`` unless a finite number >= 0)."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise InvalidInputError(None, f"{what} must be a number of seconds >= 0, got {seconds!r}")
+    return float(seconds)
+
+
+async def prune_store(
+    store: Any,
+    settled_before: float,
+    workflow: str | None = None,
+    status: RunStatus | None = None,
+) -> int:
+    """Delete every terminal run settled before ``settled_before``, batch after batch; how
+    many. ``UnsupportedStoreError`` for a store without ``prune_runs``."""
+    if not prunes_runs(store):
+        raise UnsupportedStoreError(f"{type(store).__name__} has no prune_runs (retention)")
+    total = 0
+    while True:
+        n: int = await store.prune_runs(
+            settled_before, workflow=workflow, status=status, limit=BATCH
+        )
+        total += n
+        if n < BATCH:
+            return total
+        await asyncio.sleep(0)  # (other work of the loop between two batches)
 
 
 async def prune(
@@ -18,8 +66,34 @@ async def prune(
     workflow: str | None,
     status: RunStatus | None,
 ) -> int:
-    """``Engine.prune``."""
-    raise NotImplementedError("engine.prune (issue #22)")
+    """``Engine.prune``: terminal runs whose settlement (``updated_at``) is more than
+    ``older_than`` seconds before the engine clock's now."""
+    age = check_age("older_than", older_than)
+    if status is not None and not status.terminal:
+        raise InvalidInputError(None, f"prune takes a terminal status, got {status.value!r}")
+    return await prune_store(engine.store, engine.clock.now() - age, workflow, status)
 
 
-__all__ = ["prune"]
+def period(retention: float) -> float:
+    """How often a worker prunes under ``Engine(retention=...)``."""
+    return min(max(retention, 1.0), MAX_PERIOD)
+
+
+async def retention_loop(config: WorkerConfig, running: Callable[[], bool]) -> None:
+    """The worker's periodic prune (``Engine(retention=...)``): at once, then every
+    ``period(retention)`` seconds of the engine clock. A failure is logged, never fatal."""
+    retention = config.retention
+    if retention is None or not prunes_runs(config.store):
+        return
+    clock = config.clock
+    while running():
+        try:
+            n = await prune_store(config.store, clock.now() - retention)
+            if n:
+                log.info("retention: pruned %d runs settled over %.0f s ago", n, retention)
+        except Exception:
+            log.warning("retention: pruning failed; trying again later", exc_info=True)
+        await clock.sleep_until(clock.now() + period(retention))
+
+
+__all__ = ["BATCH", "check_age", "period", "prune", "prune_store", "retention_loop"]

@@ -15,6 +15,7 @@ from ._drive import Drive, Settled, WorkerConfig
 from ._eager import start_next
 from ._recovery import Backoff, LeaseProof, bounded
 from ._replay import Activation
+from ._retention import retention_loop
 from ._run import Run, RunStatus
 from .events import Event
 from .stores.base import (
@@ -121,8 +122,13 @@ class Worker:
             asyncio.ensure_future(self._poll_loop()),
             asyncio.ensure_future(self._renew_loop()),
         ]
+        if self.config.retention is not None:  # (``Engine(retention=...)``: DESIGN §11)
+            self._loops.append(asyncio.ensure_future(retention_loop(self.config, self._on)))
         self._watch()
         self._make_known()
+
+    def _on(self) -> bool:
+        return self.running
 
     def _make_known(self) -> None:
         """Tell the store which ``(workflow, version)`` pairs this instance runs, now and then

@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
+from . import _cli_search
 from ._cli_out import (
     EVENT_STYLE,
     Out,
@@ -120,7 +121,10 @@ async def _lanes(store: Any, runs: Sequence[Run]) -> dict[str, str]:
 
 async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
     status = RunStatus(args.status) if args.status else None
-    runs: list[Run] = await store.list_runs(workflow=args.workflow, status=status, tag=args.tag)
+    more = {"search": args.search_terms} if args.search_terms else {}
+    runs: list[Run] = await store.list_runs(
+        workflow=args.workflow, status=status, tag=args.tag, **more
+    )
     total = len(runs)
     if args.limit > 0:
         runs = runs[-args.limit :]  # the most recent, still oldest first
@@ -230,6 +234,8 @@ async def _show(args: argparse.Namespace, out: Out, store: Any) -> int:
     tags = [t for t in run.tags if not t.startswith("flowkit:") and t != run.singleton_tag]
     if tags:
         out.line(f"  tags    {', '.join(tags)}")
+    if run.search:
+        out.line(f"  search  {_cli_search.shown(run.search)}")
     out.line(f"  input   {_value(run.input, None)}")
     marker = await _plain_marker(store)
     if marker is not None:
@@ -418,6 +424,7 @@ COMMANDS: dict[str, tuple[Command, bool]] = {
     "signal": (_signal, True),
     "demo": (_demo, False),
     "schedules": (schedules, True),
+    "prune": (_cli_search.prune, True),
 }
 
 
@@ -444,6 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--status", choices=[s.value for s in RunStatus])
     r.add_argument("--tag", help="only runs carrying this tag")
     r.add_argument("--limit", type=int, default=50, help="the N most recent (0: all; default 50)")
+    r.add_argument(
+        "--search",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only runs with this search attribute (repeat: all of them; also !=, <, <=, >, >=)",
+    )
     s = sub.add_parser("show", help="one run's state, input, output or error")
     s.add_argument("run")
     h = sub.add_parser("history", help="a run's events as a timeline")
@@ -464,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("name")
     sg.add_argument("payload", nargs="?", metavar="JSON", help="the payload (default null)")
     sub.add_parser("schedules", help="list durable schedules with their next fire time")
+    _cli_search.add_prune_parser(sub)
     d = sub.add_parser("demo", help="the live demo of singleton lanes")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     return p
@@ -513,6 +527,13 @@ def _prepare(args: argparse.Namespace) -> None:
     args.clock = SystemClock()  # the workers' clock: lease expiry is compared against it
     if args.cmd == "runs" and args.limit < 0:
         raise CliError(f"--limit takes a count >= 0 (0: all runs), got {args.limit}")
+    try:
+        if args.cmd == "runs":
+            args.search_terms = _cli_search.search_terms(args.search)
+        if args.cmd == "prune":
+            _cli_search.duration(args.older_than)  # (a bad one fails before the store opens)
+    except _cli_search.UsageError as exc:
+        raise CliError(str(exc)) from None
     if args.cmd == "signal":
         args.payload_value = _payload(args.payload)  # bad JSON fails before the store opens
     if args.cmd == "replay":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -39,6 +39,7 @@ class TestEnv:
         gate_polls: bool = False,
         max_yields: int = 2,
         faults: FaultPlan | None = None,
+        retention: float | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError("instances must be >= 1")
@@ -52,6 +53,7 @@ class TestEnv:
         # before each store call an instance yields 0..max_yields times, as the seed decides
         self.max_yields = max_yields
         self.fault_plan = faults
+        self.retention = retention  # (``Engine(retention=...)`` of every instance)
         self.rules: list[Rule] = []
         self.fired: list[tuple[int, str, str, str, str | None]] = []
         self._pending: set[asyncio.Task[Any]] = set()
@@ -74,6 +76,7 @@ class TestEnv:
             lease_ttl=self.lease_ttl,
             poll_interval=None,
             bus=self.bus,
+            retention=self.retention,
         )
         # the loop waits for each sync step's thread: the seed decides every interleaving
         eng.config.wait_for_step_threads = True
@@ -310,8 +313,11 @@ class TestEnv:
         *,
         tags: Sequence[str] = (),
         version: str | None = None,
+        search: Mapping[str, Any] | None = None,
     ) -> Run:
-        run = await self._client().start(workflow, input, run_id, tags=tags, version=version)
+        run = await self._client().start(
+            workflow, input, run_id, tags=tags, version=version, search=search
+        )
         await self.settle()
         return run
 

@@ -81,8 +81,10 @@ async def test_key_rotation_through_the_store(tmp_path: Path) -> None:
         with pytest.raises(CodecError, match="key id 'k1'") as ei:
             await v3.get_run("before")
         assert ei.value.key_id == "k1" and ei.value.missing_key
-        with pytest.raises(CodecError, match="'k1'"):
-            await v3.list_runs()
+        # (lists carry no payloads: nothing to decode, so the missing key does not matter)
+        listed = await v3.list_runs()
+        assert sorted(r.id for r in listed) == ["after", "before"]
+        assert all(r.input is None for r in listed)
     finally:
         inner.close()
 

@@ -199,8 +199,8 @@ async def test_pasting_another_runs_ciphertext_fails_authentication(tmp_path: Pa
         assert (ei.value.run_id, ei.value.field, ei.value.key_id) == ("alice", "input", "k1")
         assert not ei.value.missing_key  # the value is bad, not this process's keys
         assert "'alice'" in str(ei.value) and "4111" not in str(ei.value)
-        with pytest.raises(CodecError):
-            await store.list_runs()
+        listed = await store.list_runs()  # (no payloads: nothing to decode in a list)
+        assert all(r.input is None for r in listed) and len(listed) == 2, listed
         assert (await store.get_run("carol")) == got  # carol's own stays readable
     finally:
         inner.close()

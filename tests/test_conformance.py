@@ -144,6 +144,7 @@ def test_registry_covers_every_check_function() -> None:
         "competing_schedule_advances",
         "schedules_respect_namespaces",
         *published,
+        "prune_runs",
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -219,6 +220,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "latest_event",
         "keeps_schedules",
         "publishes_events",
+        "prune_runs",
     }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
     assert "next_due_after" in ran

@@ -153,8 +153,8 @@ FLOWKIT_STORES = [
     "AESGCMCodec", "Admission", "AdmitsOnCreate", "AppendsEvents", "Codec", "CodecError",
     "CodecStore", "CommitResult", "ConflictError", "ContinuesAsNew", "EncryptedStoreError",
     "HandOff", "InboxSignal", "KeepsSchedules", "MemoryStore", "NextDueAfter", "Notify",
-    "PublishedEvent", "PublishesEvents", "QueueCap", "RecordsAdmission", "ReleasesLeases",
-    "ScheduleRecord", "SqlStore", "Store", "Successor", "TakenEvent", "Update",
+    "PrunesRuns", "PublishedEvent", "PublishesEvents", "QueueCap", "RecordsAdmission",
+    "ReleasesLeases", "ScheduleRecord", "SqlStore", "Store", "Successor", "TakenEvent", "Update",
 ]  # fmt: skip
 
 FLOWKIT_STORES_LIMITS = [

@@ -5,6 +5,7 @@ a dropped connection, and the plans of the queries that must use their index."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from flowkit.errors import (
     FlowkitError,
     NotAFlowkitDatabaseError,
 )
-from flowkit.stores.base import Update
+from flowkit.stores.base import Update, parse_filter
 from flowkit.stores.sql import (
     SCHEMA_VERSION,
     SchemaVersionError,
@@ -300,10 +301,10 @@ async def test_the_last_seq_trigger_is_created_on_an_existing_sqlite_database(
 
 async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backend) -> None:
     """Schema version 2 added ``deadline_at`` and ``recoveries`` (and the ``dead`` status),
-    version 3 ``parent_id``, version 4 ``search``: a database of version 1 gets the columns on
-    first use, its runs read back with no deadline, no recovery and no parent, and its version
-    becomes the current one (an older flowkit then refuses it rather than misread a ``dead``
-    run)."""
+    version 3 ``parent_id``, version 4 ``search`` (and the additive ``flowkit_search``): a
+    database of version 1 gets the columns and tables on first use, its runs read back with
+    no deadline, no recovery, no parent and no search attributes, and its version becomes the
+    current one (an older flowkit then refuses it rather than misread a ``dead`` run)."""
     s = sql_backend.store
     await put(s, mk("r"))
     with s._db.tx() as conn:
@@ -313,13 +314,15 @@ async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backen
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN parent_id")
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN continued_as")
         conn.exec_driver_sql("ALTER TABLE flowkit_runs DROP COLUMN search")
+        conn.exec_driver_sql("DROP TABLE flowkit_search")
+        conn.exec_driver_sql("DROP INDEX ix_flowkit_runs_settled")
         conn.exec_driver_sql("UPDATE flowkit_meta SET value = '1' WHERE key = 'schema_version'")
     assert sql_backend.url is not None
     fresh = SqlStore(sql_backend.url)
     try:
         run = await fresh.get_run("r")
         assert run is not None and run.deadline_at is None and run.recoveries == 0
-        assert run.parent_id is None
+        assert run.parent_id is None and run.search == {}
         with fresh._db.tx(write=False) as conn:
             cols = {c["name"] for c in sa.inspect(conn).get_columns("flowkit_runs")}
             version = conn.exec_driver_sql(
@@ -327,8 +330,10 @@ async def test_a_version_1_database_is_migrated_on_first_use(sql_backend: Backen
             ).scalar()
         assert {"deadline_at", "recoveries", "parent_id", "continued_as", "search"} <= cols
         assert version == str(SCHEMA_VERSION) == "4"
-        await put(fresh, mk("r2"))
+        await put(fresh, dataclasses.replace(mk("r2"), search={"k": 1}))
         assert [r.id for r in await fresh.list_runs()] == ["r", "r2"]
+        found = await fresh.list_runs(search=parse_filter({"k": 1}))
+        assert [r.id for r in found] == ["r2"]  # (flowkit_search made on first use)
     finally:
         fresh.close()
 

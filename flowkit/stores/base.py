@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._event_keys import EVENT_MARK_PREFIX, TakenEvent, event_mark
 from .._run import InboxSignal, Run, RunStatus
+from .._search_terms import Term, parse_filter
 from ..errors import ConflictError
 from ..events import Event
 from ..singleton import check_limit
@@ -145,9 +146,11 @@ class Update:
     ``successor`` (stores with ``continues_as_new``, ``ContinuesAsNew``) is created in the
     same transaction, and the run's ``continued_as`` names it.
 
-    ``search`` is the run's whole new map of search attributes (``ctx.upsert_search``: the
-    old ones merged with the ``SearchUpserted`` among ``events``), replacing ``Run.search``
-    and the store's index of it in the same transaction."""
+    ``search`` is the run's whole new map of search attributes, replacing ``Run.search``
+    and the store's index of it in the same transaction. Left ``None``, a commit whose
+    ``events`` hold ``search_upserted`` merges their attributes into the run's map, in order
+    (``rules.apply_update``), under the same lock: what the engine's ``ctx.upsert_search``
+    relies on (``flowkit._search_terms.merged``)."""
 
     events: Sequence[Event] = ()
     status: RunStatus | None = None
@@ -214,9 +217,17 @@ class Store(Protocol):
         tag: str | None = None,
         limit: int | None = None,
         parent_id: str | None = None,
+        search: Sequence[Term] = (),
+        after: tuple[float, str] | None = None,
     ) -> list[Run]:
         """Runs visible to this store, oldest ``(created_at, id)`` first; ``parent_id`` keeps
-        the children of that run (``Run.parent_id``)."""
+        the children of that run (``Run.parent_id``); ``search`` keeps the runs whose search
+        attributes pass every term (``flowkit._search_terms.matches``); ``after`` starts
+        past that ``(created_at, id)`` (keyset paging: ids compare by code point), and
+        ``limit`` stops after that many. The runs listed carry no payloads: ``input``,
+        ``output`` and ``error`` are ``None`` (``get_run`` has them). A store that cannot
+        take ``search`` or ``after`` leaves them out of its signature: the engine then
+        refuses such a filter with ``UnsupportedStoreError``."""
         ...
 
     async def load_events(self, run_id: str) -> list[Event]:
@@ -340,6 +351,39 @@ def records_admission(store: Any) -> bool:
     return "admitted_at" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+class PrunesRuns(Protocol):
+    """The optional method ``prune_runs`` (``MemoryStore``, ``SqlStore``; ``CodecStore`` when
+    the store it wraps has it): retention (``engine.prune``, ``Engine(retention=...)``)."""
+
+    async def prune_runs(
+        self,
+        settled_before: float,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        limit: int = 500,
+    ) -> int:
+        """Delete at most ``limit`` visible terminal runs (of ``workflow``, of ``status``)
+        whose ``updated_at`` is before ``settled_before``, with everything that belongs to
+        them (events, inbox signals, search attributes and any other per-run data the store
+        keeps), in one short transaction; how many it deleted (fewer than ``limit``: no
+        more are left). Never an active run, nor the child of an active parent
+        (``Run.parent_id``); a run that becomes active meanwhile is left alone."""
+        ...
+
+
+def prunes_runs(store: Any) -> bool:
+    """Whether ``store`` has ``prune_runs`` (``PrunesRuns``)."""
+    return callable(getattr(store, "prune_runs", None))
+
+
+def lists_by_search(store: Any) -> bool:
+    """Whether ``store.list_runs`` takes ``search`` and ``after`` (every bundled store)."""
+    return _takes(getattr(store, "list_runs", None), "search") and _takes(
+        getattr(store, "list_runs", None), "after"
+    )
+
+
 class ReleasesLeases(Protocol):
     """The optional method ``release_leases`` (every bundled store has it)."""
 
@@ -387,9 +431,10 @@ class ContinuesAsNew(Protocol):
     ``CodecStore`` when the store it wraps has it): ``commit`` takes ``Update.successor``.
 
     Atomically with the run's update (a terminal one: ``ctx.continue_as_new``), the store
-    inserts ``successor.run`` (its namespace: the run's) with ``successor.events`` (seq 1..n)
-    and sets the run's ``continued_as`` to its id. Every precondition is checked before
-    anything is written: an existing successor id raises ``ConflictError`` (nothing written).
+    inserts ``successor.run`` (its namespace: the run's; its search attributes: the run's as
+    this update leaves them) with ``successor.events`` (seq 1..n) and sets the run's
+    ``continued_as`` to its id. Every precondition is checked before anything is written:
+    an existing successor id raises ``ConflictError`` (nothing written).
     A successor without a lease that is claimable now wakes the workers (``Watchable``); one
     leased to the committing worker is returned in ``CommitResult.handed`` (with its events),
     for it to run at once. Without the capability (absent or false) the engine never passes
@@ -668,6 +713,7 @@ __all__ = [
     "LatestEvent",
     "NextDueAfter",
     "Notify",
+    "PrunesRuns",
     "PublishedEvent",
     "PublishesEvents",
     "QueueCap",
@@ -677,6 +723,7 @@ __all__ = [
     "Store",
     "Successor",
     "TakenEvent",
+    "Term",
     "Update",
     "Watchable",
     "WorkerSeen",
@@ -685,6 +732,9 @@ __all__ = [
     "claims_by_version",
     "continues_as_new",
     "event_mark",
+    "lists_by_search",
+    "parse_filter",
+    "prunes_runs",
     "publishes_events",
     "records_admission",
     "records_workers",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
 from .._run import Run, RunStatus
+from .._search_terms import Term
 from ..errors import CodecError, EncryptedStoreError
 from ..events import (
     Event,
@@ -40,6 +41,7 @@ from .base import (
     WorkflowVersions,
     claims_by_version,
     continues_as_new,
+    prunes_runs,
     publishes_events,
     records_admission,
     records_workers,
@@ -163,6 +165,8 @@ class CodecStore(CodecFields, CodecSchedules):
             self.release_leases = None  # type: ignore[assignment,method-assign]
         if getattr(inner, "next_due_after", None) is not None:
             self.next_due_after = self._next_due_after
+        if prunes_runs(inner):
+            self.prune_runs = self._prune_runs
         if getattr(inner, "admits_on_create", False):
             self.admits_on_create = True
         if getattr(inner, "appends_events", False):
@@ -268,16 +272,35 @@ class CodecStore(CodecFields, CodecSchedules):
         tag: str | None = None,
         limit: int | None = None,
         parent_id: str | None = None,
+        search: Sequence[Term] = (),
+        after: tuple[float, str] | None = None,
     ) -> list[Run]:
-        if parent_id is None:
-            found = await self.inner.list_runs(
-                workflow=workflow, status=status, tag=tag, limit=limit
-            )
-        else:
-            found = await self.inner.list_runs(
-                workflow=workflow, status=status, tag=tag, limit=limit, parent_id=parent_id
-            )
+        # (search attributes are kept in clear: the store indexes them; only what is given
+        # is passed on, for an inner store that takes less)
+        more: dict[str, Any] = {}
+        if parent_id is not None:
+            more["parent_id"] = parent_id
+        if search:
+            more["search"] = search
+        if after is not None:
+            more["after"] = after
+        found = await self.inner.list_runs(
+            workflow=workflow, status=status, tag=tag, limit=limit, **more
+        )
         return [self._run_out(r) for r in found]
+
+    async def _prune_runs(
+        self,
+        settled_before: float,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        limit: int = 500,
+    ) -> int:
+        n: int = await self.inner.prune_runs(
+            settled_before, workflow=workflow, status=status, limit=limit
+        )
+        return n
 
     async def load_events(self, run_id: str) -> list[Event]:
         return [self._event_out(e, run_id) for e in await self.inner.load_events(run_id)]

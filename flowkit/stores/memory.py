@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import singleton as _sg
 from .._run import ADMITTED_TAG, Run, RunStatus
+from .._search_terms import Term, upserts
 from ..errors import ConflictError, RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ..events import Event
 from . import limits as _limits
@@ -27,6 +28,7 @@ from ._codec_mark import (
     update_carries_payload,
 )
 from ._memory_events import MemoryEventData, MemoryEvents
+from ._memory_lists import listed, prunable
 from ._memory_schedules import MemorySchedules
 from .base import (
     Admission,
@@ -248,18 +250,54 @@ class MemoryStore(MemorySchedules, MemoryEvents):
         tag: str | None = None,
         limit: int | None = None,
         parent_id: str | None = None,
+        search: Sequence[Term] = (),
+        after: tuple[float, str] | None = None,
     ) -> list[Run]:
-        out = [
-            r
-            for r in self._d.runs.values()
-            if self._visible(r)
-            and (workflow is None or r.workflow == workflow)
-            and (status is None or r.status == status)
-            and (tag is None or tag in r.tags)
-            and (parent_id is None or r.parent_id == parent_id)
-        ]
-        out.sort(key=lambda r: (r.created_at, r.id))
-        return out if limit is None else out[:limit]
+        return listed(
+            (r for r in self._d.runs.values() if self._visible(r)),
+            workflow=workflow,
+            status=status,
+            tag=tag,
+            limit=limit,
+            parent_id=parent_id,
+            search=search,
+            after=after,
+        )
+
+    async def prune_runs(
+        self,
+        settled_before: float,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        limit: int = 500,
+    ) -> int:
+        d = self._d
+        ids = prunable(
+            (r for r in d.runs.values() if self._visible(r)),
+            d.runs.get,
+            settled_before=settled_before,
+            workflow=workflow,
+            status=status,
+            limit=limit,
+        )
+        for rid in ids:  # (terminal: in no tag bucket, not active)
+            del d.runs[rid]
+            d.events.pop(rid, None)
+            d.inbox.pop(rid, None)
+        gone = set(ids)
+        ed = d.events_data
+        for key in [k for k in ed.waits if k[0] in gone]:
+            del ed.waits[key]
+        if workflow is None and status is None:
+            # published events of no run, by age: the buffer and the event-id dedupe
+            ns = self.namespace
+            ed.buffer[:] = [b for b in ed.buffer if b.namespace != ns or b.at >= settled_before]
+            for dedupe in [
+                k for k, at in ed.published.items() if k[0] == ns and at < settled_before
+            ]:
+                del ed.published[dedupe]
+        return len(ids)
 
     async def load_events(self, run_id: str) -> list[Event]:
         self._get(run_id)
@@ -359,7 +397,7 @@ class MemoryStore(MemorySchedules, MemoryEvents):
         woken: list[str] = []
         handed: list[HandOff] = []
         if succ is not None:  # (continue-as-new: base.ContinuesAsNew)
-            nxt = dataclasses.replace(succ.run, namespace=run.namespace)
+            nxt = dataclasses.replace(succ.run, namespace=run.namespace, search=new.search)
             self._put(nxt)
             self._append(nxt.id, succ.events)
             if nxt.lease_owner is not None:
@@ -393,6 +431,7 @@ class MemoryStore(MemorySchedules, MemoryEvents):
             or run.lease_owner != owner
             or run.status is not RunStatus.RUNNING
             or not events
+            or upserts(events)  # (the search map changes: ``commit`` applies it)
         ):
             return None
         _limits.check_events(events, self.max_payload_bytes)

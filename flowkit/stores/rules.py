@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import singleton as _sg
 from .._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from .._search_terms import merged
 from ..errors import ConflictError, LeaseLostError
 from ..events import Event, SingletonAdmitted
 from .base import UNSET, Admission, Notify, Update
@@ -46,6 +47,9 @@ def apply_update(run: Run, u: Update, now: float, inbox_names: set[str]) -> Run:
         changes["recoveries"] = u.recoveries
     if u.successor is not None:
         changes["continued_as"] = u.successor.run.id
+    search = u.search if u.search is not None else merged(run.search, u.events)
+    if search is not None:
+        changes["search"] = dict(search)
     if u.release_lease:
         changes["lease_owner"] = None
         changes["lease_expires"] = None

@@ -103,6 +103,7 @@ from ._schedules import (
     check_schedule_rows,
     check_schedules_respect_namespaces,
 )
+from ._search import check_prune_runs, check_search_attributes_filter_and_page
 from ._singleton import (
     check_admission_fifo_keeps_holders,
     check_admission_marker_persisted,
@@ -253,6 +254,7 @@ __all__ = [
     "check_notify_wakes_oldest_waiters",
     "check_payload_size_limit",
     "check_payloads_round_trip",
+    "check_prune_runs",
     "check_publish_buffers_once_for_the_first_later_waiter",
     "check_publish_dedupes_event_ids",
     "check_publish_delivers_to_every_matching_waiter",
@@ -265,6 +267,7 @@ __all__ = [
     "check_retry_sets_input_deadline_and_recoveries",
     "check_schedule_rows",
     "check_schedules_respect_namespaces",
+    "check_search_attributes_filter_and_page",
     "check_signal_name_limits",
     "check_signal_peek_fifo",
     "check_take_without_wait_drops_the_registration",

@@ -26,6 +26,7 @@ OPTIONAL_METHODS = (
     "release_leases",
     "next_due_after",
     "latest_event",
+    "prune_runs",
 )
 """Store methods the contract lets a store leave out (absent or ``None``)."""
 OPTIONAL_CAPABILITIES = (

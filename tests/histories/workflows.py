@@ -441,6 +441,21 @@ class Payment:
         return {"paid": paid["amount"], "shipped": shipped is not None}
 
 
+@workflow(name="shipment")
+class Shipment:
+    """Search attributes (DESIGN §11): one upsert awaited, one riding with the next write."""
+
+    async def pack(self, order: str) -> str:
+        return f"box-{order}"
+
+    async def run(self, ctx: WorkflowCtx, input: str) -> str:
+        await ctx.upsert_search(stage="packing", priority=2)
+        box = await ctx.step(self.pack, input)
+        ctx.upsert_search(stage="shipped", express=True, weight=1.5)
+        await ctx.sleep(60)
+        return box
+
+
 def workflows() -> list[Any]:
     """The workflows as a worker registers them (and as ``replay_dir`` takes them)."""
     return [
@@ -461,6 +476,7 @@ def workflows() -> list[Any]:
         Checkout(),
         Approval(),
         Payment(),
+        Shipment(),
     ]
 
 
@@ -641,6 +657,14 @@ async def payments(env: TestEnv) -> list[str]:
     return ["payment-1", "payment-late"]
 
 
+async def shipment(env: TestEnv) -> list[str]:
+    """Search attributes set at start and upserted twice (``search_upserted``)."""
+    await env.start("shipment", "o-9", "shipment-1", search={"customer": "c-9"})
+    await env.run_until_idle()
+    await env.result("shipment-1")
+    return ["shipment-1"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
     quotes,
@@ -659,6 +683,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     checkout,
     approval,
     payments,
+    shipment,
 )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ..._search_terms import upserts
 from ...errors import ConflictError, RunNotFoundError
 from ...events import Event, EventSet, UpdateReplied
 from ..base import CommitResult, HandOff, Update
@@ -31,6 +32,7 @@ from ._rows import (
     to_event,
     to_run,
 )
+from ._search_sql import write_search
 from ._statements import Statements
 
 log = logging.getLogger("flowkit")
@@ -84,7 +86,9 @@ class Commits:
         SQLite's few), or the general commit (``locked``), which a missed fast path falls
         back to, as it decides and raises in Python."""
         sql = self.sql
-        fast = sql.commit_fast(run_id, owner, now, update)
+        # a commit that changes the search map takes the general path (its rows follow it)
+        general = update.search is not None or upserts(update.events)
+        fast = None if general else sql.commit_fast(run_id, owner, now, update)
         whole = None
         n = len(update.events)
         first: tuple[str, Any, int] | None
@@ -106,7 +110,7 @@ class Commits:
                     raise Deferred
                 return self.locked(c, run_id, owner, now, update)
 
-        elif (whole := sql.release_fast(run_id, owner, now, update)) is not None:
+        elif not general and (whole := sql.release_fast(run_id, owner, now, update)) is not None:
             # (PostgreSQL) a common release in one statement: the slot, handed over
             first = (whole[0], whole[1], ROWS)
 
@@ -118,7 +122,7 @@ class Commits:
                 c.dirty = True  # (it wrote: a failure from here on fails its transaction)
                 return self.fast_released(c, row, len(update.events), now)
 
-        elif (lean := sql.release_lite(run_id, owner, now, update)) is not None:
+        elif not general and (lean := sql.release_lite(run_id, owner, now, update)) is not None:
             # (SQLite) a common release: the run's row, then its key's oldest waiter
             first = (lean[0], lean[1], RETURNING)
             waiter = lean[2]
@@ -217,6 +221,11 @@ class Commits:
         else:
             runs.write_changes(sql, c, run, new, later=True, into=joined)
         runs.append(sql, c, run_id, last_seq + 1, update.events, later=True, into=joined)
+        if new.search != run.search:
+            if joined:  # (the run's row first: the search rows follow it)
+                c.later(*sql.joined(joined))
+                joined.clear()
+            write_search(sql, c, run_id, new.search, replace=True)
         wake_if_free(c, new, now)
         seqs = tuple(range(last_seq + 1, last_seq + 1 + len(update.events)))
         # per waiter, in plan order: a hand-off, a woken waiter's id, or a hand-off whose
@@ -248,8 +257,11 @@ class Commits:
         if joined:  # (no hand-off took them along)
             c.later(*sql.joined(joined))
         if succ is not None:  # the successor, created with its predecessor's settlement
+            succ = dataclasses.replace(succ, run=dataclasses.replace(succ.run, search=new.search))
             c.later(sql.insert_run, run_params(succ.run, len(succ.events)))
             runs.append(sql, c, succ.run.id, 1, succ.events, later=True)
+            if succ.run.search:
+                write_search(sql, c, succ.run.id, succ.run.search, replace=False)
             wake_if_free(c, succ.run, now)
             if succ.run.lease_owner is not None:
                 planned.append(HandOff(succ.run, succ.events))

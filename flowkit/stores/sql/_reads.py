@@ -1,6 +1,7 @@
-"""``SqlStore``'s read calls (``Reads``, mixed into it): a run, its history, the listing, what
-is due and a pending signal, each one read on a read lane outside any write transaction. Apart
-from the writes (``_store``) because none of them takes part in a group commit."""
+"""``SqlStore``'s read calls (``Reads``, mixed into it): a run, its history, what is due and
+a pending signal (the listing: ``_search_sql``), each one read on a read lane outside any
+write transaction. Apart from the writes (``_store``) because none of them takes part in a
+group commit."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import sqlalchemy as sa
-
-from ..._run import Run, RunStatus
+from ..._run import Run
 from ...errors import RunNotFoundError
 from ...events import Event
 from .. import limits as _limits
@@ -20,8 +19,7 @@ from . import _runs as runs
 from ._connection import Conn
 from ._database import Database
 from ._group_commit import GroupCommit
-from ._rows import has_tag, loads, run_from_mapping, to_event, to_run, visible
-from ._schema import runs as runs_table
+from ._rows import loads, to_event, to_run
 from ._statements import Statements
 
 _FIELD = re.compile(r"[a-z_]{1,64}")
@@ -45,37 +43,6 @@ class Reads:
             return None if row is None else to_run(row)
 
         return await self._gc.read(op)
-
-    async def list_runs(
-        self,
-        *,
-        workflow: str | None = None,
-        status: RunStatus | None = None,
-        tag: str | None = None,
-        limit: int | None = None,
-        parent_id: str | None = None,
-    ) -> list[Run]:
-        r = runs_table.c
-        q = sa.select(runs_table).where(visible(self.namespace))
-        if workflow is not None:
-            q = q.where(r.workflow == workflow)
-        if status is not None:
-            q = q.where(r.status == RunStatus(status).value)
-        if tag is not None:
-            q = q.where(has_tag(self._db.dialect, tag))
-        if parent_id is not None:  # (ix_flowkit_runs_parent)
-            q = q.where(r.parent_id == parent_id)
-        q = q.order_by(r.created_at, sa.literal_column(self._sql.BY_ID))  # (code points)
-        if limit is not None:
-            q = q.limit(limit)
-        db = self._db
-
-        def read() -> list[Run]:
-            with db.tx(write=False) as conn:
-                return [run_from_mapping(row) for row in conn.execute(q)]
-
-        out = await self._gc.call(read)
-        return out if tag is None else [run for run in out if tag in run.tags]
 
     async def load_events(self, run_id: str) -> list[Event]:
         if not _limits.storable(run_id):

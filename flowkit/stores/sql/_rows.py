@@ -39,6 +39,7 @@ RUN_COLS = (
     "recoveries",
     "parent_id",
     "continued_as",
+    "search",
     "last_seq",
 )
 """The columns every run query returns, in ``Run`` field order (``last_seq`` last)."""
@@ -46,7 +47,7 @@ LAST_SEQ = RUN_COLS.index("last_seq")
 TAGS = RUN_COLS.index("tags")
 NAMESPACE = RUN_COLS.index("namespace")
 VERSION = RUN_COLS.index("workflow_version")
-JSON_COLS = frozenset({"input", "output", "error", "tags", "waiting_signals"})
+JSON_COLS = frozenset({"input", "output", "error", "tags", "waiting_signals", "search"})
 _STATUS = {s.value: s for s in RunStatus}
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(Run))
 
@@ -85,6 +86,7 @@ def to_run(row: Sequence[Any]) -> Run:
         row[18],
         row[19],
         row[20],
+        loads(row[21]) or {},
     )
 
 
@@ -121,6 +123,7 @@ def run_params(run: Run, last_seq: int) -> dict[str, Any]:
         "recoveries": run.recoveries,
         "parent_id": run.parent_id,
         "continued_as": run.continued_as,
+        "search": dumps(run.search),
         "last_seq": last_seq,
         "admitted": ADMITTED_TAG in run.tags,
     }
@@ -200,20 +203,22 @@ def run_values(run: Run) -> dict[str, Any]:
         "lease_owner": run.lease_owner,
         "lease_expires": run.lease_expires,
         "waiting_signals": list(run.waiting_signals),
+        "search": dict(run.search),
     }
 
 
 def run_from_mapping(row: sa.Row[Any]) -> Run:
-    """A run from a SQLAlchemy row of ``runs`` (JSON decoded)."""
+    """A run from a SQLAlchemy row of ``runs`` (JSON decoded); a row without the payload
+    columns (``list_runs``) gives ``None`` for them."""
     m = row._mapping
     return Run(
         id=m["id"],
         workflow=m["workflow"],
         workflow_version=m["workflow_version"],
         status=RunStatus(m["status"]),
-        input=m["input"],
-        output=m["output"],
-        error=m["error"],
+        input=m.get("input"),
+        output=m.get("output"),
+        error=m.get("error"),
         tags=tuple(m["tags"] or ()),
         created_at=m["created_at"],
         updated_at=m["updated_at"],
@@ -228,6 +233,7 @@ def run_from_mapping(row: sa.Row[Any]) -> Run:
         recoveries=m["recoveries"],
         parent_id=m["parent_id"],
         continued_as=m["continued_as"],
+        search=m["search"] or {},
     )
 
 

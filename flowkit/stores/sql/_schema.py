@@ -1,4 +1,4 @@
-"""The SQL schema of ``SqlStore``: six tables (runs, events, signals, meta, workers,
+"""The SQL schema of ``SqlStore``: seven tables (runs, events, signals, meta, workers, search,
 schedules) and those of published events (waits, buffer, published ids), indexes, the schema
 version, and the bootstrap that creates them once and migrates what an older flowkit left
 (indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so that ids order by code
@@ -22,6 +22,9 @@ SCHEMA_VERSION = 4
 SCHEMA_VERSION_KEY = "schema_version"
 
 log = logging.getLogger("flowkit")
+
+TERMINAL_SQL = "('cancelled', 'completed', 'dead', 'failed')"
+"""The terminal statuses as an SQL list (the predicate of ``ix_flowkit_runs_settled``)."""
 
 WAITING_SQL = "status IN ('blocked', 'pending', 'running', 'suspended')"
 """A singleton waiter's status (``flowkit.singleton.waiters``: active, not cancelling), as
@@ -128,6 +131,15 @@ runs = sa.Table(
     sa.Index("ix_flowkit_runs_version", "workflow", "workflow_version", "status"),
     # a run's children (cancelling a parent, ``list_runs(parent_id=...)``, ``flowkit show``)
     sa.Index("ix_flowkit_runs_parent", "parent_id"),
+    # retention (``prune_runs``): settled runs by settlement. Partial: an active run's
+    # ``updated_at`` moves with every commit, a settled one's hardly ever, so the hot path
+    # never maintains it
+    sa.Index(
+        "ix_flowkit_runs_settled",
+        "updated_at",
+        postgresql_where=sa.text(f"status IN {TERMINAL_SQL}"),
+        sqlite_where=sa.text(f"status IN {TERMINAL_SQL}"),
+    ),
 )
 
 events = sa.Table(
@@ -240,6 +252,29 @@ published_events = sa.Table(
     sa.Column("at", _TIME, nullable=False),
     sa.Index("ix_flowkit_published_events_at", "at"),
 )
+# the search attributes of each run (``Run.search``, DESIGN §11), one row per attribute, its
+# value in the column of its kind (``_search_terms.kind_of``): ``text`` (str), ``num`` (int,
+# float: a double), ``flag`` (bool). Written in the transaction that creates the run or
+# commits its ``search_upserted``; ``list_runs(search=...)`` filters through these indexes
+# (``_search_sql``). An additive table, created on existing databases by ``create_all``.
+search = sa.Table(
+    "flowkit_search",
+    metadata,
+    sa.Column("run_id", RUN_ID, primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    # (code-point order on PostgreSQL too, whatever the database's locale: ``<`` on strings
+    # means what it means in Python, as for run ids)
+    sa.Column("text", sa.String(255).with_variant(sa.String(255, collation="C"), "postgresql")),
+    sa.Column("num", sa.Double),
+    sa.Column("flag", sa.Boolean()),
+    sa.Index("ix_flowkit_search_text", "name", "text", "run_id"),
+    sa.Index("ix_flowkit_search_num", "name", "num", "run_id"),
+    sa.Index("ix_flowkit_search_flag", "name", "flag", "run_id"),
+)
+
+PER_RUN_TABLES: tuple[sa.Table, ...] = (events, signals, search, event_waits)
+"""Every table whose rows belong to one run (column ``run_id``): ``prune_runs`` deletes a
+run's rows from each of them with the run. A new per-run table goes here."""
 
 # Indexes added after version 1 first shipped, created on databases that lack them.
 _ADDED_INDEXES = [
@@ -251,6 +286,7 @@ _ADDED_INDEXES = [
         "ix_flowkit_runs_waiting",
         "ix_flowkit_runs_version",
         "ix_flowkit_runs_parent",
+        "ix_flowkit_runs_settled",
     )
 ]
 
@@ -381,10 +417,12 @@ def _collate_run_ids(conn: sa.Connection) -> None:
 
 __all__ = [
     "BY_ID",
+    "PER_RUN_TABLES",
     "RUN_ID",
     "RUN_ID_COLUMNS",
     "SCHEMA_VERSION",
     "SQLITE_LAST_SEQ_TRIGGER",
+    "TERMINAL_SQL",
     "WAITING_SQL",
     "SchemaVersionError",
     "StoreUnavailableError",
@@ -397,5 +435,6 @@ __all__ = [
     "metadata",
     "published_events",
     "runs",
+    "search",
     "signals",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from ... import singleton as _sg
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run
+from ..._search_terms import upserts
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ...events import Event
 from .. import limits as _limits
@@ -49,6 +50,7 @@ from ._rows import (
     to_run,
 )
 from ._schedules import Schedules
+from ._search_sql import Pruning, write_search
 from ._workers import Workers
 
 
@@ -66,7 +68,7 @@ def _hit(row: Any) -> bool:
     return row is not None
 
 
-class SqlStore(CodecMarked, Reads, Workers, Schedules, Events):
+class SqlStore(CodecMarked, Reads, Pruning, Workers, Schedules, Events):
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract): ``sqlite:///path/to/file.db`` (several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts); the schema is
@@ -188,8 +190,9 @@ class SqlStore(CodecMarked, Reads, Workers, Schedules, Events):
         values = run_params(run, len(events))
         sql = self._sql
         # an existing id (even one a concurrent transaction is inserting) is no error: the
-        # insert does nothing and the existing run is returned
-        both = sql.CTE_WRITES and bool(events)
+        # insert does nothing and the existing run is returned; its search rows follow it
+        searched = bool(run.search)
+        both = sql.CTE_WRITES and bool(events) and not searched
         if both:  # PostgreSQL: the run and its events in one statement (one round trip)
             event_params(values, 1, events)
             first = (sql.create_with_events(len(events)), values, ROWCOUNT)
@@ -201,11 +204,13 @@ class SqlStore(CodecMarked, Reads, Workers, Schedules, Events):
                 return self._existing(c, run.id), False
             if not both:
                 runs.append(sql, c, run.id, 1, events)
+            if searched:
+                write_search(sql, c, run.id, run.search, replace=False)
             self._created(c, run)
             return run, True
 
         # (without events, ``rest`` only reads: one statement on every dialect)
-        single = _always if both or not events else None
+        single = _always if (both or not events) and not searched else None
         return await self._gc.write(Op(rest, first, run.id, single=single))
 
     async def _create_keyed(
@@ -253,6 +258,8 @@ class SqlStore(CodecMarked, Reads, Workers, Schedules, Events):
                 stored, evs = admit_new(run, events, admission, sharing)
             c.later(sql.insert_run, run_params(stored, len(evs)))
             runs.append(sql, c, stored.id, 1, evs, later=True)
+            if stored.search:
+                write_search(sql, c, stored.id, stored.search, replace=False)
             self._created(c, stored)
             return stored, True
 
@@ -336,7 +343,7 @@ class SqlStore(CodecMarked, Reads, Workers, Schedules, Events):
         """``base.AppendsEvents``: one statement on its own (an autocommit ``INSERT`` on
         SQLite, one round trip on PostgreSQL) when nothing shares its group commit."""
         n = len(events)
-        if not n:
+        if not n or upserts(events):  # (the search map changes: ``commit`` applies it)
             return None
         if not self._mark.settled:
             await self._plain(f"append a payload to run {run_id!r}", events_carry_payload, events)
