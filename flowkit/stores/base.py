@@ -20,6 +20,21 @@ from .._search_terms import Term, parse_filter
 from ..errors import ConflictError
 from ..events import Event
 from ..singleton import check_limit
+from ._capabilities import (
+    ClaimsByVersion,
+    LatestEvent,
+    PrunesRuns,
+    PublishedEvent,
+    PublishesEvents,
+    RecordsWorkers,
+    WorkerSeen,
+    WorkflowVersions,
+    claims_by_version,
+    lists_by_search,
+    prunes_runs,
+    publishes_events,
+    records_workers,
+)
 
 
 class _Unset:
@@ -351,39 +366,6 @@ def records_admission(store: Any) -> bool:
     return "admitted_at" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-class PrunesRuns(Protocol):
-    """The optional method ``prune_runs`` (``MemoryStore``, ``SqlStore``; ``CodecStore`` when
-    the store it wraps has it): retention (``engine.prune``, ``Engine(retention=...)``)."""
-
-    async def prune_runs(
-        self,
-        settled_before: float,
-        *,
-        workflow: str | None = None,
-        status: RunStatus | None = None,
-        limit: int = 500,
-    ) -> int:
-        """Delete at most ``limit`` visible terminal runs (of ``workflow``, of ``status``)
-        whose ``updated_at`` is before ``settled_before``, with everything that belongs to
-        them (events, inbox signals, search attributes and any other per-run data the store
-        keeps), in one short transaction; how many it deleted (fewer than ``limit``: no
-        more are left). Never an active run, nor the child of an active parent
-        (``Run.parent_id``); a run that becomes active meanwhile is left alone."""
-        ...
-
-
-def prunes_runs(store: Any) -> bool:
-    """Whether ``store`` has ``prune_runs`` (``PrunesRuns``)."""
-    return callable(getattr(store, "prune_runs", None))
-
-
-def lists_by_search(store: Any) -> bool:
-    """Whether ``store.list_runs`` takes ``search`` and ``after`` (every bundled store)."""
-    return _takes(getattr(store, "list_runs", None), "search") and _takes(
-        getattr(store, "list_runs", None), "after"
-    )
-
-
 class ReleasesLeases(Protocol):
     """The optional method ``release_leases`` (every bundled store has it)."""
 
@@ -493,186 +475,6 @@ class NextDueAfter(Protocol):
         lease expiry, its creation), or ``None``. Runs due at ``now`` or before are left out
         (``due_runs`` lists those). One read; writes nothing."""
         ...
-
-
-WorkflowVersions = Sequence[tuple[str, str]]
-"""``(workflow, version)`` pairs: what a worker has registered, and so may run."""
-
-
-class ClaimsByVersion(Protocol):
-    """The optional capability ``claims_by_version`` (``MemoryStore``, ``SqlStore``;
-    ``CodecStore`` when the store it wraps has it): a worker claims only runs whose
-    ``(workflow, workflow_version)`` it has registered, in the claim itself, so a run always
-    resumes on the code it started on (DESIGN §9, "Versions").
-
-    ``claim`` and ``due_runs`` take a keyword ``versions`` (``WorkflowVersions``); ``None``
-    means any run, as without the capability. A store without it (the attribute absent or
-    false) is never passed ``versions``: the worker then filters ``due_runs`` by workflow
-    name, claims, and gives back the lease of a run whose version it lacks (the run stays
-    claimable; every such claim costs two writes, so the capability matters to mixed fleets).
-    With it, the store also honours ``Notify.claim_versions``."""
-
-    claims_by_version: bool
-
-    async def claim(
-        self,
-        run_id: str,
-        owner: str,
-        now: float,
-        lease_expires: float,
-        *,
-        versions: WorkflowVersions | None = None,
-    ) -> Run | None:
-        """``Store.claim``; with ``versions``, ``None`` (nothing written) unless the run's
-        ``(workflow, workflow_version)`` is one of them."""
-        ...
-
-    async def due_runs(
-        self,
-        now: float,
-        limit: int,
-        workflows: Sequence[str] | None = None,
-        *,
-        versions: WorkflowVersions | None = None,
-    ) -> list[str]:
-        """``Store.due_runs``; with ``versions``, only runs whose ``(workflow,
-        workflow_version)`` is one of them (found by index: a fleet of old and new workers
-        must not scan each other's runs)."""
-        ...
-
-
-def claims_by_version(store: Any) -> bool:
-    """Whether ``store`` claims by ``(workflow, version)`` (``ClaimsByVersion``): it says so,
-    and its ``claim`` and ``due_runs`` take ``versions`` (a subclass that overrides one with
-    the older signature does not: the worker then claims and gives back)."""
-    if not getattr(store, "claims_by_version", False):
-        return False
-    return all(_takes(getattr(store, m, None), "versions") for m in ("claim", "due_runs"))
-
-
-def _takes(fn: Any, keyword: str) -> bool:
-    """Whether the callable ``fn`` accepts the keyword argument ``keyword``."""
-    if fn is None:
-        return False
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-@dataclass(frozen=True)
-class WorkerSeen:
-    """What a worker instance made known of itself (``RecordsWorkers``): the ``(workflow,
-    version)`` pairs it runs, and when it last said so."""
-
-    instance_id: str
-    versions: tuple[tuple[str, str], ...]
-    last_seen: float
-    # the namespace of the store it works on (None: unscoped, it runs every namespace's runs)
-    namespace: str | None = None
-
-
-class RecordsWorkers(Protocol):
-    """The optional capability ``records_workers`` (``MemoryStore``, ``SqlStore``;
-    ``CodecStore`` when the store it wraps has it): workers make themselves known, so tools
-    can say when no live worker has a run's version (``flowkit runs``/``show``,
-    ``Engine.result``'s timeout message). Best effort on both sides: a worker logs a failed
-    ``record_worker`` and goes on; without the capability nothing is said."""
-
-    records_workers: bool
-
-    async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
-        """Insert or replace this store's namespace's entry of ``instance_id``: the pairs it
-        runs, seen at ``now``. A store may forget entries not seen for a long time (days)."""
-        ...
-
-    async def workers(self) -> list[WorkerSeen]:
-        """Every entry of this store's namespace, by ``instance_id``."""
-        ...
-
-
-def records_workers(store: Any) -> bool:
-    """Whether ``store`` keeps what workers make known of themselves (``RecordsWorkers``)."""
-    return bool(getattr(store, "records_workers", False))
-
-
-class LatestEvent(Protocol):
-    """The optional ``latest_event`` method (``MemoryStore``, ``SqlStore``, ``CodecStore``):
-    one event of a run found without loading its whole history. ``engine.get_event`` reads
-    a run's newest ``event_set`` of a key with it, ``engine.update`` its reply; a store
-    without it has the whole history loaded and searched instead (``_history_wait``)."""
-
-    async def latest_event(self, run_id: str, type: str, field: str, value: str) -> Event | None:
-        """The run's newest event (highest ``seq``) of ``type`` whose string field ``field``
-        equals ``value``, with its ``seq``; ``None`` when there is none or no such run
-        (visible to this store's namespace). One read; writes nothing."""
-        ...
-
-
-@dataclass(frozen=True)
-class PublishedEvent:
-    """What ``publish_event`` did with one event: ``delivered`` to these waiting runs (their
-    ids, in waiting order), else ``buffered`` for the first later matching waiter; a
-    ``duplicate`` (its ``event_id`` was published before) delivered and buffered nothing.
-    ``started``: the runs ``Engine.publish_event`` started for ``@workflow(on_event=...)``
-    (the store leaves it empty)."""
-
-    event_id: str
-    duplicate: bool = False
-    delivered: tuple[str, ...] = ()
-    buffered: bool = False
-    started: tuple[str, ...] = ()
-
-
-class PublishesEvents(Protocol):
-    """The optional capability ``publishes_events`` (``MemoryStore``, ``SqlStore``;
-    ``CodecStore`` when the store it wraps has it): published events (DESIGN §11), delivered
-    to waiting runs or buffered, atomically. Both methods are serialized per event ``name``
-    (PostgreSQL: a transaction-scoped advisory lock; SQLite: its write lock), so a publish and
-    a waiter registering cannot miss each other: the event is delivered or buffered, never
-    lost in between.
-
-    Matching: ``keys`` maps each top-level key of the payload to a digest of its value
-    (``flowkit._publish.digests``); a waiter's ``match`` maps keys to digests; a waiter
-    matches when every one of its ``match`` items is among ``keys``. Stores compare digests
-    only, so a ``CodecStore`` payload stays opaque."""
-
-    publishes_events: bool
-
-    async def publish_event(
-        self, name: str, payload: Any, event_id: str, keys: dict[str, str], now: float
-    ) -> PublishedEvent:
-        """Atomically: when ``event_id`` was published before in this namespace, nothing
-        (``duplicate``). Else remember it; deliver the event to every registered waiter of
-        ``name`` whose run is active and not cancelling and whose ``match`` matches (the
-        waiter is removed, the run's inbox gets the signal ``event_mark(pos)``, and a run
-        suspended waiting for it becomes due at ``now``); waiters of settled or cancelling runs
-        are dropped. When none matched, buffer it (oldest first) for ``take_event``."""
-        ...
-
-    async def take_event(
-        self,
-        run_id: str,
-        pos: str,
-        name: str,
-        match: dict[str, str],
-        now: float,
-        *,
-        wait: bool = True,
-    ) -> TakenEvent | None:
-        """Atomically, for the wait at ``pos`` of ``run_id``: the event delivered to it, if
-        any; else the oldest buffered event of ``name`` that ``match`` matches, taken out of
-        the buffer and delivered to it; else ``None`` after registering the wait
-        (``wait=True``) or removing its registration (``wait=False``: a timeout, exclusive
-        with a delivery). Again after a crash, it answers the same event until the record of
-        ``event_received`` consumes its mark. ``RunNotFoundError`` for an unknown run."""
-        ...
-
-
-def publishes_events(store: Any) -> bool:
-    """Whether ``store`` has published events (``PublishesEvents``)."""
-    return bool(getattr(store, "publishes_events", False))
 
 
 class Watchable(Protocol):
