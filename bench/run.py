@@ -22,10 +22,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _results
 import child_bench
 import dbos_bench
+import events_bench
 import handover_bench
 import latency_bench
 import lock_bench
 import replay_bench
+import schedule_bench
 import search_bench
 import singleton_bench
 import store_bench
@@ -58,6 +60,8 @@ def main() -> int:
             "sync_steps": lambda: sync_steps_bench.main(args.smoke),
             "children": lambda: child_bench.main(args.smoke, pg_url, Path(tmp)),
             "search": lambda: search_bench.main(args.smoke, pg_url, Path(tmp)),
+            "events": lambda: events_bench.run_all(args.smoke, pg_url, Path(tmp)),
+            "schedules": lambda: schedule_bench.run_all(args.smoke, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

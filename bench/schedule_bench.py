@@ -34,6 +34,14 @@ class Tick:
         return None
 
 
+@workflow(name="schedule-bench-timer")
+class Timer:
+    """The baseline: a durable timer until a whole second, the nearest thing to a tick."""
+
+    async def run(self, ctx: Any, fire_at: float) -> None:
+        await ctx.sleep_until(fire_at)
+
+
 def _pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, math.ceil(p * len(xs)) - 1))]
@@ -61,6 +69,59 @@ async def measure(store: Any, seconds: float, workers: int) -> dict[str, Any]:
         "p99_ms": round(_pct(late, 0.99), 2),
         "max_ms": round(max(late), 2),
     }
+
+
+async def timers(store: Any, seconds: float, workers: int) -> dict[str, Any]:
+    """The baseline of ``measure``: one run per whole second sleeping until it, on the same
+    number of engines; the lateness of each ``timer_fired`` after its instant."""
+    engines = [Engine(store, [Timer]) for _ in range(workers)]
+    for e in engines:
+        await e.start_worker()
+    start = math.ceil(engines[0].clock.now()) + 1
+    n = max(1, int(seconds))
+    for i in range(n):
+        await engines[0].start(Timer, float(start + i), f"timer-{i}")
+    for i in range(n):
+        await engines[0].result(f"timer-{i}", timeout=seconds + 60)
+    late = []
+    for i in range(n):
+        fired = [
+            e for e in (await engines[0].history(f"timer-{i}")).events if e.type == "timer_fired"
+        ]
+        late.append((fired[0].at - (start + i)) * 1000)
+    for e in engines:
+        await e.stop()
+    return {"runs": n, "p50_ms": round(_pct(late, 0.5), 2), "p99_ms": round(_pct(late, 0.99), 2)}
+
+
+async def run_all(smoke: bool, tmp: Path, workers: int = 2) -> dict[str, Any]:
+    """For ``bench/run.py``: tick lateness against a plain timer's, on memory and SQLite."""
+    seconds = 3.0 if smoke else 20.0
+    out: dict[str, Any] = {}
+    for name, make in (
+        ("memory", lambda _n: MemoryStore()),
+        ("sqlite", lambda n: SqlStore(f"sqlite:///{tmp / f'sched-{n}.db'}")),
+    ):
+        store = make("ticks")
+        try:
+            got = await measure(store, seconds, workers)
+        finally:
+            getattr(store, "close", lambda: None)()
+        store = make("timers")
+        try:
+            base = await timers(store, seconds, workers)
+        finally:
+            getattr(store, "close", lambda: None)()
+        got["baseline_timer_p50_ms"] = base["p50_ms"]
+        got["ratio_p50_vs_timer"] = round(got["p50_ms"] / max(base["p50_ms"], 0.01), 2)
+        out[name] = got
+        print(
+            f"schedules {name}: every=1 on {workers} engines, {got['runs']} runs for"
+            f" {got['distinct']} ticks, lateness p50 {got['p50_ms']} ms p99 {got['p99_ms']} ms"
+            f" ({got['ratio_p50_vs_timer']}x a timer's p50: {base['p50_ms']} ms)",
+            flush=True,
+        )
+    return out
 
 
 async def main() -> None:
