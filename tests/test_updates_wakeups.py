@@ -69,10 +69,13 @@ async def test_readers_in_another_process_are_woken_by_the_store(
     async with worker:
         await client.start("progress", None, "p1")
         reader = asyncio.ensure_future(client.get_event("p1", "stage"))
-        hub = None
-        while hub is None or not hub.ready.is_set():  # (the reader's watcher listens)
-            await asyncio.sleep(0.01)
-            hub = client.store._db.hub()  # type: ignore[attr-defined]
+        # (the reader's watcher and the worker's listen: a wake-up sent before one of them
+        # listens is lost, and the worker's own poll is a minute away)
+        for engine in (client, worker):
+            hub = None
+            while hub is None or not hub.ready.is_set():
+                await asyncio.sleep(0.01)
+                hub = engine.store._db.hub()  # type: ignore[attr-defined]
         assert not reader.done()
         await client.signal("p1", "go")
         assert await asyncio.wait_for(reader, BOUND) == "two"
