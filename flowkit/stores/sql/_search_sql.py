@@ -185,7 +185,7 @@ class Pruning:
         r = runs.c
         parent = runs.alias("parent")
         pick = (
-            sa.select(r.id)
+            sa.select(r.id, r.parent_id)
             .where(
                 visible(self.namespace),
                 r.status.in_(_TERMINAL),
@@ -227,9 +227,25 @@ class Pruning:
                                 table.c.namespace == namespace, table.c[key].in_(old)
                             )
                         )
-                ids = [row[0] for row in conn.execute(pick)]
+                picked = list(conn.execute(pick))
+                ids = [row[0] for row in picked]
                 if not ids:
                     return 0
+                parents = {row[1] for row in picked if row[1] is not None}
+                if parents and db.dialect == "postgresql":
+                    # The pick's test of the parents ran on its snapshot, not under a lock
+                    # (READ COMMITTED): an ``engine.retry`` of a parent committed since would
+                    # leave an active parent without its child. Lock the parents (a retry
+                    # waits for this transaction) and test them again, on what is committed.
+                    locked = conn.execute(
+                        sa.select(r.id, r.status)
+                        .where(r.id.in_(parents))
+                        .with_for_update(read=True)
+                    )  # (every parent, whatever its status: a terminal one is what a retry opens)
+                    active = {row[0] for row in locked if row[1] not in _TERMINAL}
+                    ids = [row[0] for row in picked if row[1] not in active]
+                    if not ids:
+                        return 0
                 for table in PER_RUN_TABLES:
                     conn.execute(sa.delete(table).where(table.c.run_id.in_(ids)))
                 conn.execute(sa.delete(runs).where(r.id.in_(ids)))
