@@ -16,12 +16,12 @@ from typing import Any
 from .. import _limits, _serde
 from .._context import UpdateRequest
 from .._payloads import inbox_name, received
-from ..errors import ConflictError, SignalTimeout
-from ..events import TimerFired, TimerStarted, UpdateReceived, UpdateReplied
+from .._run import InboxSignal
+from ..events import UpdateReceived, UpdateReplied
 from .branch import Branch
 from .guard import cancel_left, enter, made_on
-from .signals import _Evicted
 from .state import ActivationState
+from .waits import wait_inbox
 
 
 def wait_for_update(
@@ -79,52 +79,14 @@ async def run_wait_update(
 async def _wait_update_in(
     st: ActivationState, pos: str, name: str, timeout: float | None
 ) -> UpdateReceived:
-    st.check_alive()
-    evs = st.take(pos, "wait_for_update", name)
-    for ev in evs:
-        if isinstance(ev, UpdateReceived):
-            st.observe(ev)
-            return ev
-    timer = next((e for e in evs if isinstance(e, TimerStarted)), None)
-    fired = next((e for e in evs if isinstance(e, TimerFired)), None)
-    if fired is not None:
-        st.observe(fired)
-        raise SignalTimeout(name, timeout if timeout is not None else 0.0)
-    inbox = inbox_name(name)
-    while True:
-        st.check_alive()
-        if st.cancel_requested:  # (before the inbox: an update there is not taken)
-            raise asyncio.CancelledError()
-        try:
-            sig = await st.host.peek_signal(inbox)
-        except Exception as exc:
-            st.store_error = exc
-            st.evict()
-            raise _Evicted() from exc
-        if sig is not None:
-            body = sig.payload if isinstance(sig.payload, dict) else {}
-            ev = UpdateReceived(
-                pos=pos,
-                name=name,
-                update_id=str(body.get("update_id", sig.id)),
-                arg=body.get("arg"),
-                at=st.host.now(),
-            )
-            try:
-                await st.record([ev], consume_signal=sig.id)
-            except ConflictError:
-                continue  # consumed by a racing activation; look again
-            return ev
-        now = st.host.now()
-        if timeout is not None and timer is None:
-            timer = TimerStarted(
-                pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
-            )
-            await st.record([timer])
-        if timer is not None and timer.fire_at <= now:
-            await st.record([TimerFired(pos=pos, at=now)])
-            raise SignalTimeout(name, timeout if timeout is not None else 0.0)
-        await st.park(timer.fire_at if timer else None, inbox)
+    def receipt(sig: InboxSignal, at: float) -> UpdateReceived:
+        body = sig.payload if isinstance(sig.payload, dict) else {}
+        update_id = str(body.get("update_id", sig.id))
+        return UpdateReceived(pos=pos, name=name, update_id=update_id, arg=body.get("arg"), at=at)
+
+    got = await wait_inbox(st, pos, "wait_for_update", name, inbox_name(name), timeout, receipt)
+    assert isinstance(got, UpdateReceived)
+    return got
 
 
 async def run_reply_update(

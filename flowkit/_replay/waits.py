@@ -5,13 +5,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from .._payloads import received
+from .._run import InboxSignal
 from ..errors import ConflictError, SignalTimeout
-from ..events import SignalReceived, TimerFired, TimerStarted
+from ..events import Event, SignalReceived, TimerFired, TimerStarted
 from .branch import Branch
 from .guard import cancel_left, enter
+from .matching import Call
 from .signals import _Evicted
 from .state import ActivationState
 
@@ -70,12 +73,33 @@ async def run_wait_signal(
 
 
 async def _wait_signal_in(st: ActivationState, pos: str, name: str, timeout: float | None) -> Any:
+    def receipt(sig: InboxSignal, at: float) -> SignalReceived:
+        return SignalReceived(pos=pos, name=name, payload=sig.payload, at=at)
+
+    got = await wait_inbox(st, pos, "wait_for_signal", name, name, timeout, receipt)
+    assert isinstance(got, SignalReceived)
+    return got.payload
+
+
+async def wait_inbox(
+    st: ActivationState,
+    pos: str,
+    call: Call,
+    name: str,
+    inbox: str,
+    timeout: float | None,
+    receipt: Callable[[InboxSignal, float], Event],
+) -> Event:
+    """A wait at ``pos`` for the run's oldest inbox signal ``inbox`` (``ctx.wait_for_signal``,
+    ``ctx.wait_for_update``): its receipt (``receipt(signal, now)``, recorded with the commit
+    that consumes the signal, or found in the history), or ``SignalTimeout`` once ``timeout``
+    seconds have passed (a ``signal_timeout`` timer at ``pos``)."""
     st.check_alive()
-    evs = st.take(pos, "wait_for_signal", name)
+    evs = st.take(pos, call, name)
     for ev in evs:
-        if isinstance(ev, SignalReceived):
+        if not isinstance(ev, TimerStarted | TimerFired):
             st.observe(ev)
-            return ev.payload
+            return ev
     timer = next((e for e in evs if isinstance(e, TimerStarted)), None)
     fired = next((e for e in evs if isinstance(e, TimerFired)), None)
     if fired is not None:
@@ -86,20 +110,18 @@ async def _wait_signal_in(st: ActivationState, pos: str, name: str, timeout: flo
         if st.cancel_requested:  # (before the inbox: a signal there is not taken)
             raise asyncio.CancelledError()
         try:
-            sig = await st.host.peek_signal(name)
+            sig = await st.host.peek_signal(inbox)
         except Exception as exc:
             st.store_error = exc
             st.evict()
             raise _Evicted() from exc
         if sig is not None:
+            got = receipt(sig, st.host.now())
             try:
-                await st.record(
-                    [SignalReceived(pos=pos, name=name, payload=sig.payload, at=st.host.now())],
-                    consume_signal=sig.id,
-                )
+                await st.record([got], consume_signal=sig.id)
             except ConflictError:
                 continue  # consumed by a racing activation; look again
-            return sig.payload
+            return got
         now = st.host.now()
         if st.cancel_requested:
             raise asyncio.CancelledError()
@@ -111,4 +133,4 @@ async def _wait_signal_in(st: ActivationState, pos: str, name: str, timeout: flo
         if timer is not None and timer.fire_at <= now:
             await st.record([TimerFired(pos=pos, at=now)])
             raise SignalTimeout(name, timeout if timeout is not None else 0.0)
-        await st.park(timer.fire_at if timer else None, name)
+        await st.park(timer.fire_at if timer else None, inbox)
