@@ -39,6 +39,9 @@ ON_TIME = 60.0
 database), and that must not skip the tick. Older ticks start only within the window."""
 DUE_BATCH = 100
 """The most due schedules a worker fires per poll (the rest: at its next poll)."""
+RECORD_ATTEMPTS = 10
+"""How often a worker that lost a tick's compare-and-set re-reads the schedule to record the
+run it started (``Schedules._record``); each failed attempt means another worker moved it."""
 MAX_SCHEDULE_ID_LENGTH = MAX_RUN_ID_LENGTH - len("sched::manual:2000-01-01T00:00:00.000000Z")
 """A schedule id leaves room in its runs' ids for the tick (or ``manual:`` and an instant)."""
 
@@ -197,11 +200,12 @@ class Schedules:
         self._stale, self._read_at = False, now
         try:
             store: KeepsSchedules = eng.store  # type: ignore[assignment]
-            names = set(eng.registry.names())
-            for rec in await store.due_schedules(now, DUE_BATCH):
-                if rec.workflow in names:
-                    await self._fire(rec, now)
-            self._next_at = await store.next_schedule_after(now)
+            # only this worker's workflows, in the store's query: the due schedules of others
+            # (whose workers may be down) must not fill the batch in place of its own
+            names = sorted(eng.registry.names())
+            for rec in await store.due_schedules(now, DUE_BATCH, names):
+                await self._fire(rec, now)
+            self._next_at = await store.next_schedule_after(now, names)
         except Exception:
             log.warning("firing schedules failed; trying again at the next poll", exc_info=True)
             self._stale = True
@@ -224,11 +228,35 @@ class Schedules:
             if on_time and (rec.overlap == "allow" or not await self._active(last)):
                 started = await self._start(rec, t)
             if not await store.advance_schedule(rec.id, expected, nxt, now, started):
-                return  # another worker took this tick (or the schedule changed)
+                # another worker took this tick (or the schedule changed); the run started
+                # here is still this schedule's newest, unless a later tick's run is
+                if started is not None:
+                    await self._record(rec, started, now)
+                return
             expected = t = nxt
             last = started or last
         if t != expected:
             await store.advance_schedule(rec.id, expected, t, now)
+
+    async def _record(self, rec: ScheduleRecord, run_id: str, now: float) -> None:
+        """Record ``run_id`` (tick ``T``'s run, started here) as ``rec``'s last run after
+        this worker lost the compare-and-set of ``T``: a worker that skipped ``T`` (it saw the
+        previous run still active a moment earlier) advanced the row without a run, and
+        ``overlap="skip"`` would otherwise look at the previous, finished, run at the next
+        tick and start a second run beside ``T``'s. Written by the same compare-and-set
+        (``next_fire`` unchanged), re-read and retried while other workers move the row;
+        not when the row already names a later tick's run (the ids of one schedule's ticks
+        sort by their UTC stamps), or the schedule was deleted or given a new timetable."""
+        store: KeepsSchedules = self._engine.store  # type: ignore[assignment]
+        for _ in range(RECORD_ATTEMPTS):
+            row = await store.get_schedule(rec.id)
+            if row is None or not row.same_timetable(rec):
+                return
+            if row.last_run_id is not None and row.last_run_id >= run_id:
+                return
+            if await store.advance_schedule(rec.id, row.next_fire, row.next_fire, now, run_id):
+                return
+        log.warning("schedule %s: could not record %s as its last run", rec.id, run_id)
 
     async def _active(self, run_id: str | None) -> bool:
         run = None if run_id is None else await self._engine.store.get_run(run_id)
@@ -246,4 +274,11 @@ class Schedules:
         return run.id
 
 
-__all__ = ["DUE_BATCH", "MAX_SCHEDULE_ID_LENGTH", "ON_TIME", "Schedule", "Schedules"]
+__all__ = [
+    "DUE_BATCH",
+    "MAX_SCHEDULE_ID_LENGTH",
+    "ON_TIME",
+    "RECORD_ATTEMPTS",
+    "Schedule",
+    "Schedules",
+]

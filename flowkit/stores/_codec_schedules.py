@@ -5,6 +5,7 @@ on the way in and decoded on the way out, bound to its schedule id."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from ._codec_fields import Ctx
@@ -77,11 +78,15 @@ class CodecSchedules:
             await inner.advance_schedule(schedule_id, expected_next, new_next, now, last_run_id)
         )
 
-    async def due_schedules(self, now: float, limit: int) -> list[ScheduleRecord]:
-        return self._outs(list(await self._sched().due_schedules(now, limit)))
+    async def due_schedules(
+        self, now: float, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[ScheduleRecord]:
+        return self._outs(list(await self._sched().due_schedules(now, limit, workflows)))
 
-    async def next_schedule_after(self, now: float) -> float | None:
-        got = await self._sched().next_schedule_after(now)
+    async def next_schedule_after(
+        self, now: float, workflows: Sequence[str] | None = None
+    ) -> float | None:
+        got = await self._sched().next_schedule_after(now, workflows)
         return None if got is None else float(got)
 
 

@@ -4,6 +4,7 @@ implementation of ``flowkit.stores.schedules.KeepsSchedules``."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from .schedules import ScheduleRecord, merged
 
@@ -69,15 +70,21 @@ class MemorySchedules:
         )
         return True
 
-    async def due_schedules(self, now: float, limit: int) -> list[ScheduleRecord]:
-        due = [r for r in self._mine() if not r.paused and r.next_fire <= now]
+    def _live(self, workflows: Sequence[str] | None) -> list[ScheduleRecord]:
+        """The schedules not paused (of ``workflows`` when given)."""
+        names = None if workflows is None else set(workflows)
+        return [r for r in self._mine() if not r.paused and (names is None or r.workflow in names)]
+
+    async def due_schedules(
+        self, now: float, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[ScheduleRecord]:
+        due = [r for r in self._live(workflows) if r.next_fire <= now]
         return sorted(due, key=lambda r: (r.next_fire, r.id))[: max(limit, 0)]
 
-    async def next_schedule_after(self, now: float) -> float | None:
-        return min(
-            (r.next_fire for r in self._mine() if not r.paused and r.next_fire > now),
-            default=None,
-        )
+    async def next_schedule_after(
+        self, now: float, workflows: Sequence[str] | None = None
+    ) -> float | None:
+        return min((r.next_fire for r in self._live(workflows) if r.next_fire > now), default=None)
 
 
 __all__ = ["MemorySchedules"]

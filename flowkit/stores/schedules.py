@@ -7,6 +7,7 @@ when the store it wraps has it. ``flowkit_testing.conformance`` checks it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,12 +81,20 @@ class KeepsSchedules(Protocol):
         ``next_fire`` is no longer ``expected_next`` (another worker advanced it)."""
         ...
 
-    async def due_schedules(self, now: float, limit: int) -> list[ScheduleRecord]:
-        """Up to ``limit`` schedules not paused whose ``next_fire <= now``, earliest first."""
+    async def due_schedules(
+        self, now: float, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[ScheduleRecord]:
+        """Up to ``limit`` schedules not paused whose ``next_fire <= now``, earliest first;
+        with ``workflows``, only those of these workflow names (in the query, by index: a
+        worker must not be handed, batch after batch, the due schedules of workflows it does
+        not run, which nobody advances while their workers are down, in place of its own)."""
         ...
 
-    async def next_schedule_after(self, now: float) -> float | None:
-        """The earliest ``next_fire`` after ``now`` of the schedules not paused."""
+    async def next_schedule_after(
+        self, now: float, workflows: Sequence[str] | None = None
+    ) -> float | None:
+        """The earliest ``next_fire`` after ``now`` of the schedules not paused (with
+        ``workflows``, of those of these workflow names)."""
         ...
 
 

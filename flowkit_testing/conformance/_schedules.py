@@ -57,16 +57,29 @@ async def check_schedule_rows(factory: StoreFactory) -> None:
 async def check_due_schedules(factory: StoreFactory) -> None:
     """``due_schedules(now, limit)`` lists the schedules not paused whose ``next_fire`` is at
     or before ``now``, earliest first; ``next_schedule_after(now)`` is the earliest later one;
-    ``advance_schedule`` is a compare-and-set on ``next_fire``."""
+    with ``workflows``, both only count the schedules of these workflows (the limit too: the
+    earlier due schedules of other workflows do not take its places); ``advance_schedule`` is
+    a compare-and-set on ``next_fire``."""
     s: Any = await make_store(factory)
     for sid, t in (("late", T0 + 30), ("early", T0 + 10), ("now", T0 + 50), ("later", T0 + 90)):
         await s.put_schedule(_rec(sid, next_fire=t))
     await s.put_schedule(_rec("off", next_fire=T0))
     await s.set_schedule_paused("off", True, T0)
-    due = await s.due_schedules(T0 + 50, 10)
-    expect_eq([r.id for r in due], ["early", "late", "now"], "due_schedules")
-    expect_eq([r.id for r in await s.due_schedules(T0 + 50, 2)], ["early", "late"], "limit")
-    expect_eq(await s.next_schedule_after(T0 + 50), T0 + 90, "next_schedule_after")
+    for i in range(3):  # due before all of WF's, and one later than them all
+        await s.put_schedule(dataclasses.replace(_rec(f"x{i}", next_fire=T0 + i), workflow="x"))
+    await s.put_schedule(dataclasses.replace(_rec("x-later", next_fire=T0 + 80), workflow="x"))
+    due = await s.due_schedules(T0 + 50, 10, [WF])
+    expect_eq([r.id for r in due], ["early", "late", "now"], "due_schedules of a workflow")
+    mine = await s.due_schedules(T0 + 50, 2, [WF, "absent"])
+    expect_eq([r.id for r in mine], ["early", "late"], "limit, past other workflows' schedules")
+    expect_eq([r.id for r in await s.due_schedules(T0 + 50, 10, [])], [], "no workflows")
+    every = await s.due_schedules(T0 + 50, 10)
+    expect_eq([r.id for r in every], ["x0", "x1", "x2", "early", "late", "now"], "due_schedules")
+    expect_eq([r.id for r in await s.due_schedules(T0 + 50, 2)], ["x0", "x1"], "limit")
+    expect_eq(await s.next_schedule_after(T0 + 50), T0 + 80, "next_schedule_after")
+    expect_eq(await s.next_schedule_after(T0 + 50, [WF]), T0 + 90, "next of a workflow")
+    expect_eq(await s.next_schedule_after(T0 + 50, ["x"]), T0 + 80, "next of the other one")
+    expect_eq(await s.next_schedule_after(T0 + 50, []), None, "next of no workflows")
     expect_eq(await s.next_schedule_after(T0 + 90), None, "next_schedule_after, none later")
     moved = await s.advance_schedule("early", T0 + 9, T0 + 70, T0 + 50)
     expect_eq(moved, False, "advance_schedule with a stale expected next_fire")

@@ -203,8 +203,12 @@ schedules = sa.Table(
     sa.Column("last_run_id", RUN_ID),
     sa.Column("created_at", _TIME, nullable=False),
     sa.Column("updated_at", _TIME, nullable=False),
-    # the workers' scan of due schedules
+    # the scan of due schedules, and the next tick
     sa.Index("ix_flowkit_schedules_due", "namespace", "paused", "next_fire"),
+    # a worker's scan of the due schedules of its workflows (``due_schedules(workflows=)``):
+    # not a walk past the due schedules of workflows it does not run (nobody advances them
+    # while their workers are down); added since the table (created on first use)
+    sa.Index("ix_flowkit_schedules_workflow", "namespace", "paused", "workflow", "next_fire"),
 )
 
 # Published events (``base.PublishesEvents``, ``_events``): additive tables, created on
@@ -288,7 +292,7 @@ _ADDED_INDEXES = [
         "ix_flowkit_runs_parent",
         "ix_flowkit_runs_settled",
     )
-]
+] + [ix for ix in schedules.indexes if ix.name == "ix_flowkit_schedules_workflow"]
 
 # Columns added since version 1 (``_migrate``): ``ALTER TABLE flowkit_runs ADD COLUMN ...``.
 _ADDED_COLUMNS = {
