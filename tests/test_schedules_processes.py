@@ -42,7 +42,6 @@ async def test_two_processes_start_each_tick_once(sql_backend: Backend, tmp_path
         # (list_runs leaves the payloads out: each run's input is read whole)
         inputs = {getattr(await store.get_run(r.id), "input", None) for r in runs}
         [rec] = await store.list_schedules()
-        inputs = {(await store.get_run(r.id)).input for r in runs}  # type: ignore[union-attr]
     finally:
         store.close()
     ticks = sorted(_tick(r.id) for r in runs)
