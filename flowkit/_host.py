@@ -119,6 +119,14 @@ class Host:
         )
         return taken
 
+    async def drop_event_wait(self, pos: str, name: str) -> None:
+        store: Any = self._d.store
+        if not publishes_events(store):
+            raise UnsupportedStoreError(f"{store!r} has no published events (publishes_events)")
+        again = await store.drop_event_wait(self._run_id, pos, name, self._d.clock.now())
+        for rid in again:  # (an event given back reached other waiters: they run now)
+            self._d._seat.dispatch(rid)
+
     async def compensating(self, events: Sequence[Event]) -> None:
         d = self._d
         if not self._proof.live():

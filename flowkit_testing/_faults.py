@@ -45,6 +45,7 @@ STORE_OPS = (
     "try_admit_singleton",
     "publish_event",
     "take_event",
+    "drop_event_wait",
 )
 WRITE_OPS = (
     "create_run",
@@ -56,6 +57,7 @@ WRITE_OPS = (
     "try_admit_singleton",
     "publish_event",
     "take_event",
+    "drop_event_wait",
 )
 
 

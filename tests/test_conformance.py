@@ -124,6 +124,7 @@ def test_registry_covers_every_check_function() -> None:
         "publish_buffers_once_for_the_first_later_waiter",
         "publish_dedupes_event_ids",
         "take_without_wait_drops_the_registration",
+        "dropped_wait_gives_back_its_event",
         "competing_publish_and_take",
     }
     assert all(CHECKS[n].requires == ("publishes_events",) for n in published)

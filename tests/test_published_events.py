@@ -444,3 +444,93 @@ def test_processes_publishing_the_same_events_start_one_run_each(sql_backend: An
         assert all(out[i][1] == [f"evt:e{i}:receipt"] for out in outs)
     runs = asyncio.run(sql_backend.store.list_runs(workflow="receipt"))
     assert sorted(r.id for r in runs) == [f"evt:e{i}:receipt" for i in range(5)]
+
+
+def digests_at_rest(backend: Any) -> list[dict[str, str]]:
+    """The digests a store holds in clear: its buffered events' ``keys`` and its registered
+    waits' ``match``."""
+    if backend.url is None:
+        ed = backend.store._d.events_data
+        return [b.keys for b in ed.buffer] + [w.match for w in ed.waits.values()]
+    import json
+
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(backend.url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = [
+                *conn.execute(sa.text("SELECT keys FROM flowkit_event_buffer")),
+                *conn.execute(sa.text("SELECT match FROM flowkit_event_waits")),
+            ]
+    finally:
+        engine.dispose()
+    return [r[0] if isinstance(r[0], dict) else json.loads(r[0]) for r in rows]
+
+
+async def test_codec_store_keys_the_digests_events_are_matched_on(backend: Any) -> None:
+    """Through an ``AESGCMCodec``, the digests in clear are keyed: whoever reads the database
+    cannot check guessed values against them (an unsalted SHA-256 gave a salary away in a
+    loop of 500 guesses); matching works as before."""
+    import hashlib
+
+    from flowkit._event_keys import value_digest
+    from flowkit._serde import dumps
+    from flowkit.stores.codec import AESGCMCodec
+
+    store = CodecStore(backend.store, AESGCMCodec([("k1", b"k" * 32)]))
+    async with TestEnv([Order()], store=store) as env:
+        payload = {"employee": "alice", "salary": 185000, "order": "o-7"}
+        await env.publish_event("salary.set", payload, event_id="e1")
+        await env.start("order", "o-9", "other")  # (registered: its match is at rest too)
+        await env.run_until_idle()
+        buffered, waiting = digests_at_rest(backend)
+        assert set(buffered) == {"employee", "salary", "order"} and set(waiting) == {"order"}
+        # the brute force of the review: every candidate's plain digest, as stored before
+        guesses = {hashlib.sha256(dumps(s)).hexdigest()[:32]: s for s in range(0, 500_001, 1000)}
+        assert buffered["salary"] not in guesses and value_digest(185000) in guesses
+        assert buffered["employee"] != value_digest("alice")
+        assert waiting["order"] != value_digest("o-9")
+        # both sides are keyed alike: a matching waiter still takes it from the buffer
+        await env.publish_event(EV, {"order": "o-9", "amount": 1}, event_id="e2")
+        assert await env.result("other") == {"order": "o-9", "amount": 1}
+
+
+async def test_keyed_digests_survive_key_rotation() -> None:
+    """The MAC key comes from the first key: appending keys keeps the digests (an event
+    buffered before the rotation still matches), dropping the first one changes them."""
+    from flowkit.stores.codec import AESGCMCodec
+
+    k1, k2 = b"1" * 32, b"2" * 32
+    old, rotated, dropped = (
+        AESGCMCodec([("k1", k1)]),
+        AESGCMCodec([("k1", k1), ("k2", k2)]),
+        AESGCMCodec([("k2", k2)]),
+    )
+    assert old.keyed_digest(b"v") == rotated.keyed_digest(b"v") != dropped.keyed_digest(b"v")
+    assert old.keyed_digest(b"v") != old.keyed_digest(b"w")
+    inner = MemoryStore()
+    async with TestEnv([Order()], store=CodecStore(inner, old)) as env:
+        await env.publish_event(EV, {"order": "r", "amount": 5}, event_id="e1")
+    async with TestEnv([Order()], store=CodecStore(inner, rotated)) as env:
+        await env.start("order", "r", "after-rotation")
+        assert await env.result("after-rotation") == {"order": "r", "amount": 5}
+
+
+async def test_a_codec_without_keyed_digest_leaves_the_digests_plain() -> None:
+    from flowkit._event_keys import payload_keys
+
+    class Plain:
+        def encode(self, value: Any) -> Any:
+            return {"wrapped": value}
+
+        def decode(self, value: Any) -> Any:
+            return value["wrapped"]
+
+    inner = MemoryStore()
+    async with TestEnv([Order()], store=CodecStore(inner, Plain())) as env:
+        await env.publish_event(EV, {"order": "p"}, event_id="e1")
+        (buffered,) = inner._d.events_data.buffer
+        assert buffered.keys == payload_keys({"order": "p"})
+        await env.start("order", "p", "plain")
+        assert await env.result("plain") == {"order": "p"}

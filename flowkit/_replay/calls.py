@@ -383,6 +383,7 @@ _CALL_CODES = frozenset(
         run_child_result.__code__,
         updates.run_wait_update.__code__,
         updates.run_reply_update.__code__,
+        published.run_wait_event.__code__,
     }
 )
 

@@ -295,6 +295,8 @@ def call_of(code_name: str, local: dict[str, Any]) -> tuple[str, str]:
         return pos, f"wait_for_update({local.get('name')!r})"
     if code_name == "run_reply_update":
         return pos, f"reply to update {getattr(local.get('upd'), 'name', '?')!r}"
+    if code_name == "run_wait_event":
+        return pos, f"wait_for_event({local.get('name')!r})"
     if code_name == "run_child":
         call = local.get("call")
         return pos, f"child({getattr(call, 'name', '?')!r})"

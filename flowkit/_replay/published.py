@@ -107,9 +107,25 @@ async def run_wait_event(
         return await _wait_event_in(st, pos, name, match, timeout)
     except asyncio.CancelledError:
         cancel_left(st, br)
+        if not st.tearing_down:  # (the run's cancellation: the wait is abandoned for good)
+            await _abandon(st, pos, name)
         raise
     finally:
         br.depth -= 1
+
+
+async def _abandon(st: ActivationState, pos: str, name: str) -> None:
+    """The run's cancellation left the wait at ``pos``: drop its registration, so a later
+    event goes to another waiter or the buffer instead of this dead wait, and offer again an
+    event delivered to it and not received (``drop_event_wait``). Again on every replay that
+    delivers the cancellation here: nothing then. A store failure stops the activation (the
+    run is recovered, and the replay drops it again)."""
+    try:
+        await st.host.drop_event_wait(pos, name)
+    except Exception as exc:
+        st.store_error = exc
+        st.evict()
+        raise _Evicted() from exc
 
 
 async def _wait_event_in(

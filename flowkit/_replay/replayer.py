@@ -61,6 +61,9 @@ class _ReplayHost:
     ) -> TakenEvent | None:
         return None
 
+    async def drop_event_wait(self, pos: str, name: str) -> None:
+        return None
+
     def lease_live(self) -> bool:
         return True  # (nothing runs: a replay-only activation stops before any step)
 

@@ -74,6 +74,12 @@ class Host(Protocol):
         """The store's ``take_event`` for the wait at ``pos`` of this run (DESIGN §11)."""
         ...
 
+    async def drop_event_wait(self, pos: str, name: str) -> None:
+        """The store's ``drop_event_wait`` for the wait at ``pos`` of this run, abandoned (the
+        run's cancellation left it): its registration goes, and an event delivered to it
+        and not received is offered again (the runs it reaches are woken)."""
+        ...
+
     async def start_child(self, parent_id: str, call: ChildCall) -> ChildStart:
         """Start the child run ``call`` describes (idempotent by its id: an existing child of
         this parent is returned as it is). A ``FlowkitError`` means it cannot start (queue

@@ -132,6 +132,18 @@ class PublishesEvents(Protocol):
         ``event_received`` consumes its mark. ``RunNotFoundError`` for an unknown run."""
         ...
 
+    async def drop_event_wait(
+        self, run_id: str, pos: str, name: str, now: float
+    ) -> tuple[str, ...]:
+        """Atomically (serialized with the calls above, per ``name``), for the wait at ``pos``
+        of ``run_id``, abandoned without receiving (the run's cancellation left it): remove its
+        registration; when an event was delivered to it and its mark is still in the run's
+        inbox (not received), remove the mark and offer the event again as ``publish_event``
+        would (no dedupe: its id stays published): to the registered waiters it matches, else
+        to the buffer (as its newest event). The ids of the runs it reached. Nothing for a wait
+        that is not registered, or whose event was received."""
+        ...
+
 
 def publishes_events(store: Any) -> bool:
     """Whether ``store`` has published events (``PublishesEvents``)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +25,10 @@ ENVELOPE_VERSION = 2
 
 _TAG_SIZE = 16
 
+DIGEST_KEY_LABEL = b"flowkit.codec.aesgcm/digest-key/1"
+"""The fixed label the MAC key of ``AESGCMCodec.keyed_digest`` is derived with (HMAC-SHA256 of
+it under the codec's first key): a key of its own, never used to encrypt."""
+
 
 class AESGCMCodec:
     """AES-GCM with key ids and rotation.
@@ -35,6 +41,11 @@ class AESGCMCodec:
     "data": <base64 of nonce + ciphertext + tag>}`` with a fresh random 12-byte nonce; the key
     id and the ``context`` (``CodecStore`` passes the run id and the field) are bound as
     associated data: decoding needs the same context.
+
+    ``keyed_digest`` (what ``CodecStore`` matches published events on) is an HMAC-SHA256 under
+    a MAC key derived from the *first* (oldest) key, so appending keys for rotation keeps the
+    digests, and with them the matching of buffered events and registered waits; dropping the
+    first key changes them (see ``keyed_digest``).
 
     ``accept_plaintext=True`` reads values that are not envelopes as they are (for wrapping a
     store that already holds plaintext payloads); by default they raise ``CodecError``.
@@ -64,6 +75,7 @@ class AESGCMCodec:
         if not pairs:
             raise ValueError("AESGCMCodec needs at least one key")
         self._keys: dict[str, Any] = {}
+        self._mac_key = b""
         for pair in pairs:
             if isinstance(pair, str | bytes) or len(pair) != 2:
                 raise ValueError("keys must be a mapping or a sequence of (key_id, key) pairs")
@@ -78,6 +90,8 @@ class AESGCMCodec:
                     f"key {kid!r} must be 16, 24 or 32 bytes (AES-128/192/256), got {size}"
                 )
             self._keys[kid] = AESGCM(bytes(key))
+            if not self._mac_key:  # (the first key's)
+                self._mac_key = hmac.new(bytes(key), DIGEST_KEY_LABEL, hashlib.sha256).digest()
         self.current_key_id: str = pairs[-1][0]
         self.accept_plaintext = accept_plaintext
         self.accept_unbound = accept_unbound
@@ -95,6 +109,15 @@ class AESGCMCodec:
 
     def __repr__(self) -> str:  # never shows key material
         return f"AESGCMCodec(key_ids={list(self._keys)!r}, current={self.current_key_id!r})"
+
+    def keyed_digest(self, data: bytes) -> str:
+        """A keyed digest of ``data`` (32 hex digits of HMAC-SHA256 under the MAC key derived
+        from the first key): equal data, equal digests, and without the key nobody can compute
+        one, so a stored digest cannot be checked against guessed values. ``CodecStore`` keys
+        the digests published events are matched on with it. It depends on the first key
+        only: appending keys (rotation) keeps it; dropping the first key changes it, so events
+        buffered and waits registered before then no longer match those made after."""
+        return hmac.new(self._mac_key, data, hashlib.sha256).hexdigest()[:32]
 
     @staticmethod
     def _aad(kid: str, version: int, context: Sequence[str]) -> bytes:

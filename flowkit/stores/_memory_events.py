@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 @dataclass
 class EventWait:
     """A registered ``ctx.wait_for_event`` at ``pos`` of a run (``order``: when it came), or
-    the event delivered to it (``event_id`` set; its inbox mark: ``mark``)."""
+    the event delivered to it (``event_id`` set; its inbox mark: ``mark``; its ``keys``, to
+    offer it again should the wait be dropped before receiving it)."""
 
     namespace: str | None
     name: str
@@ -30,6 +31,7 @@ class EventWait:
     event_id: str | None = None
     payload: Any = None
     mark: int | None = None
+    keys: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,12 +89,20 @@ class MemoryEvents:
         if (ns, event_id) in ed.published:
             return PublishedEvent(event_id, duplicate=True)
         ed.published[(ns, event_id)] = now
+        delivered = self._offer(Buffered(ns, name, event_id, dict(keys), payload, now), now)
+        return PublishedEvent(event_id, delivered=tuple(delivered), buffered=not delivered)
+
+    def _offer(self, ev: Buffered, now: float) -> list[str]:
+        """Deliver ``ev`` to every registered waiter of its name whose run is active and not
+        cancelling and whose ``match`` matches (dropping the waiters of other runs), or, when
+        none does, buffer it: the ids of the runs it reached."""
+        ed = self._d.events_data
         delivered: list[str] = []
         waits = sorted(
             (
                 (w.order, rid, pos, w)
                 for (rid, pos), w in ed.waits.items()
-                if w.namespace == ns and w.name == name and w.event_id is None
+                if w.namespace == ev.namespace and w.name == ev.name and w.event_id is None
             ),
             key=lambda t: t[0],
         )
@@ -101,22 +111,21 @@ class MemoryEvents:
             if run is None or not run.status.active or run.status is RunStatus.CANCELLING:
                 del ed.waits[(rid, pos)]  # (a settled or cancelling waiter gets nothing)
                 continue
-            if not matches(w.match, keys):
+            if not matches(w.match, ev.keys):
                 continue
-            self._deliver(rid, pos, w, event_id, payload, now)
+            self._deliver(rid, pos, w, ev, now)
             delivered.append(rid)
         if not delivered:
-            ed.buffer.append(Buffered(ns, name, event_id, dict(keys), payload, now))
-        return PublishedEvent(event_id, delivered=tuple(delivered), buffered=not delivered)
+            ed.buffer.append(ev)
+        return delivered
 
-    def _deliver(
-        self, run_id: str, pos: str, w: EventWait, event_id: str, payload: Any, now: float
-    ) -> None:
+    def _deliver(self, run_id: str, pos: str, w: EventWait, ev: Buffered, now: float) -> None:
         """Hand the event to the wait: its inbox mark, and the run due when it parks on it."""
         mark = event_mark(pos)
         sig = InboxSignal(next(self._d.signal_ids), mark, None)
         self._d.inbox.setdefault(run_id, []).append(sig)
-        w.event_id, w.payload, w.mark = event_id, payload, sig.id
+        w.event_id, w.payload, w.mark = ev.event_id, ev.payload, sig.id
+        w.keys = dict(ev.keys)
         run = self._d.runs[run_id]
         if run.status is RunStatus.SUSPENDED and mark in run.waiting_signals:
             self._put(dataclasses.replace(run, wake_at=now, updated_at=now))
@@ -142,7 +151,7 @@ class MemoryEvents:
                 del ed.buffer[i]
                 w = w or EventWait(ns, name, dict(match), ed.order)
                 ed.waits[(run_id, pos)] = w
-                self._deliver(run_id, pos, w, b.event_id, b.payload, now)
+                self._deliver(run_id, pos, w, b, now)
                 assert w.mark is not None
                 return TakenEvent(b.event_id, b.payload, w.mark)
         if wait:
@@ -152,6 +161,21 @@ class MemoryEvents:
         elif w is not None:
             del ed.waits[(run_id, pos)]
         return None
+
+    async def drop_event_wait(
+        self, run_id: str, pos: str, name: str, now: float
+    ) -> tuple[str, ...]:
+        ed = self._d.events_data
+        w = ed.waits.pop((run_id, pos), None)
+        if w is None or w.event_id is None or w.mark is None:
+            return ()
+        inbox = self._d.inbox.get(run_id, [])
+        idx = next((i for i, sig in enumerate(inbox) if sig.id == w.mark), None)
+        if idx is None:
+            return ()  # (received: the record of ``event_received`` consumed its mark)
+        inbox.pop(idx)
+        again = Buffered(w.namespace, w.name, w.event_id, w.keys, w.payload, now)
+        return tuple(self._offer(again, now))
 
 
 __all__ = ["Buffered", "EventWait", "MemoryEventData", "MemoryEvents", "matches"]

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
+import orjson as _json
+
 from .._run import Run, RunStatus
 from .._search_terms import Term
 from ..errors import CodecError, EncryptedStoreError
@@ -59,7 +61,12 @@ class Codec(Protocol):
     then the field) on both methods: ``CodecStore`` then passes each value's place, and a
     value decoded with another context than it was encoded with should raise ``CodecError``
     (``AESGCMCodec`` binds it as associated data). ``marker``: a short str describing the
-    codec (no secret), recorded in the store's metadata (see ``CodecStore``)."""
+    codec (no secret), recorded in the store's metadata (see ``CodecStore``).
+    ``keyed_digest(data: bytes) -> str``: a keyed digest (a MAC: equal data, equal digests,
+    and none computable without the codec's secret); ``CodecStore`` then keys the digests of
+    published events' values and waiters' ``match`` with it (``AESGCMCodec`` has it). Without
+    it those digests are stored as the engine makes them: unkeyed SHA-256, which whoever reads
+    the database can check guessed values against."""
 
     def encode(self, value: Any) -> Any:
         """The stored form of the JSON value ``value`` (itself a JSON value)."""
@@ -115,7 +122,8 @@ class CodecStore(CodecFields, CodecSchedules):
     ``records_workers`` (no payload either) are forwarded likewise, and ``continues_as_new``
     (``Update.successor``'s run and events encoded as a new run's), and ``publishes_events``
     (``publish_event``'s payload encoded, at rest in the buffer too; ``take_event``'s decoded;
-    the match digests pass as they are). Any of these, called on a
+    the digests of ``keys`` and ``match`` keyed with the codec's ``keyed_digest`` when it has
+    one, else passed as they are). Any of these, called on a
     wrapper whose ``inner`` lacks the capability, raises ``TypeError`` and sends nothing.
     ``records_admission`` (``singleton_admitted`` written with the marker) and
     ``release_leases`` are ``inner``'s too. ``keeps_schedules`` (``engine.schedules``) is
@@ -148,6 +156,8 @@ class CodecStore(CodecFields, CodecSchedules):
         self.inner = inner
         self.codec = codec
         self._binds = bool(getattr(codec, "binds_context", False))
+        mac = getattr(codec, "keyed_digest", None)
+        self._mac: Callable[[bytes], str] | None = mac if callable(mac) else None
         marker = getattr(codec, "marker", None)
         self.marker: str = (
             marker if isinstance(marker, str) and marker else type(codec).__qualname__
@@ -443,8 +453,25 @@ class CodecStore(CodecFields, CodecSchedules):
         if not self.publishes_events:
             raise TypeError(f"{self.inner!r} has no published events (publishes_events)")
         encoded = self._enc(payload, ("event", name, event_id, "payload"))
-        done: PublishedEvent = await self.inner.publish_event(name, encoded, event_id, keys, now)
+        keyed = self._key_digests(name, keys)
+        done: PublishedEvent = await self.inner.publish_event(name, encoded, event_id, keyed, now)
         return done
+
+    def _key_digests(self, name: str, digests: dict[str, str]) -> dict[str, str]:
+        """An event's ``keys`` or a waiter's ``match`` (digests of JSON values), keyed with the
+        codec's ``keyed_digest`` (each bound to the event name and the top-level key), so the
+        store holds digests nobody can check guessed values against without the codec's
+        secret; as they are when the codec has no ``keyed_digest``. Both sides of a match pass
+        here, so equal values still give equal digests."""
+        mac = self._mac
+        if mac is None:
+            return digests
+        try:
+            return {
+                k: mac(_json.dumps(["flowkit.event-key/1", name, k, d])) for k, d in digests.items()
+            }
+        except Exception as exc:  # a custom codec's own failure: one typed error
+            raise CodecError(f"keyed_digest of event {name!r} failed: {exc}") from exc
 
     async def take_event(
         self,
@@ -459,11 +486,22 @@ class CodecStore(CodecFields, CodecSchedules):
         """``inner``'s, the payload decoded. ``TypeError`` without the capability."""
         if not self.publishes_events:
             raise TypeError(f"{self.inner!r} has no published events (publishes_events)")
-        got = await self.inner.take_event(run_id, pos, name, match, now, wait=wait)
+        keyed = self._key_digests(name, match)
+        got = await self.inner.take_event(run_id, pos, name, keyed, now, wait=wait)
         if got is None:
             return None
         ctx = ("event", name, got.event_id, "payload")
         return TakenEvent(got.event_id, self._dec(got.payload, ctx), got.mark)
+
+    async def drop_event_wait(
+        self, run_id: str, pos: str, name: str, now: float
+    ) -> tuple[str, ...]:
+        """``inner``'s (the event it offers again moves encoded, with its keyed digests: it is
+        bound to the event, not to a run). ``TypeError`` without the capability."""
+        if not self.publishes_events:
+            raise TypeError(f"{self.inner!r} has no published events (publishes_events)")
+        again: tuple[str, ...] = await self.inner.drop_event_wait(run_id, pos, name, now)
+        return again
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
         sig = await self.inner.peek_signal(run_id, name)

@@ -47,6 +47,7 @@ from ._continues import (
 )
 from ._events import (
     check_competing_publish_and_take,
+    check_dropped_wait_gives_back_its_event,
     check_publish_buffers_once_for_the_first_later_waiter,
     check_publish_dedupes_event_ids,
     check_publish_delivers_to_every_matching_waiter,
@@ -236,6 +237,7 @@ __all__ = [
     "check_dead_is_terminal",
     "check_deliver_signal_wakes_waiter",
     "check_denial_parks_waiter",
+    "check_dropped_wait_gives_back_its_event",
     "check_due_runs_and_next_due_at",
     "check_due_runs_by_version",
     "check_due_schedules",

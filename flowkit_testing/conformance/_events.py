@@ -132,6 +132,41 @@ async def check_take_without_wait_drops_the_registration(factory: StoreFactory) 
     expect_eq((done.delivered, done.buffered), ((), True), "a publish to gone waiters")
 
 
+@check(requires=("publishes_events",))
+async def check_dropped_wait_gives_back_its_event(factory: StoreFactory) -> None:
+    """``drop_event_wait`` (the run's cancellation left the wait): a registered wait is gone
+    (a later publish buffers); an event delivered to a wait and not received is offered again,
+    to a waiter registered since, else to the buffer; a received one (its mark consumed) is
+    not; and a second drop does nothing."""
+    s: Any = await make_store(factory)
+    for i, rid in enumerate(("r1", "r2", "r3", "r4")):
+        await put(s, mk(rid, t=T0 + i))
+    await _waiting(s, "r1", A, park=False)
+    expect_eq(await s.drop_event_wait("r1", "1", EV, T0 + 5), (), "a drop of a bare wait")
+    done = await s.publish_event(EV, "x", "e1", A, T0 + 6)
+    expect_eq((done.delivered, done.buffered), ((), True), "a publish after the drop")
+    got = await s.take_event("r2", "1", EV, A, T0 + 7)  # (r2 takes e1 from the buffer)
+    expect(got is not None and got.event_id == "e1", f"r2's take: {got!r}")
+    await _waiting(s, "r3", A, park=False)  # (registered after: nothing for it yet)
+    again = await s.drop_event_wait("r2", "1", EV, T0 + 8)
+    expect_eq(again, ("r3",), "the event r2 dropped, offered to r3")
+    r3 = await s.take_event("r3", "1", EV, A, T0 + 9)
+    expect(r3 is not None and r3.event_id == "e1" and r3.payload == "x", f"r3's take: {r3!r}")
+    expect_eq(await s.drop_event_wait("r2", "1", EV, T0 + 9), (), "a second drop")
+    # r3 receives it (its commit consumes the mark): a drop then gives nothing back
+    await s.claim("r3", "w", T0 + 10, T0 + 30)
+    await s.commit("r3", "w", T0 + 10, Update(consume_signal=r3.mark if r3 else None))
+    expect_eq(await s.drop_event_wait("r3", "1", EV, T0 + 11), (), "a drop after the receipt")
+    expect_eq(await s.take_event("r4", "1", EV, A, T0 + 12), None, "the buffer after all that")
+    # nobody waits: a dropped delivery goes back to the buffer
+    await s.publish_event(EV, "y", "e2", B, T0 + 13)
+    got = await s.take_event("r4", "2", EV, B, T0 + 14)
+    expect(got is not None and got.event_id == "e2", f"r4's take: {got!r}")
+    expect_eq(await s.drop_event_wait("r4", "2", EV, T0 + 15), (), "nobody to offer it to")
+    back = await s.take_event("r1", "2", EV, B, T0 + 16)
+    expect(back is not None and back.event_id == "e2", f"the buffered event again: {back!r}")
+
+
 @check(kind="pair", requires=("publishes_events",))
 async def check_competing_publish_and_take(factory: PairFactory) -> None:
     """Publishes racing the registrations of their waiters (two store objects): each event

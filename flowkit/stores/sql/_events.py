@@ -53,7 +53,11 @@ class _Sql:
         )
         self.delivered = (
             f"UPDATE flowkit_event_waits SET event_id = {p('eid')}, payload = {j('payload')},"
-            f" mark = {p('mark')} WHERE id = {p('wid')}"
+            f" mark = {p('mark')}, keys = {j('keys')} WHERE id = {p('wid')}"
+        )
+        self.dropped = (
+            f"DELETE FROM flowkit_event_waits WHERE run_id = {p('id')} AND pos = {p('pos')}"
+            f" RETURNING namespace, name, event_id, payload{t}, mark, keys{t}"
         )
         self.buffer = (
             "INSERT INTO flowkit_event_buffer (namespace, name, event_id, keys, payload, at)"
@@ -118,19 +122,8 @@ class Events:
         def op(c: Conn, _: Any) -> PublishedEvent:
             if not c.write(ev.remember, {"evns": ns, "eid": event_id, "name": name, "now": now}):
                 return PublishedEvent(event_id, duplicate=True)
-            rows = c.all(ev.waiters, {"evns": ns, "name": name})
-            hits: list[tuple[str, str, int]] = []
-            for wid, rid, pos, match, status in rows:
-                if status is None or status not in _LIVE:
-                    c.write(ev.drop_wait, {"wid": wid})  # (settled or cancelling: nothing)
-                elif _matches(loads(match), keys):
-                    hits.append((str(rid), str(pos), int(wid)))
-            for rid, pos, wid in sorted(hits):  # (row locks in run-id order)
-                _deliver(c, sql, ev, rid, pos, wid, event_id, body, now)
-            if not hits:
-                params = {"evns": ns, "name": name, "eid": event_id, "now": now}
-                c.write(ev.buffer, {**params, "keys": dumps(keys), "payload": body})
-            return PublishedEvent(event_id, delivered=tuple(h[0] for h in hits), buffered=not hits)
+            hits = _offer(c, sql, ev, ns, name, event_id, body, dumps(keys), now)
+            return PublishedEvent(event_id, delivered=hits, buffered=not hits)
 
         done: PublishedEvent = await self._own_tx(Op(op, None, name, locks=(LOCK_PREFIX + name,)))
         return done
@@ -164,7 +157,7 @@ class Events:
                 else:
                     params = {"id": run_id, "pos": pos, "evns": ns, "name": name}
                     wid = int(c.returning(ev.register, {**params, "match": dumps(match)})[0])
-                sig = _deliver(c, sql, ev, run_id, pos, wid, str(eid), body, now)
+                sig = _deliver(c, sql, ev, run_id, pos, wid, str(eid), body, keys, now)
                 return TakenEvent(str(eid), loads(body), sig)
             if wait and mine is None:
                 params = {"id": run_id, "pos": pos, "evns": ns, "name": name}
@@ -178,9 +171,59 @@ class Events:
         )
         return taken
 
+    async def drop_event_wait(
+        self, run_id: str, pos: str, name: str, now: float
+    ) -> tuple[str, ...]:
+        ev, sql = self._ev_sql(), self._sql
+
+        def op(c: Conn, _: Any) -> tuple[str, ...]:
+            row = c.returning(ev.dropped, {"id": run_id, "pos": pos})
+            if row is None or row[2] is None or row[4] is None:
+                return ()
+            evns, ename, eid, body, mark, keys = row
+            if not c.write(sql.consume_signal, {"sid": int(mark), "id": run_id}):
+                return ()  # (received: the record of ``event_received`` consumed its mark)
+            return _offer(c, sql, ev, str(evns), str(ename), str(eid), body, keys or "{}", now)
+
+        dropped: tuple[str, ...] = await self._own_tx(
+            Op(op, None, run_id, locks=(LOCK_PREFIX + name,))
+        )
+        return dropped
+
 
 _LIVE = frozenset(s.value for s in RunStatus if s.active and s is not RunStatus.CANCELLING)
 """The statuses of a run that still receives events."""
+
+
+def _offer(
+    c: Conn,
+    sql: Statements,
+    ev: _Sql,
+    ns: str,
+    name: str,
+    event_id: str,
+    body: str,
+    keys: str,
+    now: float,
+) -> tuple[str, ...]:
+    """Deliver the event (``body``: its payload, ``keys``: its digests, both as stored JSON) to
+    every registered waiter of ``name`` whose run is active and not cancelling and whose
+    ``match`` matches (dropping the waiters of other runs), or, when none does, buffer it: the
+    ids of the runs it reached. In the caller's transaction, under the name's lock."""
+    digests = loads(keys)
+    rows = c.all(ev.waiters, {"evns": ns, "name": name})
+    hits: list[tuple[str, str, int]] = []
+    for wid, rid, pos, match, status in rows:
+        if status is None or status not in _LIVE:
+            c.write(ev.drop_wait, {"wid": wid})  # (settled or cancelling: nothing)
+        elif _matches(loads(match), digests):
+            hits.append((str(rid), str(pos), int(wid)))
+    for rid, pos, wid in sorted(hits):  # (row locks in run-id order)
+        _deliver(c, sql, ev, rid, pos, wid, event_id, body, keys, now)
+    if not hits:
+        params = {"evns": ns, "name": name, "eid": event_id, "now": now}
+        c.write(ev.buffer, {**params, "keys": keys, "payload": body})
+    return tuple(h[0] for h in hits)
 
 
 def _deliver(
@@ -192,6 +235,7 @@ def _deliver(
     wid: int,
     event_id: str,
     body: str,
+    keys: str,
     now: float,
 ) -> int:
     """Hand the event to the wait ``wid``: the run's inbox mark (a run suspended waiting for it
@@ -199,7 +243,8 @@ def _deliver(
     mark = event_mark(pos)
     row = c.returning(sql.deliver, sql.params(id=run_id, name=mark, now=now))
     sig = int(c.returning(ev.mark, {"id": run_id, "name": mark, "payload": "null"})[0])
-    c.write(ev.delivered, {"eid": event_id, "payload": body, "mark": sig, "wid": wid})
+    params = {"eid": event_id, "payload": body, "mark": sig, "keys": keys, "wid": wid}
+    c.write(ev.delivered, params)
     if row is not None:
         run: Run = to_run(row)
         wake_if_free(c, run, now)

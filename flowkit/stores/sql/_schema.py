@@ -229,6 +229,7 @@ event_waits = sa.Table(
     sa.Column("event_id", sa.String(255)),  # (NULL: still waiting)
     sa.Column("payload", _json()),
     sa.Column("mark", sa.BigInteger),  # (the inbox signal of the delivery)
+    sa.Column("keys", _json()),  # (the delivered event's: to offer it again if dropped)
     sa.UniqueConstraint("run_id", "pos", name="uq_flowkit_event_waits_pos"),
     sa.Index("ix_flowkit_event_waits_name", "namespace", "name", "id"),
     sqlite_autoincrement=True,
