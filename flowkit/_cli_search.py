@@ -37,17 +37,17 @@ def _value(text: str) -> SearchValue:
 
 def search_terms(specs: Sequence[str] | None) -> tuple[Term, ...]:
     """``--search`` arguments (``key=value``, ``key!=value``, ``key>=5``...) as filter terms."""
-    spec: dict[str, Any] = {}
-    for raw in specs or ():
+    terms: list[Term] = []
+    for raw in specs or ():  # (each one a term of its own: two may bound one attribute)
         m = _TERM.match(raw)
         if m is None:
             raise UsageError(f"--search takes key=value (or key!=, <, <=, >, >=), got {raw!r}")
         name, op, text = m.groups()
-        spec[name] = (("==" if op == "=" else op), _value(text))
-    try:
-        return parse_filter(spec)
-    except InvalidInputError as exc:
-        raise UsageError(str(exc)) from None
+        try:
+            terms.extend(parse_filter({name: (("==" if op == "=" else op), _value(text))}))
+        except InvalidInputError as exc:
+            raise UsageError(str(exc)) from None
+    return tuple(terms)
 
 
 def duration(text: str) -> float:

@@ -107,20 +107,33 @@ class Term:
 
 
 def parse_filter(search: Mapping[str, Any] | None) -> tuple[Term, ...]:
-    """The terms of a filter (combined with AND): each attribute maps to a value (``==``) or
-    to ``(op, value)``, op one of ``OPS`` (``in``: a list or tuple of values). Range
-    operators take a ``str`` or a number. ``InvalidInputError`` for anything else."""
+    """The terms of a filter (combined with AND): each attribute maps to a value (``==``), to
+    ``(op, value)``, op one of ``OPS`` (``in``: a list or tuple of values), or to a list of
+    such pairs (``[(">=", 100), ("<", 500)]``: a range). Range operators take a ``str`` or a
+    number. ``InvalidInputError`` for anything else."""
     if search is None:
         return ()
     if not isinstance(search, Mapping):
         raise InvalidInputError(None, f"search must be a mapping, got {search!r:.80}")
-    terms = []
+    terms: list[Term] = []
     for name, spec in search.items():
         problem = name_problem(name)
         if problem is not None:
             raise InvalidInputError(None, f"search filter: attribute name {problem}")
-        terms.append(_term(name, spec))
+        if _several(spec):  # [(op, value), ...]: a range, several terms of one attribute
+            terms.extend(_term(name, one) for one in spec)
+        else:
+            terms.append(_term(name, spec))
     return tuple(terms)
+
+
+def _several(spec: Any) -> bool:
+    """Whether ``spec`` is a list of ``(op, value)`` pairs (``[(">=", 100), ("<", 500)]``)."""
+    return (
+        isinstance(spec, list)
+        and bool(spec)
+        and all(isinstance(one, tuple | list) and len(one) == 2 and one[0] in OPS for one in spec)
+    )
 
 
 def _term(name: str, spec: Any) -> Term:
