@@ -104,7 +104,7 @@ class UpdateRequest:
     records the answer ``engine.update`` returns. ``reply`` takes a position of the branch
     that calls it, like any ctx call."""
 
-    __slots__ = ("_rt", "arg", "name", "pos", "update_id")
+    __slots__ = ("_rt", "arg", "name", "pos", "replied", "update_id")
 
     def __init__(self, runtime: Any, name: str, update_id: str, arg: Any, pos: str) -> None:
         self._rt = runtime
@@ -112,9 +112,11 @@ class UpdateRequest:
         self.update_id = update_id
         self.arg = arg
         self.pos = pos
+        self.replied = False  # (set by the first ``reply`` call)
 
     def reply(self, value: Any = None) -> Coroutine[Any, Any, None]:
-        """Answer the update: ``engine.update`` returns ``value`` to its caller."""
+        """Answer the update: ``engine.update`` returns ``value`` to its caller. An update
+        takes one reply: a second ``reply`` raises ``RuntimeError`` (nothing recorded)."""
         result: Coroutine[Any, Any, None] = self._rt.reply_update(self, value)
         return result
 

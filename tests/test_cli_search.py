@@ -12,6 +12,7 @@ from cli_kit import flowkit
 
 from flowkit import Engine, SystemClock, WorkflowCtx, workflow
 from flowkit._cli_search import UsageError, duration, search_terms
+from flowkit._search_terms import parse_filter
 from flowkit.stores import SqlStore
 
 
@@ -95,3 +96,10 @@ def test_durations_and_terms() -> None:
         ("e", "==", (True,)),
         ("f", "==", ("7",)),
     ]
+    # two terms of one attribute both hold (a range), in the CLI and in the API's form
+    got = search_terms(["amount>=100", "amount<500"])
+    assert [(t.name, t.op, t.values) for t in got] == [
+        ("amount", ">=", (100,)),
+        ("amount", "<", (500,)),
+    ]
+    assert parse_filter({"amount": [(">=", 100), ("<", 500)]}) == got

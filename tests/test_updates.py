@@ -366,3 +366,29 @@ async def test_update_needs_the_workflow_registered_here(backend: Backend) -> No
         with pytest.raises(flowkit.errors.WorkflowNotFoundError):
             await client.update("d1", "change", {"amount": 1})
         assert await env.store.peek_signal("d1", "flowkit:update:change") is None
+
+
+@workflow(name="twice")
+class Twice:
+    """Replies to one update twice: the second reply must fail in the body, not race the
+    first at the caller."""
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> str:
+        upd = await ctx.wait_for_update("x")
+        await upd.reply("first")
+        try:
+            await upd.reply("second")
+        except RuntimeError as exc:
+            return str(exc)
+        return "replied twice"
+
+
+async def test_an_update_takes_one_reply(backend: Backend) -> None:
+    async with TestEnv([Twice()], store=backend.store) as env:
+        eng = env.engines[0]
+        await env.start("twice", None, "t1")
+        assert await _in_background(env, eng.update("t1", "x", 1)) == "first"
+        assert "already replied" in await env.result("t1")
+        h = await env.history("t1")
+        assert h.types.count("update_replied") == 1
+        await flowkit.replay_async(h, Twice())

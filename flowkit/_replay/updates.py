@@ -45,11 +45,14 @@ def reply_update(st: ActivationState, upd: Any, value: Any) -> Coroutine[Any, An
     """``UpdateRequest.reply``: takes its position now; records ``UpdateReplied``."""
     if not isinstance(upd, UpdateRequest):
         raise TypeError(f"reply() belongs to an UpdateRequest, got {upd!r}")
+    if upd.replied:  # (the caller gets one answer: a second would race the first)
+        raise RuntimeError(f"update {upd.name!r} ({upd.update_id}) was already replied to")
     br = made_on(st)
     pos = br.next_pos()
     coro = run_reply_update(st, br, br.counter, pos, upd, value)
     if br.counter == br.next:
         br.head = coro
+    upd.replied = True
     return coro
 
 
