@@ -28,29 +28,47 @@ async def get_event(engine: Engine, run_id: str, key: str, timeout: float | None
     """``Engine.get_event``: the value of the run's newest ``event_set`` of ``key`` (as
     stored: JSON). None set yet: wait up to ``timeout`` real seconds (``None``: until one is
     set or the run settles) for the first, then ``None``; a settled run that never set it
-    answers ``None`` at once. ``RunNotFoundError`` for an unknown run."""
+    answers ``None`` at once. A run that continued as new is followed to its successors (the
+    newest value any run of the chain set). ``RunNotFoundError`` for an unknown run."""
     limits.check_identifier("event key", key, limits.MAX_EVENT_NAME_LENGTH)
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
     ):
         raise InvalidInputError(None, f"get_event timeout= takes seconds >= 0, got {timeout!r}")
     await engine._get(run_id)  # (RunNotFoundError before any wait)
+    # A run that continued as new (``Run.continued_as``) is followed along its chain, as
+    # ``result`` follows it: the newest value set by any run of the chain wins.
+    chain = [run_id]
+    found: list[Any] = []  # (the newest value of the runs before chain[-1], if one was set)
 
     async def pick(run: Run) -> tuple[Any] | None:
-        ev = await latest_event(engine.store, run_id, "event_set", "key", key)
+        ev = await latest_event(engine.store, chain[-1], "event_set", "key", key)
+        if run.status.terminal and run.continued_as is not None:
+            if isinstance(ev, EventSet):  # (unless a successor sets a newer one)
+                found.append(ev.value)
+            chain.append(run.continued_as)  # (on to the successor: ``wait_for_history`` ends)
+            return (_FOLLOW,)
         if isinstance(ev, EventSet):
             return (ev.value,)
+        if found:
+            return (found[-1],)
         if run.status.terminal or timeout == 0:
             return (None,)
         return None
 
     try:
-        # (``timeout=0``: one read, ``pick`` answers at once)
+        # (``timeout=0``: one read a run, ``pick`` answers at once)
         async with asyncio.timeout(timeout or None):
-            (value,) = await wait_for_history(engine.store, engine.bus, run_id, pick)
+            while True:
+                (value,) = await wait_for_history(engine.store, engine.bus, chain[-1], pick)
+                if value is not _FOLLOW:
+                    return value
     except TimeoutError:
-        return None
-    return value
+        return found[-1] if found else None
+
+
+_FOLLOW = object()
+"""``get_event``'s pick: the run continued as new, read its successor."""
 
 
 async def publish_event(

@@ -392,3 +392,31 @@ async def test_an_update_takes_one_reply(backend: Backend) -> None:
         h = await env.history("t1")
         assert h.types.count("update_replied") == 1
         await flowkit.replay_async(h, Twice())
+
+
+@workflow(name="generations")
+class Generations:
+    """Sets ``stage`` in its first run (only when ``input`` is 0), continues as new, and
+    sets it again in the successor once signalled."""
+
+    async def run(self, ctx: WorkflowCtx, input: int) -> int:
+        if input == 0:
+            await ctx.set_event("stage", "first generation")
+            ctx.continue_as_new(1)
+        await ctx.wait_for_signal("go")
+        await ctx.set_event("stage", "second generation")
+        await ctx.wait_for_signal("stop")
+        return input
+
+
+async def test_get_event_follows_a_continued_run(backend: Backend) -> None:
+    async with TestEnv([Generations()], store=backend.store) as env:
+        eng = env.engines[0]
+        await env.start("generations", 0, "g")
+        await env.run_until_idle()
+        # the successor set nothing yet: the chain's newest value is its predecessor's
+        assert await eng.get_event("g", "stage", timeout=0) == "first generation"
+        await env.signal("g~1", "go")
+        await env.run_until_idle()
+        assert await eng.get_event("g", "stage", timeout=0) == "second generation"
+        assert await eng.get_event("g~1", "stage", timeout=0) == "second generation"
