@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
-from . import _cancel, _publish, _results, _retention, _retry, _search, _serde, _updates
+from . import _cancel, _publish, _results, _retention, _retry, _search, _serde, _serve, _updates
 from . import _gate as gate
 from ._bus import Bus
 from ._children import Kin
@@ -219,6 +219,12 @@ class Engine:
         if self._worker is not None:
             w, self._worker = self._worker, None
             await w.stop(graceful=True)
+
+    async def serve(self, grace: float = _serve.DEFAULT_GRACE) -> None:
+        """Run the worker until cancelled or SIGTERM/SIGINT, then drain: claim nothing more, let
+        activations reach a durable point within ``grace`` s, give the leases back (DESIGN §12).
+        A second signal exits the process at once (``flowkit._serve``)."""
+        await _serve.serve(self, grace)
 
     # -- what tools see of the worker (``flowkit_testing.TestEnv``) ---------------------
     async def crash(self) -> None:

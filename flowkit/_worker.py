@@ -93,6 +93,9 @@ class Worker:
         # runs with an abandoned write that may still commit (``hold``)
         self._unsettled: dict[str, asyncio.Future[None]] = {}
         self.running = False
+        # ``drain``: no run is claimed or started here any more; the leases are still renewed
+        self.draining = False
+        self._idle = asyncio.Event()  # (set when draining and no activation is left here)
         self._unwatch: Callable[[], None] | None = None
         self._next_known: float | None = None  # when to make this worker known again
 
@@ -187,6 +190,35 @@ class Worker:
         for run_id in held:  # (an activation cancelled before it began told nobody)
             self._settled(run_id, None)
 
+    async def drain(self, grace: float) -> None:
+        """Stop gracefully (``Engine.serve``, ``flowkit worker`` on SIGTERM): claim nothing
+        more, let each activation here reach a durable point (its running steps end and are
+        recorded; no new step starts) for at most ``grace`` seconds while its lease is still
+        renewed, then ``stop``: what is left is abandoned, and every lease is given back so
+        another worker claims the runs at once rather than after the lease TTL."""
+        self.draining = True
+        self._stop_watching()
+        for t in self._loops[:1]:  # the poll loop (the renewals go on)
+            t.cancel()
+        held = set(self._active)
+        for act in self._active.values():
+            if act is not None:
+                act.drain()
+        if self._active:
+            self._idle.clear()
+            waits: set[asyncio.Future[Any]] = {
+                asyncio.ensure_future(self._idle.wait()),
+                asyncio.ensure_future(self.clock.sleep_until(self.clock.now() + grace)),
+            }
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        # the runs whose activation stopped early keep their lease here: given back too
+        self._orphans.update(held)
+        await self.stop(graceful=True)
+
     async def _give_back(self, run_id: str, now: float) -> None:
         """Release one lease on stopping; best effort, bounded: the lease expires anyway."""
         update = Update(release_lease=True)
@@ -212,7 +244,7 @@ class Worker:
 
     def dispatch(self, run_id: str) -> None:
         """Try to activate ``run_id`` on this instance now."""
-        if not self.running or self._unsettled_write(run_id):
+        if not self.running or self.draining or self._unsettled_write(run_id):
             return
         if run_id in self._active:
             self._again.add(run_id)
@@ -224,7 +256,9 @@ class Worker:
 
     def has_capacity(self) -> bool:
         """Whether a run started here now could be executed at once."""
-        return self.running and len(self._active) < self.config.max_concurrency
+        return (
+            self.running and not self.draining and len(self._active) < self.config.max_concurrency
+        )
 
     def executing(self, run_id: str) -> bool:
         """Whether ``run_id`` is being claimed or executed by this instance right now."""
@@ -244,7 +278,7 @@ class Worker:
     def run_claimed(self, run: Run, events: Sequence[Event]) -> None:
         """Execute a run this instance already holds the lease of: one it created claimed, or
         one a release handed over (no claim, no history read)."""
-        if not self.running:
+        if not self.running or self.draining:
             self._orphans.add(run.id)
             return
         if self._unsettled_write(run.id):  # (its lease expires; any instance takes it then)
@@ -418,6 +452,8 @@ class Worker:
             self._active.pop(run_id, None)
             self._leases.pop(run_id, None)
             self._settled(run_id, None)  # result() waiters: it left here; look again
+            if self.draining and not self._active:
+                self._idle.set()
         if run_id in self._handed_later:
             self._handed_later.discard(run_id)
             self._again.discard(run_id)
@@ -448,6 +484,8 @@ class Worker:
 
     def attach(self, run_id: str, act: Activation) -> None:
         self._active[run_id] = act
+        if self.draining:
+            act.drain()
 
     def track(self, run_id: str, proof: LeaseProof) -> None:
         self._leases[run_id] = proof

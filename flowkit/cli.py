@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from . import _cli_search
+from . import _cli_search, _cli_worker
 from ._cli_out import (
     EVENT_STYLE,
     Out,
@@ -425,6 +425,8 @@ COMMANDS: dict[str, tuple[Command, bool]] = {
     "demo": (_demo, False),
     "schedules": (schedules, True),
     "prune": (_cli_search.prune, True),
+    "worker": (_cli_worker.worker, False),  # (it opens its store itself: SqlStore(--db))
+    "retry": (_cli_worker.retry, True),
 }
 
 
@@ -478,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("payload", nargs="?", metavar="JSON", help="the payload (default null)")
     sub.add_parser("schedules", help="list durable schedules with their next fire time")
     _cli_search.add_prune_parser(sub)
+    _cli_worker.add_parsers(sub)
     d = sub.add_parser("demo", help="the live demo of singleton lanes")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     return p
@@ -532,7 +535,9 @@ def _prepare(args: argparse.Namespace) -> None:
             args.search_terms = _cli_search.search_terms(args.search)
         if args.cmd == "prune":
             _cli_search.duration(args.older_than)  # (a bad one fails before the store opens)
-    except _cli_search.UsageError as exc:
+        if args.cmd in ("worker", "retry"):
+            _cli_worker.prepare(args)
+    except (_cli_search.UsageError, _cli_worker.UsageError) as exc:
         raise CliError(str(exc)) from None
     if args.cmd == "signal":
         args.payload_value = _payload(args.payload)  # bad JSON fails before the store opens

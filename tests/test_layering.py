@@ -63,6 +63,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._updates",
         "flowkit._timetable",
         "flowkit._schedules",
+        "flowkit._serve",
         "flowkit._engine",
     ),
     "tools": (
@@ -70,6 +71,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._cli_out",
         "flowkit._cli_schedules",
         "flowkit._cli_search",
+        "flowkit._cli_worker",
         "flowkit.otel",
         "flowkit.ui",
     ),

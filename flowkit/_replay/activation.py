@@ -104,6 +104,11 @@ class Activation:
         """The run's cancellation was requested (``ActivationState.request_cancel``)."""
         self.st.request_cancel()
 
+    def drain(self) -> None:
+        """Start no new step: stop at the next durable point (``ActivationState.stop_draining``).
+        Steps running now go on to their end."""
+        self.st.draining = True
+
     def evict(self) -> None:
         """Stop at once without recording anything more (``ActivationState.evict``)."""
         self.st.evict()

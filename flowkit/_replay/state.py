@@ -211,6 +211,8 @@ class ActivationState:
         # back (Task.uncancel), as the body only sees the step's CancelledError
         self.cancelled_hosts: set[asyncio.Future[Any]] = set()
         self.is_done = False  # the body settled or got stuck (see mark_done)
+        # the worker drains (``Worker.drain``): no new step starts; see ``stop_draining``
+        self.draining = False
         self.done_fut: asyncio.Future[None] | None = None
         self.cancel_requested = cancel_requested or cancel_in_history
         self.tearing_down = False
@@ -332,6 +334,18 @@ class ActivationState:
             t.cancel()
         if self.body_task is not None and not self.replay_only:
             self.body_task.cancel()
+
+    async def stop_draining(self) -> _Evicted:
+        """The worker drains and a branch is about to start a step: let the steps already
+        running here end, make their records durable, then stop as ``evict`` does. The run
+        resumes from this durable point on whichever worker claims it next."""
+        running = [t for t in self.step_tasks if not t.done()]
+        if running:
+            await asyncio.wait(running)
+        if not self.tearing_down:
+            await self.flush()
+        self.evict()
+        return _Evicted()
 
     def stop_replay(self, pos: str, call: str) -> _Evicted:
         """Replay-only mode reached the end of the history: stop without side effects."""

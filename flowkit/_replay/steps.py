@@ -106,6 +106,8 @@ async def run_step(
             if st.replay_only:
                 raise st.stop_replay(pos, f"step({name!r})")
             await st.flush()  # earlier outcomes are durable before this side effect
+            if st.draining:  # (the worker drains: stop at this durable point)
+                raise await st.stop_draining()
             if st.cancel_requested and not br.delivered:
                 # Deliver the cancellation here, in place of the step: recorded (as a
                 # cancelled attempt that never started), so that a replay raises it here

@@ -1,0 +1,248 @@
+"""``flowkit worker`` (a worker process that drains on SIGTERM/SIGINT: ``Engine.serve``) and
+``flowkit retry`` (``Engine.retry`` from the command line); DESIGN §12.
+
+Each option of ``worker`` defaults to an environment variable (``FLOWKIT_DB``,
+``FLOWKIT_CONCURRENCY``, ``FLOWKIT_NAMESPACE``, ``FLOWKIT_INSTANCE_ID``, ``FLOWKIT_GRACE``,
+``FLOWKIT_LEASE_TTL``, ``FLOWKIT_LOG_FORMAT``), so a unit file or a container sets them once."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from ._definition import definition_of
+from ._engine import Engine
+from ._serve import DEFAULT_GRACE
+from .stores.base import UNSET
+
+__all__ = ["JsonFormatter", "add_parsers", "prepare", "retry", "worker"]
+
+
+class UsageError(Exception):
+    """A bad option or app: ``flowkit.cli`` prints it as one line (exit status 2)."""
+
+
+# the attributes every LogRecord has: anything else was passed in ``extra=`` and is kept
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
+    the fields given in ``extra=`` and ``exc`` (a traceback), for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from datetime import UTC, datetime
+
+        data: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                data[key] = value
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, default=str)
+
+
+def _env_number(name: str, kind: type[int] | type[float], default: Any) -> Any:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise UsageError(f"${name} must be a number, got {raw!r}") from None
+
+
+def add_parsers(sub: Any) -> None:
+    """The ``worker`` and ``retry`` subcommands of ``flowkit``."""
+    w = sub.add_parser(
+        "worker",
+        help="run a worker for the workflows of MODULE:ATTR until SIGTERM/SIGINT, then drain",
+    )
+    w.add_argument(
+        "app",
+        metavar="MODULE:ATTR",
+        help="a list of @workflow classes or instances, or a callable returning one",
+    )
+    # (``--db`` here as well as before the command: ``flowkit worker app:wfs --db URL``)
+    w.add_argument("--db", default=argparse.SUPPRESS, help="store URL (default: $FLOWKIT_DB)")
+    w.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="the most runs executing here at once (default: $FLOWKIT_CONCURRENCY, else 100)",
+    )
+    w.add_argument(
+        "--namespace",
+        default=None,
+        help="serve only this namespace's runs and stamp it on the runs started here "
+        "(default: $FLOWKIT_NAMESPACE, else every namespace)",
+    )
+    w.add_argument(
+        "--instance-id",
+        default=None,
+        help="this worker's name, unique among live workers; a restart under the same id "
+        "takes its leased runs back at once (default: $FLOWKIT_INSTANCE_ID, else random)",
+    )
+    w.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        help=f"seconds a drain lets activations reach a durable point (default: $FLOWKIT_GRACE, "
+        f"else {DEFAULT_GRACE:g})",
+    )
+    w.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=None,
+        help="seconds a lease lasts without renewal (default: $FLOWKIT_LEASE_TTL, else 30)",
+    )
+    w.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="log lines on stderr as text or one JSON object each (default: "
+        "$FLOWKIT_LOG_FORMAT, else text)",
+    )
+    r = sub.add_parser("retry", help="re-open a failed or dead run (Engine.retry)")
+    r.add_argument("run")
+    r.add_argument(
+        "--input", metavar="JSON", default=None, help="a new input (needs --app to validate it)"
+    )
+    r.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        default=None,
+        help="the workflows (as for worker): required with --input, whose workflow validates it",
+    )
+
+
+def load_app(spec: str) -> list[Any]:
+    """The workflows ``MODULE:ATTR`` names: a list (or other iterable) of @workflow classes or
+    instances, one of them, or a callable returning either."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise UsageError(f"expected MODULE:ATTR, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as exc:
+        raise UsageError(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise UsageError(f"{mod_name!r} has no attribute {attr!r}")
+    if callable(obj) and definition_of(obj) is None:
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise UsageError(f"{spec}() raised {type(exc).__name__}: {exc}") from None
+    items: Iterable[Any] = [obj] if definition_of(obj) is not None else obj
+    try:
+        found = list(items)
+    except TypeError:
+        raise UsageError(f"{spec} is not a list of workflows: {type(obj).__name__}") from None
+    for wf in found:
+        if definition_of(wf) is None:
+            raise UsageError(f"{spec} holds {wf!r}, which is not a @workflow class or instance")
+    if not found:
+        raise UsageError(f"{spec} holds no workflow")
+    return found
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """Checks and imports done before the event loop starts (``flowkit.cli._prepare``)."""
+    if args.cmd == "retry":
+        if args.input is not None and args.app is None:
+            raise UsageError("--input needs --app MODULE:ATTR: its workflow validates the input")
+        args.workflows = load_app(args.app) if args.app else []
+        args.input_value = UNSET
+        if args.input is not None:
+            try:
+                args.input_value = json.loads(args.input)
+            except json.JSONDecodeError as exc:
+                raise UsageError(
+                    f"--input is not valid JSON: {exc.msg} at column {exc.colno}"
+                ) from None
+        return
+    if args.concurrency is None:
+        args.concurrency = _env_number("FLOWKIT_CONCURRENCY", int, 100)
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency takes a count >= 1, got {args.concurrency}")
+    if args.grace is None:
+        args.grace = _env_number("FLOWKIT_GRACE", float, DEFAULT_GRACE)
+    if not args.grace >= 0:
+        raise UsageError(f"--grace takes seconds >= 0, got {args.grace}")
+    if args.lease_ttl is None:
+        args.lease_ttl = _env_number("FLOWKIT_LEASE_TTL", float, 30.0)
+    if not args.lease_ttl > 0:
+        raise UsageError(f"--lease-ttl takes seconds > 0, got {args.lease_ttl}")
+    args.namespace = args.namespace or os.environ.get("FLOWKIT_NAMESPACE") or None
+    args.instance_id = args.instance_id or os.environ.get("FLOWKIT_INSTANCE_ID") or None
+    args.log_format = args.log_format or os.environ.get("FLOWKIT_LOG_FORMAT") or "text"
+    if args.log_format not in ("text", "json"):
+        raise UsageError(f"$FLOWKIT_LOG_FORMAT must be text or json, got {args.log_format!r}")
+    args.workflows = load_app(args.app)
+
+
+def _configure_logging(fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > logging.INFO:
+        root.setLevel(logging.INFO)
+
+
+async def worker(args: argparse.Namespace, out: Any, store: Any) -> int:
+    """Serve until SIGTERM/SIGINT, drain, exit 0 (``Engine.serve``)."""
+    from .stores.sql import SqlStore
+
+    _configure_logging(args.log_format)
+    # (creates flowkit's tables in a new database; scoped: only the namespace's runs)
+    store = SqlStore(args.db, namespace=args.namespace)
+    if args.codec is not None:
+        from .stores.codec import CodecStore
+
+        store = CodecStore(store, args.codec)
+    try:
+        engine = Engine(
+            store,
+            args.workflows,
+            instance_id=args.instance_id,
+            namespace=args.namespace,
+            max_concurrency=args.concurrency,
+            lease_ttl=args.lease_ttl,
+        )
+        await engine.serve(args.grace)
+    finally:
+        store.close()
+    return 0
+
+
+async def retry(args: argparse.Namespace, out: Any, store: Any) -> int:
+    """Re-open a failed or dead run; errors are ``FlowkitError`` lines from ``flowkit.cli``."""
+    engine = Engine(store, args.workflows, worker=False)
+    run = await engine.retry(args.run, input=args.input_value)
+    new = " with a new input" if args.input_value is not UNSET else ""
+    out.line(
+        ("retried", "green"),
+        f" {run.id}{new}: {run.status} (attempt {run.attempt}); a worker running "
+        f"{run.workflow} v{run.workflow_version} picks it up",
+    )
+    return 0
