@@ -1,0 +1,178 @@
+"""``flowkit retry`` (``Engine.retry`` from the command line: ``--input`` needs ``--app``,
+every error one line, exit 2, nothing written) and the checks ``flowkit worker`` makes of its
+options and app before it opens a store (DESIGN §12). The worker's drain:
+tests/test_worker_drain.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+from cli_kit import flowkit
+
+from flowkit import Engine, WorkflowCtx, WorkflowFailedError, workflow
+from flowkit._cli_worker import JsonFormatter
+from flowkit.cli import main
+from flowkit.stores import SqlStore
+
+APP = """
+from flowkit import WorkflowCtx, workflow
+
+@workflow(name="double")
+class Double:
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        if n < 0:
+            raise ValueError("negative")
+        return 2 * n
+
+WORKFLOWS = [Double]
+NOT_WORKFLOWS = [print]
+
+def make():
+    return [Double]
+"""
+
+
+@workflow(name="double")
+class Double:
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        if n < 0:
+            raise ValueError("negative")
+        return 2 * n
+
+
+@pytest.fixture
+def failed(tmp_path: Path) -> tuple[Path, str, str]:
+    """A SQLite file with a failed run of ``double`` (input -1), and ``retry_app.py``."""
+    (tmp_path / "retry_app.py").write_text(textwrap.dedent(APP))
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+
+    async def fail() -> str:
+        store = SqlStore(url)
+        try:
+            async with Engine(store, [Double], poll_interval=0.05) as engine:
+                run = await engine.start(Double, -1)
+                with pytest.raises(WorkflowFailedError):
+                    await engine.result(run.id, timeout=30)
+                return run.id
+        finally:
+            store.close()
+
+    return tmp_path, url, asyncio.run(fail())
+
+
+def _status(url: str, run_id: str) -> tuple[str, int]:
+    async def read() -> tuple[str, int]:
+        store = SqlStore(url)
+        try:
+            run = await store.get_run(run_id)
+            assert run is not None
+            return str(run.status), run.attempt
+        finally:
+            store.close()
+
+    return asyncio.run(read())
+
+
+def test_retry_with_a_new_input(failed: tuple[Path, str, str]) -> None:
+    tmp, url, run_id = failed
+    bad = flowkit(tmp, "--db", url, "retry", run_id, "--input", "5")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert (
+        bad.stderr == "flowkit: error: --input needs --app MODULE:ATTR: its workflow "
+        "validates the input\n"
+    )
+    wrong = flowkit(
+        tmp, "--db", url, "retry", run_id, "--input", '"x"', "--app", "retry_app:WORKFLOWS"
+    )
+    assert wrong.returncode == 2 and len(wrong.stderr.splitlines()) == 1, wrong.stderr
+    assert wrong.stderr.startswith("flowkit: error: ") and "double" in wrong.stderr
+    not_json = flowkit(
+        tmp, "--db", url, "retry", run_id, "--input", "x", "--app", "retry_app:WORKFLOWS"
+    )
+    assert not_json.returncode == 2 and "--input is not valid JSON" in not_json.stderr
+    assert _status(url, run_id) == ("failed", 1)  # nothing written
+    ok = flowkit(tmp, "--db", url, "retry", run_id, "--input", "5", "--app", "retry_app:make")
+    assert ok.returncode == 0, ok.stderr
+    assert (
+        ok.stdout == f"retried {run_id} with a new input: pending (attempt 2); "
+        "a worker running double v1 picks it up\n"
+    )
+
+    async def finish() -> int:
+        store = SqlStore(url)
+        try:
+            async with Engine(store, [Double], poll_interval=0.05) as engine:
+                out: int = await engine.result(run_id, timeout=30)
+                return out
+        finally:
+            store.close()
+
+    assert asyncio.run(finish()) == 10
+    again = flowkit(tmp, "--db", url, "retry", run_id)
+    assert again.returncode == 2
+    assert again.stderr.startswith("flowkit: error: ") and "completed" in again.stderr
+    assert len(again.stderr.splitlines()) == 1
+
+
+def test_retry_without_an_app(failed: tuple[Path, str, str]) -> None:
+    tmp, url, run_id = failed
+    ok = flowkit(tmp, "--db", url, "retry", run_id)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"retried {run_id}: pending (attempt 2)")
+    assert _status(url, run_id) == ("pending", 2)
+    missing = flowkit(tmp, "--db", url, "retry", "nope")
+    assert missing.returncode == 2 and "nope" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["retry_app"], {}, "expected MODULE:ATTR, got 'retry_app'"),
+        (["retry_app:nothing"], {}, "'retry_app' has no attribute 'nothing'"),
+        (["no_such_mod:X"], {}, "cannot import 'no_such_mod'"),
+        (["retry_app:NOT_WORKFLOWS"], {}, "which is not a @workflow class or instance"),
+        (["retry_app:WORKFLOWS", "--concurrency", "0"], {}, "--concurrency takes a count >= 1"),
+        (["retry_app:WORKFLOWS", "--grace", "-1"], {}, "--grace takes seconds >= 0"),
+        (
+            ["retry_app:WORKFLOWS"],
+            {"FLOWKIT_CONCURRENCY": "many"},
+            "$FLOWKIT_CONCURRENCY must be a number",
+        ),
+        (
+            ["retry_app:WORKFLOWS"],
+            {"FLOWKIT_LOG_FORMAT": "xml"},
+            "$FLOWKIT_LOG_FORMAT must be text or json",
+        ),
+    ],
+)
+def test_worker_checks_its_options_before_serving(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    env: dict[str, str],
+    says: str,
+) -> None:
+    (tmp_path / "retry_app.py").write_text(textwrap.dedent(APP))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    db = tmp_path / "never.db"
+    assert main(["worker", *args, "--db", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flowkit: error: ") and says in err and len(err.splitlines()) == 1
+    assert not db.exists()  # (checked before any store opens)
+
+
+def test_json_log_lines() -> None:
+    rec = logging.LogRecord("flowkit.worker", logging.INFO, __file__, 1, "hello %s", ("x",), None)
+    rec.run_id = "r1"
+    data = json.loads(JsonFormatter().format(rec))
+    assert data["message"] == "hello x" and data["level"] == "info" and data["run_id"] == "r1"
+    assert data["logger"] == "flowkit.worker" and data["ts"].endswith("+00:00")
