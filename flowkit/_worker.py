@@ -447,6 +447,8 @@ class Worker:
     async def _activate(self, run_id: str, claimed: tuple[Run, list[Event]] | None = None) -> None:
         try:
             async with self._sem:
+                if self.draining:  # (queued here before the drain: not claimed, or given back)
+                    return
                 await self._drive.run(run_id, claimed)
         finally:
             self._active.pop(run_id, None)
