@@ -42,8 +42,11 @@ async def _served(store: Store, grace: float) -> tuple[Any, str, asyncio.Event, 
     serving = asyncio.ensure_future(engine.serve(grace))
     run = await engine.start(wf, 10)
     await asyncio.wait_for(began.wait(), 30)
+    worker = engine._worker
+    assert worker is not None
     serving.cancel()
-    await asyncio.sleep(0)  # (the drain has begun: the gate opens during it)
+    while not worker.draining:  # (the gate opens during the drain)
+        await asyncio.sleep(0)
     if grace:
         gate.set()
     with pytest.raises(asyncio.CancelledError):
