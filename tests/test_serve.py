@@ -45,7 +45,7 @@ async def _served(store: Store, grace: float) -> tuple[Any, str, asyncio.Event, 
     worker = engine._worker
     assert worker is not None
     serving.cancel()
-    while not worker.draining:  # (the gate opens during the drain)
+    while not worker.draining:  # noqa: ASYNC110 - (the gate opens during the drain)
         await asyncio.sleep(0)
     if grace:
         gate.set()
