@@ -50,15 +50,15 @@ class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):
         """Whether records are dropped now: the calling line ran in an earlier activation."""
         return self._rt.log_state()[0]
 
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (the stdlib's name)
+    def isEnabledFor(self, level: int) -> bool:
         return not self.silent and self.logger.isEnabledFor(level)
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         if self.isEnabledFor(level):
-            msg, kwargs = self.process(msg, kwargs)
+            msg, kw = self.process(msg, kwargs)
             # (stacklevel: the record's file and line are the caller's, not this adapter's)
-            kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
-            self.logger.log(level, msg, *args, **kwargs)
+            kw["stacklevel"] = kw.get("stacklevel", 1) + 1
+            self.logger.log(level, msg, *args, **kw)
 
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]
@@ -101,9 +101,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         out.update(self.fields)
-        if record.exc_info:
-            if not record.exc_text:
-                record.exc_text = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
             out["exception"] = record.exc_text
         if record.stack_info:
