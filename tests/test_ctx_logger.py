@@ -303,7 +303,8 @@ def test_the_json_formatter_on_plain_records() -> None:
     assert data["message"] == "failed x" and data["level"] == "ERROR"
     assert "ValueError: bad <input>" in data["exception"]
     assert data["n"] == 3 and data["obj"].startswith("<object object")
-    assert "flowkit_run_id" not in data
+    assert "flowkit_run_id" not in data and "time" in data
+    assert "time" not in json.loads(JsonFormatter(timestamp=False).format(rec))
     assert isinstance(fmt, logging.Formatter)
 
 
@@ -327,3 +328,42 @@ async def test_a_silent_logger_is_disabled_for_every_level(store: Any) -> None:
     seen.clear()
     await flowkit.replay_async(history, Enabled())
     assert seen == [(True, False), (True, False)]
+
+
+@workflow(name="logged-waits")
+class FirstWaits:
+    """Its first calls are waits that record nothing while they park (a signal wait and an
+    event wait without timeouts): only the run row says the body ran before."""
+
+    async def run(self, ctx: WorkflowCtx, _: None) -> str:
+        ctx.logger.info("start")
+        first = await ctx.wait_for_signal("go")
+        ctx.logger.info("signal %s", first)
+        second = await ctx.wait_for_event("paid", match={"order": "o-1"})
+        ctx.logger.info("event %s", second["amount"])
+        return f"{first} {second['amount']}"
+
+
+async def test_lines_before_waits_that_record_nothing_are_logged_once(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    name = logger_name("logged-waits")
+    async with TestEnv([FirstWaits()], store=store) as env:
+        await env.start("logged-waits", None, "w-1")
+        await env.run_until_idle()
+        await env.advance(10)  # (a worker may activate it again meanwhile: still silent)
+        await env.signal("w-1", "go", "hi")
+        await env.run_until_idle()
+        await env.publish_event("paid", {"order": "o-1", "amount": 5})
+        await env.run_until_idle()
+        assert await env.result("w-1") == "hi 5"
+        history = await env.history("w-1")
+    assert [r.getMessage() for r in caplog.records if r.name == name] == [
+        "start",
+        "signal hi",
+        "event 5",
+    ]
+    caplog.clear()
+    await flowkit.replay_async(history, FirstWaits())
+    assert [r for r in caplog.records if r.name == name] == []
