@@ -225,7 +225,9 @@ class Fan:
             ctx.logger.info("branch %d", i)
             return out
 
+        await ctx.step(fetch, "first")
         outs = await ctx.gather(branch(1), branch(2))
+        ctx.logger.info("gathered")
         await ctx.sleep(5)
         ctx.logger.info("joined")
         return outs
@@ -246,10 +248,43 @@ async def test_gather_branches_log_once_with_their_positions(
         if r.name == name
     )
     assert got == [
-        ("branch 1", "ship-1", "1.0/1"),
-        ("branch 2", "ship-2", "1.1/1"),
-        ("joined", None, "2"),
+        ("branch 1", "ship-1", "2.0/1"),
+        ("branch 2", "ship-2", "2.1/1"),
+        ("gathered", "fetch", "2"),
+        ("joined", "fetch", "3"),
     ]
+
+
+@workflow(name="logged-fan-in")
+class FanIn:
+    """A gather of two signal waits (they record nothing while parked), one signal per
+    activation: the line after the gather is new only where a branch did something new."""
+
+    async def run(self, ctx: WorkflowCtx, _: None) -> list[str]:
+        async def wait(name: str) -> str:
+            got: str = await ctx.wait_for_signal(name)
+            ctx.logger.info("got %s", got)
+            return got
+
+        ctx.logger.info("start")
+        outs = await ctx.gather(wait("a"), wait("b"))
+        ctx.logger.info("gathered")
+        return outs
+
+
+async def test_the_line_after_a_gather_is_logged_where_a_branch_ran_live(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    name = logger_name("logged-fan-in")
+    async with TestEnv([FanIn()], store=store) as env:
+        await env.start("logged-fan-in", None, "f-1")
+        await env.signal("f-1", "a", "A")
+        await env.signal("f-1", "b", "B")
+        await env.run_until_idle()
+        assert await env.result("f-1") == ["A", "B"]
+    lines = [r.getMessage() for r in caplog.records if r.name == name]
+    assert lines == ["start", "got A", "got B", "gathered"]
 
 
 async def test_the_json_formatter_writes_the_tags(store: Any) -> None:
