@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol, TypeVar, overload
 
 from ._definition import RetryPolicy
+from .logging import WorkflowLogger, logger_name
 
 T = TypeVar("T")
 
@@ -21,6 +23,12 @@ class Runtime(Protocol):
 
     @property
     def is_replaying(self) -> bool: ...
+
+    def log_state(self) -> tuple[bool, str | None, str | None]:
+        """For ``ctx.logger``: whether the calling line ran in an earlier activation (the body
+        replays it), the branch's last position and the name of its last step (``None``
+        outside the body)."""
+        ...
 
     def step(
         self,
@@ -130,10 +138,11 @@ class WorkflowCtx:
     Each call takes the next position of the body; on replay a call that already has an event
     returns the recorded outcome instead of running again."""
 
-    __slots__ = ("_rt",)
+    __slots__ = ("_logger", "_rt")
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._logger: WorkflowLogger | None = None
 
     @overload
     def step(
@@ -327,8 +336,21 @@ class WorkflowCtx:
 
     @property
     def is_replaying(self) -> bool:
-        """True while the body re-executes calls the history already answers."""
+        """True while the body re-executes calls the history already answers, and throughout
+        a ``flowkit.replay`` of a history."""
         return self._rt.is_replaying
+
+    @property
+    def logger(self) -> WorkflowLogger:
+        """A replay-safe ``logging`` logger (``flowkit.logging.WorkflowLogger`` over the stdlib
+        logger ``"flowkit.workflow.<name>"``): silent while the body replays, so each line is
+        logged once, by the activation that runs it live; its records carry the run id,
+        workflow, step, position and attempt (``flowkit_run_id``, ...). See
+        docs/writing-workflows.md, "Logging from a workflow"."""
+        if self._logger is None:
+            rt = self._rt
+            self._logger = WorkflowLogger(logging.getLogger(logger_name(rt.workflow)), rt)
+        return self._logger
 
 
 def _tags(tags: Sequence[str]) -> tuple[str, ...]:

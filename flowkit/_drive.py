@@ -322,6 +322,7 @@ class Drive:
             cancel_requested=run.status is RunStatus.CANCELLING,
             attempt=run.attempt,
             unwritten=unwritten,
+            resumed=bool(run.waiting_signals),
         )
         self._seat.attach(run.id, act)
         t.op = "recording the run's events"

@@ -28,6 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._serde",
         "flowkit._event_keys",
         "flowkit.singleton",
+        "flowkit.logging",
     ),
     "definition": (
         "flowkit._definition",

@@ -182,3 +182,19 @@ def test_the_public_names_are_exactly_these_and_sorted() -> None:
         assert names == sorted(names, key=lambda n: (0 if n.isupper() else 2 - n[0].isupper(), n))
         for name in names:
             assert getattr(module, name) is not None, (module.__name__, name)
+
+
+def test_the_logging_module_exports_its_names() -> None:
+    import logging
+
+    import flowkit.logging
+
+    assert set(flowkit.logging.__all__) == {
+        "TAGS",
+        "JsonFormatter",
+        "WorkflowLogger",
+        "logger_name",
+    }
+    assert issubclass(flowkit.logging.JsonFormatter, logging.Formatter)
+    assert issubclass(flowkit.logging.WorkflowLogger, logging.LoggerAdapter)
+    assert isinstance(flowkit.WorkflowCtx.logger, property)

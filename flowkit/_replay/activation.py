@@ -63,6 +63,7 @@ class Activation:
         attempt: int = 1,
         replay_only: bool = False,
         unwritten: Sequence[Event] = (),
+        resumed: bool = False,
     ) -> None:
         self.defn = defn
         self.instance = instance
@@ -78,6 +79,9 @@ class Activation:
             unwritten=unwritten,
         )
         self.calls = Calls(self.st)
+        # an earlier activation ran the body and parked on waits that recorded nothing (the
+        # run waits for signals): the lines before its first call are not new (``ctx.logger``)
+        self.resumed = resumed
         self._stuck_parks: list[Park] = []
 
     # -- what the driver reads and tells -------------------------------------------------
@@ -116,7 +120,7 @@ class Activation:
     # -- the activation ----------------------------------------------------------------
     async def _body(self) -> Any:
         st = self.st
-        root = Branch(prefix="", now_at=st.start_at, seed=seed(st.run_id))
+        root = Branch(prefix="", now_at=st.start_at, seed=seed(st.run_id), fresh=not self.resumed)
         CURRENT.set((st, root))
         try:
             body = self.instance.run(WorkflowCtx(self.calls), self.input_value)

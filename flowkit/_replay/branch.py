@@ -39,6 +39,13 @@ class Branch:
     # they are made: see ``guard.enter``), and that call's coroutine
     next: int = 1
     head: Coroutine[Any, Any, Any] | None = None
+    # the name of the branch's last ``ctx.step`` (``ctx.logger``'s ``flowkit_step`` tag)
+    step: str | None = None
+    # the branch's last ctx call did something new in this activation (recorded an event),
+    # or it made none yet: with the history used up, its code runs for the first time.
+    # A call answered by the history clears it: the activation that recorded that answer
+    # went on past it (``ctx.logger`` stays silent there)
+    fresh: bool = True
 
     @property
     def rng(self) -> random.Random:
@@ -60,6 +67,7 @@ class Branch:
             now_at=self.now_at,
             seed=self.rng.getrandbits(64),
             delivered=self.delivered,
+            fresh=self.fresh,
         )
 
 

@@ -56,6 +56,15 @@ class Calls:
     def is_replaying(self) -> bool:
         return self.st.is_replaying
 
+    def log_state(self) -> tuple[bool, str | None, str | None]:
+        st = self.st
+        cur = CURRENT.get()
+        if cur is None or cur[0] is not st:
+            return st.is_replaying, None, None
+        br = cur[1]
+        pos = f"{br.prefix}{br.counter}" if br.counter else (br.prefix.rstrip("/") or None)
+        return st.is_replaying or not br.fresh, pos, br.step
+
     def now(self) -> float:
         return self.st.branch().now_at
 
@@ -102,6 +111,7 @@ class Calls:
             coro = run_step(
                 st, br, idx, pos, fn, args, kwargs, name, retry, None, True, timeout, compensate
             )
+            br.step = name
         else:
             try:
                 default, adapter, is_async = _serde.step_meta(fn)
@@ -109,6 +119,8 @@ class Calls:
                 if idx == br.next:  # (the call failed as it was made: nothing to await)
                     br.next = idx + 1
                 raise
+            name = name or default
+            br.step = name
             coro = run_step(
                 st,
                 br,
@@ -117,7 +129,7 @@ class Calls:
                 fn,
                 args,
                 kwargs,
-                name or default,
+                name,
                 retry,
                 adapter,
                 is_async,
@@ -302,6 +314,8 @@ class Calls:
                 st.blocked -= 1
         for child in children:
             parent.now_at = max(parent.now_at, child.now_at)
+        # (the lines after the gather ran before unless one of its children did something new)
+        parent.fresh = any(child.fresh for child in children)
         # Read every child's outcome (so none is reported as never retrieved), then raise the
         # first failure by argument order, so a replay raises the same one.
         outcomes = [asyncio.CancelledError() if t.cancelled() else t.exception() for t in tasks]

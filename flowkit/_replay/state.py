@@ -245,7 +245,9 @@ class ActivationState:
     # -- facts -------------------------------------------------------------------------
     @property
     def is_replaying(self) -> bool:
-        return len(self.consumed) < len(self.index)
+        """Some recorded position is not consumed yet (so every line of the body before it ran
+        in an earlier activation), or this is a replay of a history (``flowkit.replay``)."""
+        return self.replay_only or len(self.consumed) < len(self.index)
 
     def branch(self) -> Branch:
         """The branch of the body the running task executes."""
@@ -272,7 +274,15 @@ class ActivationState:
             if not answers(ev, call, name):
                 raise self.diverge(pos, describe(ev), _describe(call, name, args, kwargs))
         self.consumed.add(pos)
+        self._freshen(False)
         return evs
+
+    def _freshen(self, fresh: bool) -> None:
+        """The running branch's last call was answered by the history (False) or did something
+        new (True): ``Branch.fresh``, what ``ctx.logger`` reads."""
+        cur = CURRENT.get()
+        if cur is not None and cur[0] is self:
+            cur[1].fresh = fresh
 
     def observe(self, ev: Event) -> None:
         """The running branch has seen ``ev``: its time moves up to the event's."""
@@ -420,6 +430,8 @@ class ActivationState:
             raise
         for ev in events:  # only the caller's: deferred events were observed by their branch
             self.observe(ev)
+        if events:
+            self._freshen(True)
         if cancel:
             self.request_cancel()
 
@@ -449,6 +461,7 @@ class ActivationState:
         self.pending.append(event)
         self.must_flush = True
         self.observe(event)
+        self._freshen(True)
 
     async def flush(self) -> None:
         """Write the deferred events now (before a side effect that must follow them)."""
