@@ -19,9 +19,10 @@ from typing import Any
 from ._definition import definition_of
 from ._engine import Engine
 from ._serve import DEFAULT_GRACE
+from .logging import JsonFormatter
 from .stores.base import UNSET
 
-__all__ = ["JsonFormatter", "add_parsers", "prepare", "retry", "worker"]
+__all__ = ["add_parsers", "prepare", "retry", "worker"]
 
 
 class UsageError(Exception):
@@ -29,28 +30,6 @@ class UsageError(Exception):
 
 
 # the attributes every LogRecord has: anything else was passed in ``extra=`` and is kept
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
-    the fields given in ``extra=`` and ``exc`` (a traceback), for log collectors."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        from datetime import UTC, datetime
-
-        data: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                data[key] = value
-        if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
-        return json.dumps(data, default=str)
 
 
 def _env_number(name: str, kind: type[int] | type[float], default: Any) -> Any:

@@ -15,8 +15,8 @@ import pytest
 from cli_kit import flowkit
 
 from flowkit import Engine, WorkflowCtx, WorkflowFailedError, workflow
-from flowkit._cli_worker import JsonFormatter
 from flowkit.cli import main
+from flowkit.logging import JsonFormatter
 from flowkit.stores import SqlStore
 
 APP = """
@@ -174,5 +174,5 @@ def test_json_log_lines() -> None:
     rec = logging.LogRecord("flowkit.worker", logging.INFO, __file__, 1, "hello %s", ("x",), None)
     rec.run_id = "r1"
     data = json.loads(JsonFormatter().format(rec))
-    assert data["message"] == "hello x" and data["level"] == "info" and data["run_id"] == "r1"
-    assert data["logger"] == "flowkit.worker" and data["ts"].endswith("+00:00")
+    assert data["message"] == "hello x" and data["level"] == "INFO" and data["run_id"] == "r1"
+    assert data["logger"] == "flowkit.worker" and data["time"].endswith("+00:00")

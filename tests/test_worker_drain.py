@@ -101,7 +101,7 @@ async def test_sigterm_mid_step_hands_the_run_over_at_once(
         said = [x["message"] for x in lines if x["logger"] == "flowkit.worker"]
         assert any(m.startswith("SIGTERM: draining") for m in said), said
         assert any("drained" in m for m in said), said
-        assert all({"ts", "level", "logger", "message"} <= set(x) for x in lines)
+        assert all({"time", "level", "logger", "message"} <= set(x) for x in lines)
     finally:
         assert await _end(a) == 0
         if b is not None:
