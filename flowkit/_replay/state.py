@@ -349,8 +349,12 @@ class ActivationState:
         """The worker drains and a branch is about to start a step: let the steps already
         running here end, make their records durable, then stop as ``evict`` does. The run
         resumes from this durable point on whichever worker claims it next."""
+        if not self.tearing_down:  # (what finished already: durable before any wait)
+            await self.flush()
         running = [t for t in self.step_tasks if not t.done()]
         if running:
+            # (a step finishing meanwhile writes its record at once while draining: see
+            # ``run_step``; a sibling that then parks holds this wait until the grace ends)
             await asyncio.wait(running)
         if not self.tearing_down:
             await self.flush()

@@ -167,6 +167,8 @@ async def run_step(
                 if digest is None:
                     digest = _serde.digest(args, kwargs)
                 st.defer(step_completed(pos, name, attempt, data, digest, st.host.now()))
+                if st.draining:  # (a drain waits for running steps: write it now, not later)
+                    await st.flush()
                 value = result if plain else _serde.from_json(data, adapter)
                 if undo is not None:  # (after every recorded completion: see ``Undo.order``)
                     st.undos.append(Undo((1, len(st.undos)), pos, undo, value, retry, timeout))
