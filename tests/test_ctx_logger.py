@@ -4,6 +4,7 @@ step, position and attempt; ``flowkit.logging.JsonFormatter`` writes them as JSO
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -402,3 +403,50 @@ async def test_lines_before_waits_that_record_nothing_are_logged_once(
     caplog.clear()
     await flowkit.replay_async(history, FirstWaits())
     assert [r for r in caplog.records if r.name == name] == []
+
+
+def _fetch() -> str:
+    return "x"
+
+
+@workflow(name="logged-cancel-sleep")
+class CancelSleep:
+    async def run(self, ctx: WorkflowCtx, _: None) -> str:
+        ctx.logger.info("start")
+        await ctx.step(_fetch)
+        try:
+            await ctx.sleep(3600)
+        except asyncio.CancelledError:
+            ctx.logger.warning("cancelled: cleaning up")
+            raise
+        return "slept"
+
+
+@workflow(name="logged-cancel-signal")
+class CancelSignal:
+    async def run(self, ctx: WorkflowCtx, _: None) -> str:
+        ctx.logger.info("start")
+        try:
+            await ctx.wait_for_signal("go")
+        except asyncio.CancelledError:
+            ctx.logger.warning("cancelled: cleaning up")
+            raise
+        return "got"
+
+
+@pytest.mark.parametrize("wf", [CancelSleep, CancelSignal])
+async def test_a_cancellation_handler_logs_once(
+    wf: Any, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler of a run cancelled while parked runs live in a new activation whose last
+    call was answered by the history: its lines are new, and logged once."""
+    caplog.set_level(logging.INFO)
+    async with TestEnv([wf()], store=store) as env:
+        run = await env.start(wf, None, "r-1")
+        await env.advance(1)
+        await env.cancel("r-1")
+        await env.run_until_idle()
+        assert (await env.get_run("r-1")).status is RunStatus.CANCELLED
+        logger = logger_name(run.workflow)
+    got = [r.getMessage() for r in caplog.records if r.name == logger]
+    assert got == ["start", "cancelled: cleaning up"]

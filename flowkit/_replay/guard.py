@@ -168,6 +168,7 @@ def cancel_left(st: ActivationState, br: Branch) -> None:
             pos, st.recorded(pos), f"{call}, cancelled by code outside flowkit", FOREIGN_CANCEL
         )
     br.delivered = True
+    br.fresh = True  # (the body's cancellation handler runs now: ``ctx.logger`` logs it)
 
 
 def foreign_await(st: ActivationState, br: Branch, it: object, yielded: object) -> BaseException:
