@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._cli_common import CliError
 from ._retention import prune_store
 from ._run import TERMINAL_STATUSES, RunStatus
 from ._search_terms import SearchValue, Term, parse_filter
@@ -19,8 +20,8 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 
 
-class UsageError(ValueError):
-    """A command-line value that does not parse (the CLI prints it as its error)."""
+UsageError = CliError
+"""A command-line value that does not parse (the CLI prints it as its error)."""
 
 
 def _value(text: str) -> SearchValue:

@@ -8,7 +8,6 @@ Each option of ``worker`` defaults to an environment variable (``FLOWKIT_DB``,
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from ._cli_common import CliError, import_attr
 from ._definition import definition_of
 from ._engine import Engine
 from ._serve import DEFAULT_GRACE
@@ -25,11 +25,8 @@ from .stores.base import UNSET
 __all__ = ["add_parsers", "prepare", "retry", "worker"]
 
 
-class UsageError(Exception):
-    """A bad option or app: ``flowkit.cli`` prints it as one line (exit status 2)."""
-
-
-# the attributes every LogRecord has: anything else was passed in ``extra=`` and is kept
+UsageError = CliError
+"""A bad option or app: ``flowkit.cli`` prints it as one line (exit status 2)."""
 
 
 def _env_number(name: str, kind: type[int] | type[float], default: Any) -> Any:
@@ -109,20 +106,7 @@ def add_parsers(sub: Any) -> None:
 def load_app(spec: str) -> list[Any]:
     """The workflows ``MODULE:ATTR`` names: a list (or other iterable) of @workflow classes or
     instances, one of them, or a callable returning either."""
-    mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise UsageError(f"expected MODULE:ATTR, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(mod_name)
-    except Exception as exc:
-        raise UsageError(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise UsageError(f"{mod_name!r} has no attribute {attr!r}")
+    obj = import_attr(spec, "expected MODULE:ATTR")
     if callable(obj) and definition_of(obj) is None:
         try:
             obj = obj()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import inspect
 import json
 import os
@@ -23,6 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from . import _cli_search, _cli_worker
+from ._cli_common import CliError, import_attr
 from ._cli_out import (
     EVENT_STYLE,
     Out,
@@ -51,10 +51,6 @@ from .errors import FlowkitError, NonDeterminismError
 from .singleton import holders, waiters
 
 DEFAULT_DB = "sqlite:///flowkit.db"
-
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -278,20 +274,7 @@ async def _history(args: argparse.Namespace, out: Out, store: Any) -> int:
 
 
 def _load_workflow(spec: str) -> Any:
-    mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise CliError(f"--workflow takes module:Class, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(mod_name)
-    except Exception as exc:
-        raise CliError(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise CliError(f"{mod_name!r} has no attribute {attr!r}")
+    obj = import_attr(spec, "--workflow takes module:Class")
     try:
         defn = definition_of(obj)
     except TypeError as exc:  # an annotation of run() that cannot be resolved
@@ -530,15 +513,12 @@ def _prepare(args: argparse.Namespace) -> None:
     args.clock = SystemClock()  # the workers' clock: lease expiry is compared against it
     if args.cmd == "runs" and args.limit < 0:
         raise CliError(f"--limit takes a count >= 0 (0: all runs), got {args.limit}")
-    try:
-        if args.cmd == "runs":
-            args.search_terms = _cli_search.search_terms(args.search)
-        if args.cmd == "prune":
-            _cli_search.duration(args.older_than)  # (a bad one fails before the store opens)
-        if args.cmd in ("worker", "retry"):
-            _cli_worker.prepare(args)
-    except (_cli_search.UsageError, _cli_worker.UsageError) as exc:
-        raise CliError(str(exc)) from None
+    if args.cmd == "runs":
+        args.search_terms = _cli_search.search_terms(args.search)
+    if args.cmd == "prune":
+        _cli_search.duration(args.older_than)  # (a bad one fails before the store opens)
+    if args.cmd in ("worker", "retry"):
+        _cli_worker.prepare(args)
     if args.cmd == "signal":
         args.payload_value = _payload(args.payload)  # bad JSON fails before the store opens
     if args.cmd == "replay":

@@ -70,6 +70,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "tools": (
         "flowkit.cli",
         "flowkit._cli_out",
+        "flowkit._cli_common",
         "flowkit._cli_schedules",
         "flowkit._cli_search",
         "flowkit._cli_worker",
