@@ -15,7 +15,7 @@ $(VENV)/.installed-base: $(BIN)/python pyproject.toml
 	touch $@
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[test,dev,postgres,crypto]"
+	$(BIN)/python -m pip install -q -e ".[test,dev,postgres,crypto,ui,otel]"
 	touch $@ $(VENV)/.installed-base
 
 venv: $(STAMP)

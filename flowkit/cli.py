@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from . import _cli_search, _cli_worker
+from . import _cli_search, _cli_ui, _cli_worker
 from ._cli_common import CliError, import_attr
 from ._cli_out import (
     EVENT_STYLE,
@@ -410,6 +410,7 @@ COMMANDS: dict[str, tuple[Command, bool]] = {
     "prune": (_cli_search.prune, True),
     "worker": (_cli_worker.worker, False),  # (it opens its store itself: SqlStore(--db))
     "retry": (_cli_worker.retry, True),
+    "ui": (_cli_ui.ui, True),
 }
 
 
@@ -464,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("schedules", help="list durable schedules with their next fire time")
     _cli_search.add_prune_parser(sub)
     _cli_worker.add_parsers(sub)
+    _cli_ui.add_parser(sub)
     d = sub.add_parser("demo", help="the live demo of singleton lanes")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     return p
@@ -517,6 +519,8 @@ def _prepare(args: argparse.Namespace) -> None:
         args.search_terms = _cli_search.search_terms(args.search)
     if args.cmd == "prune":
         _cli_search.duration(args.older_than)  # (a bad one fails before the store opens)
+    if args.cmd == "ui":
+        _cli_ui.prepare(args)
     if args.cmd in ("worker", "retry"):
         _cli_worker.prepare(args)
     if args.cmd == "signal":

@@ -65,6 +65,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._timetable",
         "flowkit._schedules",
         "flowkit._serve",
+        "flowkit._browse",
         "flowkit._engine",
     ),
     "tools": (
@@ -74,6 +75,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._cli_schedules",
         "flowkit._cli_search",
         "flowkit._cli_worker",
+        "flowkit._cli_ui",
+        "flowkit._ui",
         "flowkit.otel",
         "flowkit.ui",
     ),

@@ -1,0 +1,196 @@
+"""What an operator browses (the dashboard, ``flowkit ui``; DESIGN §12): runs newest first with
+counts per status, every singleton lane with its holders and queue, one lane in FIFO order, and
+a doorbell that rings after writes. Each read is pushed down to the store when it has the
+``BrowsesRuns`` capability (``flowkit.stores._capabilities``); otherwise it falls back to
+``Store.list_runs`` (correct, but it reads every run: fine for a small store only)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._run import Run, RunStatus
+from .errors import UnsupportedStoreError
+from .stores.base import Store, Term, lists_by_search
+
+__all__ = [
+    "Lane",
+    "LaneSummary",
+    "browses_runs",
+    "count_runs",
+    "lane",
+    "lanes",
+    "page_runs",
+    "watch_changes",
+]
+
+
+@dataclass(frozen=True)
+class LaneSummary:
+    """One singleton lane (a workflow's key) with active runs: how many hold a slot, how many
+    wait, and since when the oldest waiter waits (its ``created_at``; ``None``: no waiter)."""
+
+    workflow: str
+    key: str
+    holders: int
+    waiting: int
+    oldest_waiting_since: float | None
+
+
+@dataclass(frozen=True)
+class Lane:
+    """A lane in full: its holders, then its waiters in FIFO ``(created_at, id)`` order (a
+    waiter's position is its index + 1), all without payloads. ``waiting`` counts every
+    waiter even when ``waiters`` is cut at a limit."""
+
+    workflow: str
+    key: str
+    holders: list[Run]
+    waiters: list[Run]
+    waiting: int
+
+
+def browses_runs(store: Any) -> bool:
+    """Whether ``store`` answers the dashboard's reads itself (``BrowsesRuns``)."""
+    return callable(getattr(store, "browse_runs", None))
+
+
+async def page_runs(
+    store: Store,
+    *,
+    workflow: str | None = None,
+    status: RunStatus | None = None,
+    tag: str | None = None,
+    search: Sequence[Term] = (),
+    before: tuple[float, str] | None = None,
+    limit: int = 50,
+) -> list[Run]:
+    """Up to ``limit`` runs, newest ``(created_at, id)`` first, strictly before ``before``
+    (keyset paging: pass the last row's ``(created_at, id)``), without payloads."""
+    if browses_runs(store):
+        found: list[Run] = await store.browse_runs(  # type: ignore[attr-defined]
+            workflow=workflow, status=status, tag=tag, search=search, before=before, limit=limit
+        )
+        return found
+    runs = await _all(store, workflow=workflow, status=status, tag=tag, search=search)
+    runs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    if before is not None:
+        runs = [r for r in runs if (r.created_at, r.id) < before]
+    return runs[:limit]
+
+
+async def count_runs(
+    store: Store,
+    *,
+    workflow: str | None = None,
+    tag: str | None = None,
+    search: Sequence[Term] = (),
+) -> dict[RunStatus, int]:
+    """How many runs have each status (every status present, zeros included)."""
+    if browses_runs(store):
+        counted: dict[RunStatus, int] = await store.count_runs(  # type: ignore[attr-defined]
+            workflow=workflow, tag=tag, search=search
+        )
+        return {s: counted.get(s, 0) for s in RunStatus}
+    counts = dict.fromkeys(RunStatus, 0)
+    for r in await _all(store, workflow=workflow, status=None, tag=tag, search=search):
+        counts[r.status] += 1
+    return counts
+
+
+async def lanes(store: Store, *, limit: int = 500) -> list[LaneSummary]:
+    """Every lane with active runs (up to ``limit``), the longest queue first, then by
+    workflow and key."""
+    if browses_runs(store):
+        found: list[LaneSummary] = await store.lanes(limit=limit)  # type: ignore[attr-defined]
+        return found
+    by_key: dict[tuple[str, str], list[Run]] = {}
+    for r in await _all(store, workflow=None, status=None, tag=None, search=()):
+        if r.singleton_key is not None and r.status.active:
+            by_key.setdefault((r.workflow, r.singleton_key), []).append(r)
+    out = []
+    for (wf, key), runs in by_key.items():
+        waiting = [r for r in runs if not r.admitted]
+        out.append(
+            LaneSummary(
+                wf,
+                key,
+                holders=len(runs) - len(waiting),
+                waiting=len(waiting),
+                oldest_waiting_since=min((r.created_at for r in waiting), default=None),
+            )
+        )
+    out.sort(key=lambda s: (-s.waiting, s.workflow, s.key))
+    return out[:limit]
+
+
+async def lane(store: Store, workflow: str, key: str, *, limit: int = 200) -> Lane:
+    """The active runs of ``workflow``'s lane ``key``: holders, then up to ``limit`` waiters
+    in FIFO order."""
+    if browses_runs(store):
+        found: Lane = await store.lane(workflow, key, limit=limit)  # type: ignore[attr-defined]
+        return found
+    runs = await _all(store, workflow=workflow, status=None, tag="singleton:" + key, search=())
+    active = [r for r in runs if r.status.active]
+    holders = [r for r in active if r.admitted]
+    waiters = [r for r in active if not r.admitted]
+    return Lane(workflow, key, holders, waiters[:limit], len(waiters))
+
+
+async def watch_changes(
+    store: Store, callback: Callable[[], None], *, interval: float = 1.0
+) -> Callable[[], Awaitable[None]]:
+    """Call ``callback()`` (on this event loop) soon after writes to the store's runs: at once
+    on the store's wake-ups (``Watchable``), and after any other write within about
+    ``interval`` seconds, by comparing a cheap change stamp (``store.change_stamp()`` when the
+    store has it). One watcher per dashboard, whatever the number of browsers. Returns an
+    async function that stops it."""
+    stop_watch: Callable[[], None] | None = None
+    watch = getattr(store, "watch", None)
+    if callable(watch):
+        stop_watch = watch(callback)
+
+    async def stamp() -> Any:
+        fn = getattr(store, "change_stamp", None)
+        if callable(fn):
+            return await fn()
+        runs = await store.list_runs()
+        return (len(runs), max((r.updated_at for r in runs), default=0.0))
+
+    async def loop() -> None:
+        last = await stamp()
+        while True:
+            await asyncio.sleep(interval)
+            now = await stamp()
+            if now != last:
+                last = now
+                callback()
+
+    task = asyncio.get_running_loop().create_task(loop())
+
+    async def stop() -> None:
+        if stop_watch is not None:
+            stop_watch()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return stop
+
+
+async def _all(
+    store: Store,
+    *,
+    workflow: str | None,
+    status: RunStatus | None,
+    tag: str | None,
+    search: Sequence[Term],
+) -> list[Run]:
+    if search:
+        if not lists_by_search(store):
+            raise UnsupportedStoreError(f"{type(store).__name__}.list_runs takes no search")
+        return await store.list_runs(workflow=workflow, status=status, tag=tag, search=search)
+    return await store.list_runs(workflow=workflow, status=status, tag=tag)
