@@ -48,7 +48,9 @@ class Database(Lanes):
         self.pg = self.dialect == "postgresql"
         self._schema_ready = False
         self._lock = threading.Lock()
-        self.wakeups = wakeups  # whether ``watch`` listens (writes emit wake-ups regardless)
+        # whether ``watch`` listens (writes emit wake-ups regardless); never behind a
+        # transaction-mode pooler: ``LISTEN`` needs a server session of its own
+        self.wakeups = wakeups and not getattr(self.engine, "flowkit_pooled", False)
         # the wake-up watchers, one hub per event loop (``_wakeup``)
         self._hubs: dict[asyncio.AbstractEventLoop, _wakeup.Hub] = {}
         self._hub_lock = threading.Lock()

@@ -17,7 +17,7 @@ from ...errors import NotAFlowkitDatabaseError, StoreUnavailableError, Unsupport
 from . import _errors
 from ._connection import Conn
 from ._errors import Attempt
-from ._pgconnect import configure_url, guarded_connection_class
+from ._pgconnect import configure_url, guarded_connection_class, take_pooler
 from ._pgstatements import PgStatements
 from ._postgres import PgConn
 from ._sqlite import BUSY_TIMEOUT_PARAM, SqliteConn, SqliteStatements, setup_engine
@@ -84,8 +84,15 @@ def create_engine(url: str) -> sa.Engine:
     shown = u.render_as_string(hide_password=True)
     setup: dict[str, Any] = {}
     io_timeout: float | None = None
+    pooled = False  # behind a transaction-mode pooler (``_pgconnect.take_pooler``)
     if u.get_backend_name() == "postgresql":
-        u, io_timeout = configure_url(u)
+        try:
+            u, pooled = take_pooler(u)
+        except ValueError as exc:
+            raise UnsupportedDatabaseError(
+                f"cannot use the database URL {shown!r}: {exc}"
+            ) from None
+        u, io_timeout = configure_url(u, session_settings=not pooled)
     elif BUSY_TIMEOUT_PARAM in u.query:
         setup[BUSY_TIMEOUT_PARAM] = u.query[BUSY_TIMEOUT_PARAM]
         u = u.difference_update_query([BUSY_TIMEOUT_PARAM])
@@ -99,18 +106,20 @@ def create_engine(url: str) -> sa.Engine:
     except (TypeError, ValueError, sa.exc.ArgumentError) as exc:
         raise UnsupportedDatabaseError(f"cannot use the database URL {shown!r}: {exc}") from exc
     engine.flowkit_shown_url = shown  # type: ignore[attr-defined]
+    engine.flowkit_pooled = pooled  # type: ignore[attr-defined]
     if dialect.setup is not None:
         dialect.setup(engine, setup)
     if u.get_backend_name() == "postgresql":
-        _connect_retrying(engine, io_timeout)
+        _connect_retrying(engine, io_timeout, pooled)
     return engine
 
 
-def _connect_retrying(engine: sa.Engine, io_timeout: float | None) -> None:
+def _connect_retrying(engine: sa.Engine, io_timeout: float | None, pooled: bool) -> None:
     """Every new connection of ``engine``: psycopg 3's with its waits bounded by
     ``io_timeout`` (``guarded_connection_class``); a connect that fails for a transient reason
     (refused, reset, the server starting up) is tried again after 20 ms, 40 ms... within
-    ``_errors.RETRY_BUDGET`` seconds, so a restarting server is waited for, briefly."""
+    ``_errors.RETRY_BUDGET`` seconds, so a restarting server is waited for, briefly. Behind a
+    transaction-mode pooler (``pooled``) they prepare no statements."""
     guarded = guarded_connection_class() if engine.dialect.driver == "psycopg" else None
 
     @sa.event.listens_for(engine, "do_connect")
@@ -122,6 +131,9 @@ def _connect_retrying(engine: sa.Engine, io_timeout: float | None) -> None:
                     return dialect.connect(*cargs, **cparams)
                 conn = guarded.connect(*cargs, **cparams)
                 conn.flowkit_io_timeout = io_timeout
+                if pooled:  # no prepared statements: a pooler may route each to another server
+                    conn.prepare_threshold = None
+                conn.flowkit_pooled = pooled
                 return conn
             except Exception as exc:
                 if (

@@ -54,15 +54,37 @@ def _seconds(setting: str) -> float | None:
     return value or None
 
 
-def configure_url(u: sa.URL) -> tuple[sa.URL, float | None]:
+POOLER_PARAM = "flowkit_pooler"
+"""The URL parameter that says what sits between flowkit and PostgreSQL: ``transaction`` for
+a pooler in transaction mode (PgBouncer's ``pool_mode = transaction``); see ``take_pooler``."""
+POOLER_MODES = ("session", "transaction")
+
+
+def take_pooler(u: sa.URL) -> tuple[sa.URL, bool]:
+    """``u`` without ``flowkit_pooler``, and whether it names a transaction-mode pooler: then
+    flowkit prepares no statement (a pooler before PgBouncer 1.21 cannot route them), sends no
+    session settings at connect (``options``: the pooler refuses or drops them; set them on
+    the role instead) and listens for no wake-ups (``LISTEN`` needs a session of its own).
+    ``ValueError`` for a mode it does not know."""
+    mode = u.query.get(POOLER_PARAM)
+    if mode is None:
+        return u, False
+    if mode not in POOLER_MODES:
+        raise ValueError(f"{POOLER_PARAM} must be one of {', '.join(POOLER_MODES)}, got {mode!r}")
+    return u.difference_update_query([POOLER_PARAM]), mode == "transaction"
+
+
+def configure_url(u: sa.URL, *, session_settings: bool = True) -> tuple[sa.URL, float | None]:
     """``u`` with flowkit's connection defaults (``CONNECT_DEFAULTS``, ``SESSION_DEFAULTS``)
     wherever it sets nothing itself, and the client-side I/O bound in seconds (``None``: no
-    bound): what the driver gets, every connection of the store's and its wake-up watcher's."""
+    bound): what the driver gets, every connection of the store's and its wake-up watcher's.
+    Without ``session_settings`` (behind a transaction-mode pooler) only the ones the URL
+    sets itself are sent."""
     query = {k: v for k, v in u.query.items()}
     settings: dict[str, str] = {}
     for name, default in SESSION_DEFAULTS.items():
         given = query.pop(name, None)
-        value = given if isinstance(given, str) else default
+        value = given if isinstance(given, str) else (default if session_settings else None)
         if value is not None:
             settings[name] = value
     io = query.pop(IO_TIMEOUT_PARAM, None)
@@ -157,8 +179,10 @@ __all__ = [
     "CONNECT_DEFAULTS",
     "IO_MARGIN",
     "IO_TIMEOUT_PARAM",
+    "POOLER_PARAM",
     "SESSION_DEFAULTS",
     "configure_url",
     "guarded_connection_class",
     "peer_gone",
+    "take_pooler",
 ]

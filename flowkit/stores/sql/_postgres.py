@@ -60,9 +60,10 @@ class PgConn(Conn):
         self._notify_sql: dict[str, str] = {}
         self.can_pipeline = has_pipeline(dbapi)
         dbapi.autocommit = True  # reads: one round trip, no BEGIN/COMMIT
-        if hasattr(dbapi, "prepare_threshold"):
+        if hasattr(dbapi, "prepare_threshold") and not getattr(dbapi, "flowkit_pooled", False):
             # psycopg 3: prepare a statement on its first use, not its sixth: the store runs a
-            # few statements many times, and the server parses a release's slowly
+            # few statements many times, and the server parses a release's slowly (not behind
+            # a transaction-mode pooler: ``_pgconnect.take_pooler``)
             dbapi.prepare_threshold = 0
         return dbapi.cursor()
 
@@ -72,7 +73,9 @@ class PgConn(Conn):
         return Conn.broken(self) or peer_gone(self.dbapi)
 
     def reset(self) -> None:
-        if hasattr(self.dbapi, "prepare_threshold"):
+        if hasattr(self.dbapi, "prepare_threshold") and not getattr(
+            self.dbapi, "flowkit_pooled", False
+        ):
             # (the connection goes back to SQLAlchemy's pool: its users keep psycopg's default)
             try:
                 self.dbapi.prepare_threshold = 5
