@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from .._browse_types import Lane, LaneSummary
 from .._event_keys import TakenEvent
-from .._search_terms import Term
 from .._run import Run, RunStatus
+from .._search_terms import Term
 from ..events import Event
 
 

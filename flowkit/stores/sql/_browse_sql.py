@@ -129,7 +129,7 @@ class Browsing:
         )
         return holders, waiters, count, cancelling
 
-    async def _read(self, fn: Any) -> Any:
+    async def _browse_read(self, fn: Any) -> Any:
         db = self._db
 
         def read() -> Any:
@@ -152,7 +152,7 @@ class Browsing:
         q = self.browse_query(
             workflow=workflow, status=status, tag=tag, search=search, before=before, limit=limit
         )
-        found: list[Run] = await self._read(
+        found: list[Run] = await self._browse_read(
             lambda conn: [run_from_mapping(row) for row in conn.execute(q)]
         )
         return found if tag is None else [run for run in found if tag in run.tags]
@@ -162,7 +162,7 @@ class Browsing:
     ) -> dict[RunStatus, int]:
         """``BrowsesRuns.count_runs``: one ``GROUP BY``."""
         q = self.count_query(workflow=workflow, tag=tag, search=search)
-        rows = await self._read(lambda conn: list(conn.execute(q)))
+        rows = await self._browse_read(lambda conn: list(conn.execute(q)))
         counts = dict.fromkeys(RunStatus, 0)
         for status, n in rows:
             counts[RunStatus(status)] += int(n)
@@ -171,7 +171,7 @@ class Browsing:
     async def lanes(self, *, limit: int = 500) -> list[LaneSummary]:
         """``BrowsesRuns.lanes``: one ``GROUP BY`` of the active singleton runs."""
         q = self.lanes_query()
-        rows = await self._read(lambda conn: list(conn.execute(q)))
+        rows = await self._browse_read(lambda conn: list(conn.execute(q)))
         out = [
             LaneSummary(
                 wf,
@@ -198,7 +198,7 @@ class Browsing:
                 waiters = sorted(waiters + cancelling, key=_order)[: max(limit, 0)]
             return Lane(workflow, key, holders, waiters, waiting + len(cancelling))
 
-        found: Lane = await self._read(read)
+        found: Lane = await self._browse_read(read)
         return found
 
     async def change_stamp(self) -> object:
@@ -213,7 +213,7 @@ class Browsing:
             def snap(conn: sa.Connection) -> object:
                 return conn.execute(sa.text("SELECT txid_current_snapshot()::text")).scalar()
 
-            return await self._read(snap)
+            return await self._browse_read(snap)
         if not db.threaded:  # (an in-memory database: no other connection sees it)
             counts = db.stats.copy()
             return (counts["write_tx"], counts["ops"], counts["single"])
