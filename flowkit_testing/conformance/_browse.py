@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, cast
 
 from flowkit.events import RunCompleted, StepCompleted
+from flowkit._search_terms import SearchValue
 from flowkit.stores.base import Update, parse_filter
 
 from ._registry import check
@@ -28,7 +29,7 @@ from ._support import (
 
 async def _seed(s: Any) -> None:
     """Ten runs, several sharing a ``created_at`` (ties go by id, code points: ``B`` < ``a``)."""
-    specs = [
+    specs: list[tuple[str, float, str, S, tuple[str, ...], dict[str, SearchValue]]] = [
         ("a", T0, "wf", S.COMPLETED, ("x",), {"n": 1}),
         ("B", T0, "wf", S.FAILED, (), {"n": 2}),
         ("c", T0, "wf2", S.COMPLETED, ("x",), {}),
