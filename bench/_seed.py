@@ -23,9 +23,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowkit._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX  # noqa: E402
-from flowkit.stores import SqlStore  # noqa: E402
-from flowkit.stores.sql._schema import runs, search  # noqa: E402
+from flowkit._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
+from flowkit.stores import SqlStore
+from flowkit.stores.sql._schema import runs, search
 
 T0 = 1_767_225_600.0
 WORKFLOWS = ("orders", "billing", "emails", "reports")

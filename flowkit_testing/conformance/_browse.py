@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, cast
 
-from flowkit.events import RunCompleted, StepCompleted
 from flowkit._search_terms import SearchValue
+from flowkit.events import RunCompleted, StepCompleted
 from flowkit.stores.base import Update, parse_filter
 
 from ._registry import check
