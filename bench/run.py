@@ -20,6 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import _results
+import browse_bench
 import child_bench
 import dbos_bench
 import events_bench
@@ -62,6 +63,7 @@ def main() -> int:
             "search": lambda: search_bench.main(args.smoke, pg_url, Path(tmp)),
             "events": lambda: events_bench.run_all(args.smoke, pg_url, Path(tmp)),
             "schedules": lambda: schedule_bench.run_all(args.smoke, Path(tmp)),
+            "browse": lambda: browse_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

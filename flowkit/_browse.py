@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ._browse_types import Lane, LaneSummary
 from ._run import Run, RunStatus
 from .errors import UnsupportedStoreError
-from .stores.base import Store, Term, lists_by_search
+from .stores.base import Store, Term, browses_runs, changes_stamped, lists_by_search
 
 __all__ = [
     "Lane",
@@ -26,36 +26,6 @@ __all__ = [
     "page_runs",
     "watch_changes",
 ]
-
-
-@dataclass(frozen=True)
-class LaneSummary:
-    """One singleton lane (a workflow's key) with active runs: how many hold a slot, how many
-    wait, and since when the oldest waiter waits (its ``created_at``; ``None``: no waiter)."""
-
-    workflow: str
-    key: str
-    holders: int
-    waiting: int
-    oldest_waiting_since: float | None
-
-
-@dataclass(frozen=True)
-class Lane:
-    """A lane in full: its holders, then its waiters in FIFO ``(created_at, id)`` order (a
-    waiter's position is its index + 1), all without payloads. ``waiting`` counts every
-    waiter even when ``waiters`` is cut at a limit."""
-
-    workflow: str
-    key: str
-    holders: list[Run]
-    waiters: list[Run]
-    waiting: int
-
-
-def browses_runs(store: Any) -> bool:
-    """Whether ``store`` answers the dashboard's reads itself (``BrowsesRuns``)."""
-    return callable(getattr(store, "browse_runs", None))
 
 
 async def page_runs(
@@ -154,9 +124,8 @@ async def watch_changes(
         stop_watch = watch(callback)
 
     async def stamp() -> Any:
-        fn = getattr(store, "change_stamp", None)
-        if callable(fn):
-            return await fn()
+        if changes_stamped(store):
+            return await store.change_stamp()  # type: ignore[attr-defined]
         runs = await store.list_runs()
         return (len(runs), max((r.updated_at for r in runs), default=0.0))
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from . import _cli_search, _cli_ui, _cli_worker
+from . import _browse, _cli_search, _cli_ui, _cli_worker
 from ._cli_common import CliError, import_attr
 from ._cli_out import (
     EVENT_STYLE,
@@ -118,12 +118,28 @@ async def _lanes(store: Any, runs: Sequence[Run]) -> dict[str, str]:
 async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
     status = RunStatus(args.status) if args.status else None
     more = {"search": args.search_terms} if args.search_terms else {}
-    runs: list[Run] = await store.list_runs(
-        workflow=args.workflow, status=status, tag=args.tag, **more
-    )
-    total = len(runs)
+    runs: list[Run]
     if args.limit > 0:
-        runs = runs[-args.limit :]  # the most recent, still oldest first
+        # the most recent (one query on a store that browses), still printed oldest first
+        terms = args.search_terms or ()
+        runs = await _browse.page_runs(
+            store,
+            workflow=args.workflow,
+            status=status,
+            tag=args.tag,
+            search=terms,
+            limit=args.limit,
+        )
+        runs.reverse()
+        total = len(runs)
+        if total == args.limit:  # (maybe more: count them, one GROUP BY)
+            counts = await _browse.count_runs(
+                store, workflow=args.workflow, tag=args.tag, search=terms
+            )
+            total = counts[status] if status is not None else sum(counts.values())
+    else:
+        runs = await store.list_runs(workflow=args.workflow, status=status, tag=args.tag, **more)
+        total = len(runs)
     lanes = await _lanes(store, runs)
     now = args.clock.now()
     missing = await unserved(store, runs, now)

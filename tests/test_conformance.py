@@ -106,6 +106,7 @@ def test_registry_covers_every_check_function() -> None:
         "competing_create_admissions",
         "competing_schedule_advances",
         "competing_publish_and_take",
+        "change_stamp_sees_other_writers",
     }
     # plain checks first, then those needing optional methods, then the competing ones
     order = [(c.kind == "pair", bool(c.requires)) for c in CHECKS.values()]
@@ -146,6 +147,15 @@ def test_registry_covers_every_check_function() -> None:
         "schedules_respect_namespaces",
         *published,
         "prune_runs",
+        "browse_runs_newest_first",
+        "count_runs_matches_list_runs",
+        "change_stamp_sees_other_writers",
+    }
+    browsing = {n for n, c in CHECKS.items() if "browse_runs" in c.requires}
+    assert browsing == {
+        "browse_runs_newest_first",
+        "count_runs_matches_list_runs",
+        "lanes_follow_the_gate",
     }
     assert CHECKS["append_events_respects_namespaces"].requires == ("appends_events", "scoped")
     assert all(
@@ -222,6 +232,8 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "keeps_schedules",
         "publishes_events",
         "prune_runs",
+        "browse_runs",
+        "change_stamp",
     }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]
     assert "next_due_after" in ran

@@ -27,6 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._search_terms",
         "flowkit._serde",
         "flowkit._event_keys",
+        "flowkit._browse_types",
         "flowkit.singleton",
         "flowkit.logging",
     ),

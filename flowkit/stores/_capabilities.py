@@ -1,8 +1,9 @@
 """Optional store capabilities, re-exported by ``flowkit.stores.base`` (the protocol's home)
 and kept apart so that each module stays readable: ``ClaimsByVersion`` and ``RecordsWorkers``
-(DESIGN §9, versions), and those of DESIGN §11: ``LatestEvent`` (a run's newest event of a
+(DESIGN §9, versions), those of DESIGN §11: ``LatestEvent`` (a run's newest event of a
 kind, for ``get_event`` and ``update``), ``PublishesEvents`` (published events, delivered or
-buffered atomically) and ``PrunesRuns`` (retention)."""
+buffered atomically) and ``PrunesRuns`` (retention), and those of the dashboard (DESIGN §12):
+``BrowsesRuns`` (its reads, pushed down) and ``ChangeStamp`` (a cheap "anything written?")."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .._browse_types import Lane, LaneSummary
 from .._event_keys import TakenEvent
 from .._run import Run, RunStatus
+from .._search_terms import Term
 from ..events import Event
 
 
@@ -150,6 +153,75 @@ def publishes_events(store: Any) -> bool:
     return bool(getattr(store, "publishes_events", False))
 
 
+class BrowsesRuns(Protocol):
+    """The optional methods ``browse_runs``, ``count_runs``, ``lanes`` and ``lane``
+    (``MemoryStore``, ``SqlStore``; ``CodecStore`` when the store it wraps has them): what
+    the dashboard reads (``flowkit._browse``), each answered in one or two indexed queries
+    instead of ``list_runs`` reading every run. A store without them still works there, slowly.
+    Every method sees only this store's namespace and returns runs without payloads
+    (``input``, ``output`` and ``error`` are ``None``, as ``list_runs`` returns them)."""
+
+    async def browse_runs(
+        self,
+        *,
+        workflow: str | None,
+        status: RunStatus | None,
+        tag: str | None,
+        search: Sequence[Term],
+        before: tuple[float, str] | None,
+        limit: int,
+    ) -> list[Run]:
+        """Up to ``limit`` runs passing the filters (as ``list_runs``'), newest
+        ``(created_at, id)`` first (ids by code point), strictly before ``before``. One
+        query."""
+        ...
+
+    async def count_runs(
+        self, *, workflow: str | None, tag: str | None, search: Sequence[Term]
+    ) -> dict[RunStatus, int]:
+        """How many runs passing the filters have each status (a status may be left out
+        when none has it). One ``GROUP BY`` query."""
+        ...
+
+    async def lanes(self, *, limit: int) -> list[LaneSummary]:
+        """Every ``(workflow, singleton_key)`` with active runs: ``holders`` its admitted
+        active runs, ``waiting`` its other active runs, ``oldest_waiting_since`` the oldest
+        waiter's ``created_at``; the longest queue first, then by workflow and key (code
+        points); at most ``limit``."""
+        ...
+
+    async def lane(self, workflow: str, key: str, *, limit: int) -> Lane:
+        """The lane ``key`` of ``workflow``: its holders (by ``(created_at, id)``), then up
+        to ``limit`` waiters in FIFO ``(created_at, id)`` order (the order the singleton
+        gate admits in), and how many wait in all."""
+        ...
+
+
+def browses_runs(store: Any) -> bool:
+    """Whether ``store`` answers the dashboard's reads itself (``BrowsesRuns``)."""
+    return all(
+        callable(getattr(store, m, None)) for m in ("browse_runs", "count_runs", "lanes", "lane")
+    )
+
+
+class ChangeStamp(Protocol):
+    """The optional method ``change_stamp`` (``MemoryStore``, ``SqlStore``; ``CodecStore``
+    when the store it wraps has it): how the dashboard knows, about once a second, whether to
+    refresh (``flowkit._browse.watch_changes``)."""
+
+    async def change_stamp(self) -> object:
+        """A value that differs from every earlier one after any committed write to the
+        store's runs (a run created, its status or steps changed, a run deleted), by this or
+        any other process. It may also change without such a write (a false alarm costs one
+        refresh), never miss one. Cheap: it reads no table."""
+        ...
+
+
+def changes_stamped(store: Any) -> bool:
+    """Whether ``store`` has ``change_stamp`` (``ChangeStamp``)."""
+    return callable(getattr(store, "change_stamp", None))
+
+
 WorkflowVersions = Sequence[tuple[str, str]]
 """``(workflow, version)`` pairs: what a worker has registered, and so may run."""
 
@@ -242,6 +314,8 @@ def records_workers(store: Any) -> bool:
 
 
 __all__ = [
+    "BrowsesRuns",
+    "ChangeStamp",
     "ClaimsByVersion",
     "LatestEvent",
     "PrunesRuns",
@@ -250,6 +324,8 @@ __all__ = [
     "RecordsWorkers",
     "WorkerSeen",
     "WorkflowVersions",
+    "browses_runs",
+    "changes_stamped",
     "claims_by_version",
     "lists_by_search",
     "prunes_runs",

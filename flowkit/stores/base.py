@@ -21,6 +21,8 @@ from ..errors import ConflictError
 from ..events import Event
 from ..singleton import check_limit
 from ._capabilities import (
+    BrowsesRuns,
+    ChangeStamp,
     ClaimsByVersion,
     LatestEvent,
     PrunesRuns,
@@ -29,6 +31,8 @@ from ._capabilities import (
     RecordsWorkers,
     WorkerSeen,
     WorkflowVersions,
+    browses_runs,
+    changes_stamped,
     claims_by_version,
     lists_by_search,
     prunes_runs,
@@ -506,6 +510,8 @@ __all__ = [
     "AdmitsOnCreate",
     "AdmittedAt",
     "AppendsEvents",
+    "BrowsesRuns",
+    "ChangeStamp",
     "ClaimsByVersion",
     "CommitResult",
     "ConflictError",
@@ -531,6 +537,8 @@ __all__ = [
     "WorkerSeen",
     "WorkflowVersions",
     "admission_time",
+    "browses_runs",
+    "changes_stamped",
     "claims_by_version",
     "continues_as_new",
     "event_mark",

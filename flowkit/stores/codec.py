@@ -25,6 +25,7 @@ from ..events import (
     Event,
 )
 from ._codec_aesgcm import AESGCMCodec
+from ._codec_browse import forward_browse
 from ._codec_fields import STRING_PREFIX, CodecFields
 from ._codec_schedules import CodecSchedules
 from .base import (
@@ -193,6 +194,7 @@ class CodecStore(CodecFields, CodecSchedules):
             self.keeps_schedules = True
         if publishes_events(inner):
             self.publishes_events = True
+        forward_browse(self, inner)
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         unwatch: Callable[[], None] = self.inner.watch(callback)

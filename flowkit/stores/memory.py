@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from ._codec_mark import (
     run_carries_payload,
     update_carries_payload,
 )
+from ._memory_browse import MemoryBrowse
 from ._memory_events import MemoryEventData, MemoryEvents
 from ._memory_lists import listed, prunable
 from ._memory_schedules import MemorySchedules
@@ -72,9 +73,11 @@ class _Data:
     signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     # published events (``base.PublishesEvents``, ``_events.MemoryEvents``)
     events_data: MemoryEventData = field(default_factory=MemoryEventData)
+    # bumped by every write to the runs or their histories (``change_stamp``)
+    version: int = 0
 
 
-class MemoryStore(MemorySchedules, MemoryEvents):
+class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
     """An in-process store (see ``flowkit.stores.base.Store`` for the contract)."""
 
     admits_on_create = True
@@ -132,6 +135,16 @@ class MemoryStore(MemorySchedules, MemoryEvents):
         return self._d.meta.get(CODEC_META_KEY)
 
     # -- helpers -----------------------------------------------------------------------
+    def _visible_runs(self) -> Iterable[Run]:
+        return (r for r in self._d.runs.values() if self._visible(r))
+
+    def _active_runs(self) -> Iterable[Run]:
+        runs = self._d.runs
+        return (r for r in (runs[i] for i in self._d.active) if self._visible(r))
+
+    def _version(self) -> int:
+        return self._d.version
+
     def _visible(self, run: Run) -> bool:
         return self.namespace is None or run.namespace == self.namespace
 
@@ -175,6 +188,7 @@ class MemoryStore(MemorySchedules, MemoryEvents):
     def _put(self, run: Run) -> None:
         old = self._d.runs.get(run.id)
         self._d.runs[run.id] = run
+        self._d.version += 1
         keys_old = {(old.workflow, t) for t in old.tags} if old and old.status.active else set()
         keys_new = {(run.workflow, t) for t in run.tags} if run.status.active else set()
         for k in keys_old - keys_new:
@@ -191,6 +205,7 @@ class MemoryStore(MemorySchedules, MemoryEvents):
             self._d.active.discard(run.id)
 
     def _append(self, run_id: str, events: Sequence[Event]) -> tuple[int, ...]:
+        self._d.version += 1
         log = self._d.events.setdefault(run_id, [])
         seqs = []
         for ev in events:
@@ -281,6 +296,7 @@ class MemoryStore(MemorySchedules, MemoryEvents):
             status=status,
             limit=limit,
         )
+        d.version += 1
         for rid in ids:  # (terminal: in no tag bucket, not active)
             del d.runs[rid]
             d.events.pop(rid, None)

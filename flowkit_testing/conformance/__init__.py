@@ -26,6 +26,12 @@ from ._appends import (
     check_append_events_respects_namespaces,
     check_refused_append_events_writes_nothing,
 )
+from ._browse import (
+    check_browse_runs_newest_first,
+    check_change_stamp_sees_other_writers,
+    check_count_runs_matches_list_runs,
+    check_lanes_follow_the_gate,
+)
 from ._commits import (
     check_commit_applies_update,
     check_commit_lease_fencing,
@@ -150,7 +156,8 @@ async def run_all(
     Without ``make_pair`` the competing checks run on one store object used twice (still
     concurrent through ``asyncio.gather``, but not two connections). Checks that need an
     optional store method (``try_admit_singleton``, ``scoped``, ``release_leases``,
-    ``next_due_after``, ``latest_event``) or capability (``admits_on_create``, ``appends_events``,
+    ``next_due_after``, ``latest_event``, ``prune_runs``, ``browse_runs``, ``change_stamp``) or
+    capability (``admits_on_create``, ``appends_events``,
     ``records_admission``) run only when a store from
     ``make_store`` has it; ``singleton=True``/``False`` forces the singleton checks in or out
     (those of admission at creation still need ``admits_on_create``). Every selected check
@@ -209,7 +216,9 @@ __all__ = [
     "check_append_events_continues_the_numbering",
     "check_append_events_fenced_by_owner_not_expiry",
     "check_append_events_respects_namespaces",
+    "check_browse_runs_newest_first",
     "check_cancelling_is_sticky",
+    "check_change_stamp_sees_other_writers",
     "check_claim_by_version",
     "check_claim_counts_lost_activations",
     "check_claim_exclusive",
@@ -227,6 +236,7 @@ __all__ = [
     "check_continue_as_new_creates_the_successor",
     "check_continue_as_new_is_all_or_nothing",
     "check_continue_as_new_passes_the_slot",
+    "check_count_runs_matches_list_runs",
     "check_create_admission_is_fifo_behind_waiters",
     "check_create_admission_of_an_existing_id_writes_nothing",
     "check_create_admission_respects_the_queue_cap",
@@ -246,6 +256,7 @@ __all__ = [
     "check_hand_over_only_to_a_version_of_the_releaser",
     "check_id_ties_by_code_point",
     "check_identifier_limits",
+    "check_lanes_follow_the_gate",
     "check_latest_event_finds_the_newest_match",
     "check_list_runs_by_parent",
     "check_list_runs_order_and_filters",

@@ -27,6 +27,8 @@ OPTIONAL_METHODS = (
     "next_due_after",
     "latest_event",
     "prune_runs",
+    "browse_runs",
+    "change_stamp",
 )
 """Store methods the contract lets a store leave out (absent or ``None``)."""
 OPTIONAL_CAPABILITIES = (

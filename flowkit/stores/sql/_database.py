@@ -64,6 +64,9 @@ class Database(Lanes):
         memory = self.dialect == "sqlite" and self.engine.url.database in (None, "", ":memory:")
         self._open_lanes(pg=self.pg, threaded=not memory)
         self.dbapi_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+        # (SQLite) the connection of ``change_stamp``'s ``PRAGMA data_version``: it never
+        # writes, so every commit of another connection, ours included, changes it
+        self.stamp_conn: Any = None
 
     @property
     def shown_url(self) -> str:
@@ -144,6 +147,9 @@ class Database(Lanes):
         for hub in hubs:
             hub.stop()
         self._close_lanes()
+        if self.stamp_conn is not None:
+            self.stamp_conn.close()
+            self.stamp_conn = None
         self.engine.dispose()
 
     # -- wake-ups across processes (``_wakeup``) ----------------------------------------------

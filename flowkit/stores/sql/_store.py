@@ -34,6 +34,7 @@ from ..base import (
 )
 from ..rules import admit_new, admitted_event
 from . import _runs as runs
+from ._browse_sql import Browsing
 from ._commit import Commits, wake_if_free
 from ._connection import RETURNING, ROWCOUNT, ROWS, Conn
 from ._database import Database, check
@@ -68,7 +69,7 @@ def _hit(row: Any) -> bool:
     return row is not None
 
 
-class SqlStore(CodecMarked, Reads, Pruning, Workers, Schedules, Events):
+class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events):
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract): ``sqlite:///path/to/file.db`` (several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts); the schema is

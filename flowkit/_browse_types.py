@@ -1,0 +1,37 @@
+"""The dashboard's lane shapes (``flowkit._browse``), apart so that a store answering its reads
+(``flowkit.stores._capabilities.BrowsesRuns``) can build them without importing the client
+layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._run import Run
+
+
+@dataclass(frozen=True)
+class LaneSummary:
+    """One singleton lane (a workflow's key) with active runs: how many hold a slot, how many
+    wait, and since when the oldest waiter waits (its ``created_at``; ``None``: no waiter)."""
+
+    workflow: str
+    key: str
+    holders: int
+    waiting: int
+    oldest_waiting_since: float | None
+
+
+@dataclass(frozen=True)
+class Lane:
+    """A lane in full: its holders, then its waiters in FIFO ``(created_at, id)`` order (a
+    waiter's position is its index + 1), all without payloads. ``waiting`` counts every
+    waiter even when ``waiters`` is cut at a limit."""
+
+    workflow: str
+    key: str
+    holders: list[Run]
+    waiters: list[Run]
+    waiting: int
+
+
+__all__ = ["Lane", "LaneSummary"]
