@@ -29,6 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._event_keys",
         "flowkit.singleton",
         "flowkit.logging",
+        "flowkit._telemetry",
     ),
     "definition": (
         "flowkit._definition",
