@@ -8,6 +8,7 @@ fixture), in ``TestEnv``. Real worker processes: tests/test_otel_process.py."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -350,3 +351,21 @@ def test_metric_names_documented() -> None:
     assert "flowkit.step.duration" in names
     for name in names:
         assert f"`{name}`" in text, name
+
+
+async def test_a_collection_reads_the_queue_depth_on_the_engines_loop(
+    store: Any, otel: Otel
+) -> None:
+    """A reader collecting in its own thread (as Prometheus's scrape) starts a read of the
+    depths on the engine's loop; a later collection reports it."""
+    async with TestEnv(WORKFLOWS, store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-single", {"key": "q"}, "q1")
+        await env.start("otel-single", {"key": "q"}, "q2")
+        await env.start("otel-single", {"key": "q"}, "q3")
+        want = [({"flowkit.workflow": "otel-single", "flowkit.key": "q"}, 2)]
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while await asyncio.to_thread(otel.points, "flowkit.singleton.queue_depth") != want:
+            assert loop.time() < end, "the depth was never read"
+            await asyncio.sleep(0.01)
