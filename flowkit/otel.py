@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from ._engine import Engine
 
-__all__ = ["Instrumentation", "instrument"]
+__all__ = ["SCOPE", "Instrumentation", "instrument", "worker_setup"]
 
 SCOPE = "flowkit"
 """The instrumentation scope of flowkit's tracer and meter."""

@@ -369,3 +369,21 @@ async def test_a_collection_reads_the_queue_depth_on_the_engines_loop(
         while await asyncio.to_thread(otel.points, "flowkit.singleton.queue_depth") != want:
             assert loop.time() < end, "the depth was never read"
             await asyncio.sleep(0.01)
+
+
+def test_metrics_port_is_checked_before_serving(tmp_path: Path) -> None:
+    """A bad ``--metrics-port`` or ``$FLOWKIT_METRICS_PORT`` is one line, exit 2."""
+    for args, env in (
+        (["--metrics-port", "0"], {}),
+        ([], {"FLOWKIT_METRICS_PORT": "port"}),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "flowkit.cli", "worker", "otel_app:WORKFLOWS", *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin", **env},
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "METRICS_PORT" in done.stderr or "--metrics-port" in done.stderr
