@@ -27,6 +27,7 @@ import events_bench
 import handover_bench
 import latency_bench
 import lock_bench
+import otel_bench
 import replay_bench
 import schedule_bench
 import search_bench
@@ -64,6 +65,7 @@ def main() -> int:
             "events": lambda: events_bench.run_all(args.smoke, pg_url, Path(tmp)),
             "schedules": lambda: schedule_bench.run_all(args.smoke, Path(tmp)),
             "browse": lambda: browse_bench.main(args.smoke, pg_url, Path(tmp)),
+            "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

@@ -3,6 +3,7 @@ piped (control characters escaped), and the readable timeline of a run's events.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -264,13 +265,21 @@ async def chain_lines(store: Any, run: Run) -> list[str]:
     return lines
 
 
+def _trace_id(carrier: dict[str, str]) -> str:
+    """The trace id of a stored trace context (its W3C ``traceparent``), else the carrier."""
+    parts = carrier.get("traceparent", "").split("-")
+    return parts[1] if len(parts) == 4 else json.dumps(carrier, sort_keys=True)
+
+
 def _describe(ev: Event, t0: float) -> str:
     """The readable part of one event (the timeline's last column)."""
     match ev:
         case RunStarted():
             tags = [t for t in ev.tags if not t.startswith("flowkit:")]
-            return f"{ev.workflow} v{ev.version} input {_value(ev.input)}" + (
-                f" tags {', '.join(tags)}" if tags else ""
+            return (
+                f"{ev.workflow} v{ev.version} input {_value(ev.input)}"
+                + (f" tags {', '.join(tags)}" if tags else "")
+                + (f" trace {_escape(_trace_id(ev.trace))}" if ev.trace else "")
             )
         case SingletonGated():
             again = f", re-check at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else ""

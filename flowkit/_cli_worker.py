@@ -3,11 +3,13 @@
 
 Each option of ``worker`` defaults to an environment variable (``FLOWKIT_DB``,
 ``FLOWKIT_CONCURRENCY``, ``FLOWKIT_NAMESPACE``, ``FLOWKIT_INSTANCE_ID``, ``FLOWKIT_GRACE``,
-``FLOWKIT_LEASE_TTL``, ``FLOWKIT_LOG_FORMAT``), so a unit file or a container sets them once."""
+``FLOWKIT_LEASE_TTL``, ``FLOWKIT_LOG_FORMAT``, ``FLOWKIT_METRICS_PORT``), so a unit file or a
+container sets them once."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -90,6 +92,13 @@ def add_parsers(sub: Any) -> None:
         help="log lines on stderr as text or one JSON object each (default: "
         "$FLOWKIT_LOG_FORMAT, else text)",
     )
+    w.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (needs flowkit[otel]; default: "
+        "$FLOWKIT_METRICS_PORT, else none)",
+    )
     r = sub.add_parser("retry", help="re-open a failed or dead run (Engine.retry)")
     r.add_argument("run")
     r.add_argument(
@@ -157,7 +166,28 @@ def prepare(args: argparse.Namespace) -> None:
     args.log_format = args.log_format or os.environ.get("FLOWKIT_LOG_FORMAT") or "text"
     if args.log_format not in ("text", "json"):
         raise UsageError(f"$FLOWKIT_LOG_FORMAT must be text or json, got {args.log_format!r}")
+    if args.metrics_port is None:
+        args.metrics_port = _env_number("FLOWKIT_METRICS_PORT", int, None)
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        raise UsageError(f"--metrics-port takes a port 1-65535, got {args.metrics_port}")
     args.workflows = load_app(args.app)
+    args.telemetry = _telemetry_setup(args.metrics_port)
+
+
+def _telemetry_setup(port: int | None) -> Any:
+    """``flowkit.otel.serving``'s setup for the worker, or ``None``: with ``--metrics-port``
+    (else a usage error without the extra), or when the app configured an OpenTelemetry SDK
+    (its tracer provider: spans, no metrics)."""
+    if port is None and importlib.util.find_spec("opentelemetry") is None:
+        return None
+    try:
+        from . import otel
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise UsageError(f"--metrics-port: {exc}") from None
+    try:
+        return otel.worker_setup(port)
+    except ImportError as exc:
+        raise UsageError(f"--metrics-port needs OpenTelemetry: {exc}") from None
 
 
 def _configure_logging(fmt: str) -> None:
@@ -192,6 +222,8 @@ async def worker(args: argparse.Namespace, out: Any, store: Any) -> int:
             max_concurrency=args.concurrency,
             lease_ttl=args.lease_ttl,
         )
+        if (setup := getattr(args, "telemetry", None)) is not None:
+            setup(engine)  # (flowkit.otel: spans, and metrics on --metrics-port)
         await engine.serve(args.grace)
     finally:
         store.close()

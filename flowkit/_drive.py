@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from . import _bounds, _cancel, _continue
+from . import _bounds, _cancel, _continue, _telemetry
 from . import _gate as gate
 from ._definition import WorkflowDefinition
 from ._host import Host, StepRunner, Try, clean
@@ -33,6 +33,7 @@ from ._replay import (
 )
 from ._run import Run, RunStatus
 from ._seat import Seat, Settled, WorkerConfig
+from ._telemetry import ActivationObserver
 from ._versions import Registry
 from .errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
@@ -132,6 +133,8 @@ class Drive:
                 return
             except (LeaseLostError, ConflictError):
                 log.info("run %s taken over by another instance", run_id)
+                if cfg.telemetry is not None:
+                    cfg.telemetry.lease_lost(t.run.workflow if t.run is not None else None)
                 return
             except Exception as exc:
                 err = exc
@@ -307,18 +310,46 @@ class Drive:
                 unwritten = passed
             admitted = True
         t.admitted = admitted
+        tel = cfg.telemetry
+        if tel is None:
+            await self._body(run, events, defn, instance, proof, t, notify, unwritten, None)
+        else:  # (observed: an activation span, the step attempts', the metrics)
+            obs = _telemetry.begin(tel, run, events, () if run.admitted else unwritten)
+            await _telemetry.observed(
+                tel,
+                obs,
+                run.workflow,
+                self._body(run, events, defn, instance, proof, t, notify, unwritten, obs),
+            )
+
+    async def _body(
+        self,
+        run: Run,
+        events: list[Event],
+        defn: WorkflowDefinition,
+        instance: Any,
+        proof: LeaseProof,
+        t: Try,
+        notify: Notify | None,
+        unwritten: list[Event],
+        obs: ActivationObserver | None,
+    ) -> tuple[Outcome, Any]:
+        """Replay the body and settle (the rest of ``_activate``): the outcome and its
+        error, for an observer (``_telemetry.observed``)."""
+        admitted = t.admitted
         try:
             value = defn.input_adapter.validate_python(run.input)
         except ValidationError as exc:  # the stored input no longer fits the current code
-            await self._settle(run, Failed(error_info(exc)), admitted, notify, unwritten, t)
-            return
+            failed = Failed(error_info(exc))
+            await self._settle(run, failed, admitted, notify, unwritten, t)
+            return failed, failed.error
         act = Activation(
             defn,
             instance,
             run.id,
             value,
             events,
-            Host(self, run, proof),
+            Host(self, run, proof, obs),
             cancel_requested=run.status is RunStatus.CANCELLING,
             attempt=run.attempt,
             unwritten=unwritten,
@@ -333,13 +364,14 @@ class Drive:
             else:
                 pending = act.pending
                 await _continue.settle(self, run, outcome.input, defn, admitted, notify, pending, t)
-                return
+                return outcome, None
         if isinstance(outcome, Evicted):
             if act.store_error is not None:
                 raise act.store_error
             if not proof.live() and self._seat.running:
                 log.warning("run %s: its lease can no longer be proven; dropped here", run.id)
         await self._settle(run, outcome, admitted, notify, act.pending, t)
+        return outcome, outcome.error if isinstance(outcome, Failed) else None
 
     async def _give_up(self, run_id: str, t: Try, err: Exception, tries: int) -> None:
         """End a run whose store writes failed the same non-transient way ``tries`` times.
@@ -556,6 +588,8 @@ class Drive:
             for h in res.handed:  # (none: nothing was handed to this instance)
                 seat.run_claimed(h.run, h.events)
         t.releasing = None
+        if res.handed and self.config.telemetry is not None:  # (admitted by this commit)
+            _telemetry.handed(self.config.telemetry, [h.run for h in res.handed], now)
         for wid in res.woken:
             seat.dispatch(wid)
         self._follow(res.run)

@@ -21,6 +21,7 @@ from ._drive import Registry
 from ._history import History
 from ._run import Run, RunStatus, run_tags
 from ._schedules import Schedule, Schedules
+from ._telemetry import carried
 from ._threads import DEFAULT_STEP_THREADS, check_size
 from ._worker import Worker, WorkerConfig
 from .errors import (
@@ -320,6 +321,7 @@ class Engine:
         first = RunStarted(
             seq=1, at=now, workflow=defn.name, version=defn.version, input=input_json, tags=clean
         )
+        first = first if (tel := cfg.telemetry) is None else carried(tel, first, run_id)
         cap = gate.queue_cap(defn, key)
         admission = (
             self._gate.admission(defn, key, now, deadline) if claim and key is not None else None
@@ -332,6 +334,8 @@ class Engine:
             stored, created = await cfg.store.create_run(run, [first], queue_cap=cap)
         if not created:
             return stored
+        if tel is not None:
+            tel.run_started(defn.name)
         worker = self._worker
         if claim and worker is not None:
             if not self._gate.parked(admission, stored):

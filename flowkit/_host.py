@@ -16,6 +16,7 @@ from ._recovery import LeaseProof
 from ._replay.children import ChildCall, ChildStart
 from ._run import Run, RunStatus
 from ._seat import WorkerConfig
+from ._telemetry import ActivationObserver
 from ._threads import StepThreads, waited_for
 from .errors import LeaseLostError, UnsupportedStoreError
 from .events import CancelRequested, Event, EventSet, UpdateReplied
@@ -34,13 +35,17 @@ _AWAITED = (EventSet, UpdateReplied)
 class Host:
     """The activation's window on the store: appends fenced by this worker's lease."""
 
-    __slots__ = ("_d", "_proof", "_run", "_run_id")
+    __slots__ = ("_d", "_proof", "_run", "_run_id", "telemetry")
 
-    def __init__(self, drive: Drive, run: Run, proof: LeaseProof) -> None:
+    def __init__(
+        self, drive: Drive, run: Run, proof: LeaseProof, telemetry: ActivationObserver | None
+    ) -> None:
         self._d = drive
         self._run = run
         self._run_id = run.id
         self._proof = proof
+        # who observes this activation's step attempts (``_telemetry.py``), or None
+        self.telemetry = telemetry
 
     def now(self) -> float:
         return self._d.clock.now()

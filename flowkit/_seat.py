@@ -14,6 +14,7 @@ from ._limits import DEFAULT_MAX_PAYLOAD_BYTES
 from ._recovery import MAX_STORE_FAILURES, LeaseProof
 from ._replay import Activation
 from ._run import Run
+from ._telemetry import Telemetry
 from ._threads import DEFAULT_STEP_THREADS
 from ._versions import Registry
 from .events import Event
@@ -61,6 +62,9 @@ class WorkerConfig:
     # the poll loop's call to start due schedule ticks (``Schedules.fire_due``): given the
     # poll's ``now``, it answers the next tick (a deadline for the poller) or ``None``
     fire_schedules: Callable[[float], Awaitable[float | None]] | None = None
+    # who observes runs, activations and steps (``flowkit.otel.instrument``); None: nobody,
+    # at no cost (``_telemetry.py``)
+    telemetry: Telemetry | None = None
 
 
 class Seat(Protocol):

@@ -77,6 +77,10 @@ class RunStarted(_Base):
     version: str
     input: Any = None
     tags: list[str] = Field(default_factory=list)
+    # the trace context of ``engine.start``'s caller (a W3C ``traceparent`` carrier, by
+    # ``flowkit.otel``): metadata, never matched on replay, and absent from the JSON when
+    # ``None`` (histories without it stay byte for byte as they were)
+    trace: dict[str, str] | None = None
 
 
 class SingletonGated(_Base):
@@ -352,7 +356,10 @@ def event_to_json(event: Event) -> dict[str, Any]:
             "result": event.result,
             "args_digest": event.args_digest,
         }
-    return event.model_dump(mode="json")
+    data = event.model_dump(mode="json")
+    if type(event) is RunStarted and event.trace is None:
+        del data["trace"]
+    return data
 
 
 def event_from_json(data: Any) -> Event:

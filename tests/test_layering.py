@@ -30,6 +30,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._browse_types",
         "flowkit.singleton",
         "flowkit.logging",
+        "flowkit._telemetry",
     ),
     "definition": (
         "flowkit._definition",

@@ -198,3 +198,10 @@ def test_the_logging_module_exports_its_names() -> None:
     assert issubclass(flowkit.logging.JsonFormatter, logging.Formatter)
     assert issubclass(flowkit.logging.WorkflowLogger, logging.LoggerAdapter)
     assert isinstance(flowkit.WorkflowCtx.logger, property)
+
+
+def test_the_otel_module_exports_its_names() -> None:
+    import flowkit.otel
+
+    assert flowkit.otel.__all__ == ["SCOPE", "Instrumentation", "instrument", "worker_setup"]
+    assert callable(flowkit.otel.instrument)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import _limits, _serde
 from .._definition import RetryPolicy, WorkflowDefinition
 from .._run import InboxSignal, Run
+from .._telemetry import ActivationObserver
 from ..errors import ConflictError, LeaseLostError, NonDeterminismError
 from ..events import (
     CancelRequested,
@@ -160,6 +161,8 @@ class ActivationState:
             host, "max_payload_bytes", _limits.DEFAULT_MAX_PAYLOAD_BYTES
         )
         self.replay_only = replay_only
+        # who observes the step attempts that run (``_telemetry.py``; a worker's host's)
+        self.telemetry: ActivationObserver | None = getattr(host, "telemetry", None)
         self.replay_stopped_at: str | None = None
         self.events = list(events)
         self.index: dict[str, list[Event]] = {}

@@ -10,6 +10,8 @@ engine's clock (``_Timeout``): the attempt is cancelled (a thread is abandoned) 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 from collections.abc import Awaitable, Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
@@ -123,7 +125,9 @@ async def run_step(
                 raise asyncio.CancelledError()
             st.check_lease()  # (after the flush: a write may take a while)
             try:
-                if timeout is None:
+                if st.telemetry is not None:  # (observed: ``_telemetry.py``)
+                    result = await _observed(st, fn, args, kwargs, is_async, name, timeout, attempt)
+                elif timeout is None:
                     result = await _execute(st, fn, args, kwargs, is_async)
                 else:
                     result = await _timed(st, fn, args, kwargs, is_async, name, timeout)
@@ -230,6 +234,34 @@ async def _step_failed(
             )
         ]
     )
+
+
+async def _observed(
+    st: ActivationState,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    is_async: bool,
+    name: str,
+    timeout: float | None,
+    attempt: int,
+) -> Any:
+    """One attempt of the step, as ``run_step`` makes it, told to the activation's observer
+    (its span is the current one while it runs, in a step thread too)."""
+    assert st.telemetry is not None
+    obs = st.telemetry.step(name, attempt)
+    if not is_async:  # (the thread runs in a copy of this context: the step's span)
+        fn = functools.partial(contextvars.copy_context().run, fn)
+    try:
+        if timeout is None:
+            result = await _execute(st, fn, args, kwargs, is_async)
+        else:
+            result = await _timed(st, fn, args, kwargs, is_async, name, timeout)
+    except BaseException as exc:
+        obs.end(exc)
+        raise
+    obs.end(None)
+    return result
 
 
 async def _execute(

@@ -665,8 +665,46 @@ async def shipment(env: TestEnv) -> list[str]:
     return ["shipment-1"]
 
 
+class _FixedTrace:
+    """A telemetry (``flowkit._telemetry.Telemetry``) that carries one fixed trace context
+    and observes nothing: the stand-in of ``flowkit.otel`` for a recorded ``run_started``
+    with its ``trace`` (no OpenTelemetry needed to record or replay it)."""
+
+    TRACE = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+
+    def start_context(self, workflow: str, run_id: str) -> dict[str, str]:
+        return dict(self.TRACE)
+
+    def run_started(self, workflow: str) -> None: ...
+
+    def activation(self, run_id: str, workflow: str, attempt: int, trace: Any) -> Any:
+        return self
+
+    def step(self, name: str, attempt: int) -> Any:
+        return self
+
+    def end(self, *args: Any) -> None: ...
+
+    def settled(self, workflow: str, status: str) -> None: ...
+
+    def admitted(self, workflow: str, key: str, waited: float) -> None: ...
+
+    def lease_lost(self, workflow: str | None) -> None: ...
+
+
+async def traced(env: TestEnv) -> list[str]:
+    """A run started inside a caller's trace (``flowkit.otel``): its ``run_started`` carries
+    the trace context."""
+    env.engines[0].config.telemetry = _FixedTrace()
+    await env.start("greeting", "Bo", "greeting-traced")
+    await env.result("greeting-traced")
+    env.engines[0].config.telemetry = None
+    return ["greeting-traced"]
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     order,
+    traced,
     quotes,
     greeting,
     reminder,

@@ -1,0 +1,389 @@
+"""OpenTelemetry (DESIGN §12, ``flowkit.otel``), in process with the SDK's in-memory exporters:
+the span tree of a run (an activation span per activation, a step span per attempt that ran,
+with the fixed attributes), retries, failures recorded on spans, no span for a replayed step,
+the trace of ``engine.start``'s caller continued by every activation (after a crash too), the
+metrics, ``uninstrument``, the trace context in histories and the CLI, and flowkit without
+OpenTelemetry installed. On MemoryStore, a SQLite file and PostgreSQL (the ``store``
+fixture), in ``TestEnv``. Real worker processes: tests/test_otel_process.py."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from otel_app import WORKFLOWS
+
+from flowkit import History, WorkflowFailedError
+from flowkit._cli_out import _describe
+from flowkit.events import RunStarted, event_to_json
+from flowkit.otel import Instrumentation, instrument
+from flowkit_testing import TestEnv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Otel:
+    """SDK providers with in-memory exporters."""
+
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+    spans: InMemorySpanExporter
+    reader: InMemoryMetricReader
+
+    def instrument(self, engine: Any) -> Instrumentation:
+        return instrument(
+            engine, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
+        )
+
+    def finished(self, name: str | None = None) -> list[ReadableSpan]:
+        return [
+            s
+            for s in self.spans.get_finished_spans()
+            if name is None or s.name == name or s.name.startswith(name + " ")
+        ]
+
+    def points(self, metric: str) -> list[tuple[dict[str, Any], Any]]:
+        """(attributes, value) of each data point of ``metric`` (a histogram's: its count
+        and sum, as a pair)."""
+        data = self.reader.get_metrics_data()
+        out: list[tuple[dict[str, Any], Any]] = []
+        for rm in data.resource_metrics if data is not None else ():
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name != metric:
+                        continue
+                    for p in m.data.data_points:
+                        value = (p.count, p.sum) if hasattr(p, "count") else p.value
+                        out.append((dict(p.attributes or {}), value))
+        return out
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    spans = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    yield Otel(tp, mp, spans, reader)
+    tp.shutdown()
+    mp.shutdown()
+
+
+def _attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def _trace(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.trace_id
+
+
+async def test_the_span_tree_of_a_run_with_a_retried_step(store: Any, otel: Otel) -> None:
+    item = f"box-{uuid.uuid4().hex[:8]}"
+    async with TestEnv(WORKFLOWS, store=store) as env:
+        otel.instrument(env.engines[0])
+        tracer = otel.tracer_provider.get_tracer("test")
+        with tracer.start_as_current_span("request") as request:
+            await env.start("otel-order", {"item": item, "fails": 2}, "o1")
+        await env.run_until_idle()
+        assert await env.result("o1") == f"reserved {item}, charged {item}, {item} ok"
+        history = await env.history("o1")
+    first = history.events[0]
+    assert isinstance(first, RunStarted) and first.trace is not None
+    assert first.trace["traceparent"].split("-")[1] == f"{request.get_span_context().trace_id:032x}"
+
+    runs = otel.finished("run")
+    steps = otel.finished("step")
+    assert [s.name for s in steps] == [
+        "step reserve",
+        "step charge",
+        "step ship",
+        "step ship",
+        "step ship",
+    ]
+    # one trace: the start request's
+    trace_id = request.get_span_context().trace_id
+    assert {_trace(s) for s in [*runs, *steps]} == {trace_id}
+    # the start span is the request's child, every activation the start span's, every step
+    # its activation's
+    (start,) = otel.finished("start")
+    assert start.parent is not None
+    assert start.parent.span_id == request.get_span_context().span_id
+    assert _attrs(start) == {"flowkit.run_id": "o1", "flowkit.workflow": "otel-order"}
+    assert start.kind is SpanKind.PRODUCER and _trace(start) == trace_id
+    assert start.context is not None
+    assert all(s.parent is not None and s.parent.span_id == start.context.span_id for s in runs)
+    run_ids = {s.context.span_id for s in runs if s.context is not None}
+    assert all(s.parent is not None and s.parent.span_id in run_ids for s in steps)
+    # three activations: suspended for each retry's backoff, then completed
+    assert [_attrs(s)["flowkit.status"] for s in runs] == ["suspended", "suspended", "completed"]
+    for s in runs:
+        assert s.name == "run otel-order" and s.kind is SpanKind.CONSUMER
+        a = _attrs(s)
+        assert (a["flowkit.run_id"], a["flowkit.workflow"], a["flowkit.attempt"]) == (
+            "o1",
+            "otel-order",
+            1,
+        )
+    ships = [_attrs(s) for s in steps if s.name == "step ship"]
+    assert [a["flowkit.attempt"] for a in ships] == [1, 2, 3]
+    assert all(a["flowkit.run_id"] == "o1" and a["flowkit.step"] == "ship" for a in ships)
+    assert [a["flowkit.outcome"] for a in ships] == ["failed", "failed", "completed"]
+    failed = [s for s in steps if s.name == "step ship"][:2]
+    for s in failed:
+        assert s.status.status_code is StatusCode.ERROR
+        (event,) = [e for e in s.events if e.name == "exception"]
+        assert dict(event.attributes or {})["exception.type"] == "ConnectionError"
+    assert steps[-1].status.status_code is StatusCode.UNSET
+
+
+async def test_a_failed_step_and_run_are_errors(store: Any, otel: Otel) -> None:
+    async with TestEnv(WORKFLOWS, store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-fail", "tea", "f1")
+        with pytest.raises(WorkflowFailedError):
+            await env.result("f1")
+    (step,) = otel.finished("step explode")
+    assert step.status.status_code is StatusCode.ERROR
+    assert "ValueError: no tea" in (step.status.description or "")
+    (exc,) = [e for e in step.events if e.name == "exception"]
+    assert dict(exc.attributes or {})["exception.message"] == "no tea"
+    (run,) = otel.finished("run")
+    assert run.status.status_code is StatusCode.ERROR
+    assert _attrs(run)["flowkit.status"] == "failed"
+    assert any(e.name == "exception" for e in run.events)
+    assert otel.points("flowkit.runs.settled") == [
+        ({"flowkit.workflow": "otel-fail", "flowkit.status": "failed"}, 1)
+    ]
+
+
+async def test_a_replayed_step_gets_no_second_span(store: Any, otel: Otel) -> None:
+    async with TestEnv(WORKFLOWS, store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-waits", "pen", "w1")
+        assert [s.name for s in otel.finished("step")] == ["step reserve"]
+        await env.signal("w1", "go")
+        assert await env.result("w1") == "reserved pen, charged pen"
+    # the second activation replayed ``reserve`` from the history: no span for it
+    assert [s.name for s in otel.finished("step")] == ["step reserve", "step charge"]
+    assert [_attrs(s)["flowkit.status"] for s in otel.finished("run")] == [
+        "suspended",
+        "completed",
+    ]
+    # a run started outside any span has a trace of its own, shared by its activations
+    assert len({_trace(s) for s in otel.spans.get_finished_spans()}) == 1
+
+
+async def test_the_trace_continues_after_a_crash(store: Any, otel: Otel) -> None:
+    async with TestEnv(WORKFLOWS, store=store, instances=2) as env:
+        for eng in env.engines:
+            otel.instrument(eng)
+        env.crash_at(0, "after_step_record")
+        tracer = otel.tracer_provider.get_tracer("test")
+        with tracer.start_as_current_span("request") as request:
+            await env.engines[0].start("otel-order", {"item": "crash", "fails": 0}, "c1")
+        await env.settle()
+        assert env.crashed == [0]
+        await env.advance(env.lease_ttl + 1)  # the lease expires: instance 1 takes the run
+        await env.run_until_idle()
+        assert await env.result("c1") == "reserved crash, charged crash, crash ok"
+    trace_id = request.get_span_context().trace_id
+    spans = otel.finished("run") + otel.finished("step")
+    assert {_trace(s) for s in spans} == {trace_id}
+    # the recovering activation's span has the same parent: the start span, from the history
+    (start,) = otel.finished("start")
+    assert start.context is not None
+    completed = [s for s in otel.finished("run") if _attrs(s)["flowkit.status"] == "completed"]
+    assert len(completed) == 1
+    assert completed[0].parent is not None
+    assert completed[0].parent.span_id == start.context.span_id
+    assert "step ship" in [s.name for s in otel.finished("step")]
+
+
+async def test_metrics(store: Any, otel: Otel) -> None:
+    async with TestEnv(WORKFLOWS, store=store) as env:
+        inst = otel.instrument(env.engines[0])
+        await env.start("otel-order", {"item": f"m-{uuid.uuid4().hex[:6]}"}, "m1")
+        await env.start("otel-fail", "x", "m2")
+        await env.start("otel-single", {"key": "k"}, "s1")
+        await env.start("otel-single", {"key": "k"}, "s2")  # queued behind s1
+        await inst.refresh_queue_depth()
+        assert otel.points("flowkit.singleton.queue_depth") == [
+            ({"flowkit.workflow": "otel-single", "flowkit.key": "k"}, 1)
+        ]
+        await env.advance(7)
+        await env.signal("s1", "done")
+        await env.run_until_idle()
+        assert await env.result("s1") == "reserved k"
+        await inst.refresh_queue_depth()
+        # (an emptied lane reports 0 once)
+        assert otel.points("flowkit.singleton.queue_depth") == [
+            ({"flowkit.workflow": "otel-single", "flowkit.key": "k"}, 0)
+        ]
+    started = dict((p[0]["flowkit.workflow"], p[1]) for p in otel.points("flowkit.runs.started"))
+    assert started == {"otel-order": 1, "otel-fail": 1, "otel-single": 2}
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {
+        ("otel-order", "completed"): 1,
+        ("otel-fail", "failed"): 1,
+        ("otel-single", "completed"): 1,
+    }
+    durations = {
+        (a["flowkit.workflow"], a["flowkit.step"], a["flowkit.outcome"]): v
+        for a, v in otel.points("flowkit.step.duration")
+    }
+    assert durations[("otel-order", "ship", "completed")][0] == 1
+    assert durations[("otel-fail", "explode", "failed")][0] == 1
+    assert durations[("otel-single", "reserve", "completed")][0] == 1  # (s2 still waits)
+    assert len(durations) == 6
+    # the singleton wait: s1 admitted at once, s2 after 7 s of the virtual clock
+    ((attrs, (count, total)),) = otel.points("flowkit.singleton.wait")
+    assert attrs == {"flowkit.workflow": "otel-single", "flowkit.key": "k"}
+    assert count == 2 and total == pytest.approx(7.0, abs=0.5)
+
+
+async def test_uninstrument_stops_it(otel: Otel) -> None:
+    async with TestEnv(WORKFLOWS) as env:
+        inst = otel.instrument(env.engines[0])
+        await env.start("otel-waits", "a", "u1")
+        inst.uninstrument()
+        assert env.engines[0].config.telemetry is None
+        await env.signal("u1", "go")
+        await env.start("otel-fail", "b", "u2")
+        await env.run_until_idle()
+    assert [s.name for s in otel.finished("step")] == ["step reserve"]
+    assert len(otel.finished("run")) == 1  # (the suspended activation, before)
+    assert otel.points("flowkit.runs.settled") == []
+    assert otel.points("flowkit.runs.started") == [({"flowkit.workflow": "otel-waits"}, 1)]
+
+
+def test_the_trace_context_in_history_json_and_the_cli() -> None:
+    carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    with_trace = RunStarted(seq=1, workflow="w", version="1", trace=carrier)
+    without = RunStarted(seq=1, workflow="w", version="1")
+    assert event_to_json(with_trace)["trace"] == carrier
+    assert "trace" not in event_to_json(without)  # (old histories stay byte for byte)
+    h = History("r", [with_trace])
+    assert History.from_json(h.to_json()).to_json() == h.to_json()
+    assert History.from_json(h.to_json()).events[0] == with_trace
+    assert "trace 4bf92f3577b34da6a3ce929d0e0e4736" in _describe(with_trace, 0.0)
+    assert "trace" not in _describe(without, 0.0)
+    golden = History.from_json((ROOT / "tests/histories/greeting-traced.json").read_bytes())
+    assert isinstance(golden.events[0], RunStarted) and golden.events[0].trace is not None
+
+
+BLOCKED = textwrap.dedent(
+    """
+    import asyncio, sys
+
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name == "opentelemetry" or name.startswith("opentelemetry."):
+                raise ImportError(f"blocked: {name}")
+            return None
+
+    sys.meta_path.insert(0, Block())
+    import flowkit
+    from flowkit import Engine, WorkflowCtx, workflow
+    from flowkit.stores import MemoryStore
+
+    @workflow(name="plain")
+    class Plain:
+        async def run(self, ctx: WorkflowCtx, n: int) -> int:
+            return await ctx.step(lambda: n + 1, name="inc")
+
+    async def main():
+        async with Engine(MemoryStore(), [Plain]) as engine:
+            run = await engine.start(Plain, 1)
+            assert await engine.result(run.id, timeout=10) == 2
+            import flowkit.otel
+            try:
+                flowkit.otel.instrument(engine)
+            except ImportError as exc:
+                print("IMPORT-ERROR:", exc)
+        assert not any(m.startswith("opentelemetry") for m in sys.modules), "imported"
+        print("RAN")
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_flowkit_runs_without_opentelemetry(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "RAN" in done.stdout
+    assert "pip install 'flowkit[otel]'" in done.stdout
+
+
+def test_metric_names_documented() -> None:
+    """docs/observability.md lists every metric flowkit.otel makes."""
+    text = (ROOT / "docs/observability.md").read_text()
+    source = (ROOT / "flowkit/otel.py").read_text()
+    names = set(re.findall(r'create_\w+\(\s*"(flowkit\.[a-z_.]+)"', source))
+    assert "flowkit.step.duration" in names
+    for name in names:
+        assert f"`{name}`" in text, name
+
+
+async def test_a_collection_reads_the_queue_depth_on_the_engines_loop(
+    store: Any, otel: Otel
+) -> None:
+    """A reader collecting in its own thread (as Prometheus's scrape) starts a read of the
+    depths on the engine's loop; a later collection reports it."""
+    async with TestEnv(WORKFLOWS, store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-single", {"key": "q"}, "q1")
+        await env.start("otel-single", {"key": "q"}, "q2")
+        await env.start("otel-single", {"key": "q"}, "q3")
+        want = [({"flowkit.workflow": "otel-single", "flowkit.key": "q"}, 2)]
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while await asyncio.to_thread(otel.points, "flowkit.singleton.queue_depth") != want:
+            assert loop.time() < end, "the depth was never read"
+            await asyncio.sleep(0.01)
+
+
+def test_metrics_port_is_checked_before_serving(tmp_path: Path) -> None:
+    """A bad ``--metrics-port`` or ``$FLOWKIT_METRICS_PORT`` is one line, exit 2."""
+    for args, env in (
+        (["--metrics-port", "0"], {}),
+        ([], {"FLOWKIT_METRICS_PORT": "port"}),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "flowkit.cli", "worker", "otel_app:WORKFLOWS", *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin", **env},
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "METRICS_PORT" in done.stderr or "--metrics-port" in done.stderr
