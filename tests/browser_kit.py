@@ -101,18 +101,37 @@ def new_driver(profile: Path) -> Any:
 
 
 def wait_for(driver: Any, cond: Callable[[Any], T], what: str, limit: float = BOUND) -> T:
-    """``WebDriverWait`` until ``cond(driver)`` is truthy (exceptions count as not yet)."""
-    from selenium.common.exceptions import WebDriverException
+    """``WebDriverWait`` until ``cond(driver)`` is truthy (exceptions count as not yet); the
+    failure names the last exception seen."""
+    from selenium.common.exceptions import TimeoutException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
+
+    last: list[BaseException] = []
 
     def safe(d: Any) -> T | bool:
         try:
             return cond(d)
-        except (WebDriverException, LookupError, ValueError, AssertionError):
+        except (WebDriverException, LookupError, ValueError, AssertionError) as exc:
+            last[:] = [exc]
             return False
 
     wait: WebDriverWait[Any] = WebDriverWait(driver, limit, poll_frequency=0.05)
-    return wait.until(safe, f"timed out after {limit:.0f} s waiting for {what}")  # type: ignore[arg-type]
+    try:
+        return wait.until(safe)  # type: ignore[arg-type]
+    except TimeoutException:
+        why = (
+            f" (last: {type(last[0]).__name__}: {str(last[0]).splitlines()[0][:300]})"
+            if last
+            else ""
+        )
+        try:
+            text = driver.execute_script("return document.body.innerText;")[:600]
+        except WebDriverException:
+            text = "?"
+        raise AssertionError(
+            f"timed out after {limit:.0f} s waiting for {what}{why}; at {driver.current_url}; "
+            f"the page says: {text!r}"
+        ) from None
 
 
 def poll(cond: Callable[[], T], what: str, limit: float = BOUND) -> T:
@@ -312,34 +331,52 @@ def marker(driver: Any) -> Any:
 
 
 def page_rows(driver: Any) -> list[tuple[str, str]]:
-    """``(run id, status)`` of the runs table's rows, top to bottom."""
-    return [
-        (r.get_attribute("data-run-id"), r.get_attribute("data-status"))
-        for r in css(driver, "table#runs tr.run")
-    ]
+    """``(run id, status)`` of the runs table's rows, top to bottom (read in one script: a
+    live update may swap the table between two Selenium calls)."""
+    got = driver.execute_script(
+        "return [...document.querySelectorAll('table#runs tr.run')]"
+        ".map(r => [r.dataset.runId, r.dataset.status]);"
+    )
+    return [(i, s) for i, s in got]
 
 
 def page_counts(driver: Any) -> dict[str, int]:
-    """The runs page's counts: status -> number, and ``total``."""
-    got = {
-        a.get_attribute("data-status"): int(one(a, "span.n").text)
-        for a in css(driver, "#counts a.count")
-    }
-    got["total"] = int(one(driver, "#count-total span.n").text)
+    """The runs page's counts: status -> number, and ``total`` (read in one script)."""
+    got: dict[str, str] = driver.execute_script(
+        "const o = {};"
+        "document.querySelectorAll('#counts a.count[data-status]').forEach(a =>"
+        "  o[a.dataset.status] = a.querySelector('span.n').textContent.trim());"
+        "o.total = document.querySelector('#count-total span.n').textContent.trim();"
+        "return o;"
+    )
+    return {k: int(v) for k, v in got.items()}
+
+
+def row_cells(driver: Any) -> list[dict[str, Any]]:
+    """Each runs table row's id, status, cells and link (read in one script)."""
+    got: list[dict[str, Any]] = driver.execute_script(
+        "return [...document.querySelectorAll('table#runs tr.run')].map(r => ({"
+        "  id: r.dataset.runId, status: r.dataset.status,"
+        "  workflow: r.querySelector('td.workflow').textContent.trim(),"
+        "  badge: [...r.querySelector('td.status span.badge').classList],"
+        "  key: r.querySelector('td.key').textContent.trim(),"
+        "  href: r.querySelector('td.id a.run-link').href,"
+        "  created: r.querySelector('td.created time').dataset.ts,"
+        "  iso: r.querySelector('td.created time').getAttribute('datetime'),"
+        "  updated: r.querySelector('td.updated time').dataset.ts}));"
+    )
     return got
 
 
 def lane_members(driver: Any) -> list[tuple[str, str, str, bool]]:
-    """``(run id, role, position, current)`` of ``ol#lane-members``, top to bottom."""
-    return [
-        (
-            li.get_attribute("data-run-id"),
-            li.get_attribute("data-role"),
-            li.get_attribute("data-position"),
-            "current" in (li.get_attribute("class") or "").split(),
-        )
-        for li in css(driver, "ol#lane-members li.lane-member")
-    ]
+    """``(run id, role, position, current)`` of ``ol#lane-members``, top to bottom (read in
+    one script)."""
+    got = driver.execute_script(
+        "return [...document.querySelectorAll('ol#lane-members li.lane-member')].map(li =>"
+        "  [li.dataset.runId, li.dataset.role, li.dataset.position,"
+        "   li.classList.contains('current')]);"
+    )
+    return [(i, r, p, bool(c)) for i, r, p, c in got]
 
 
 def accept_confirm(driver: Any) -> str:
