@@ -78,6 +78,7 @@ class Dashboard:
         )
         self.env.globals["iso"] = iso
         self.env.filters["q"] = _views.quote
+        self.env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
         self.env.globals["ago"] = lambda ts: ago(ts, self.clock.now())
 
     # -- rendering -----------------------------------------------------------------------

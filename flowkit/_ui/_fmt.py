@@ -8,7 +8,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["ago", "iso", "offset", "pretty"]
+__all__ = ["ago", "compact", "iso", "offset", "pretty"]
 
 
 def iso(ts: float) -> str:
@@ -47,3 +47,12 @@ def pretty(value: Any) -> str:
         return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=repr)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def compact(value: Any, width: int = 100) -> str:
+    """A payload on one line when it fits in ``width`` characters, else ``pretty``."""
+    try:
+        line = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        return repr(value)
+    return line if len(line) <= width else pretty(value)

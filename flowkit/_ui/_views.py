@@ -16,7 +16,7 @@ from .._cli_search import search_terms
 from .._run import Run, RunStatus
 from ..errors import FlowkitError
 from ..events import event_to_json
-from ._fmt import offset, pretty
+from ._fmt import compact, offset, pretty
 
 __all__ = [
     "Filters",
@@ -174,7 +174,7 @@ async def run_context(store: Any, run: Run) -> dict[str, Any]:
                 "type": e.type,
                 "at": e.at,
                 "offset": offset(e.at - first),
-                "body": pretty(body) if body else "",
+                "body": compact(body) if body else "",
             }
         )
     children = await store.list_runs(parent_id=run.id)
@@ -187,6 +187,7 @@ async def run_context(store: Any, run: Run) -> dict[str, Any]:
         "input": pretty(run.input),
         "output": None if run.output is None else pretty(run.output),
         "error": None if run.error is None else pretty(run.error),
+        "error_line": _error_line(run.error),
         "tags": [t for t in run.tags if not t.startswith("flowkit:")],
         "search": sorted(run.search.items()),
         "timeline": timeline,
@@ -194,6 +195,16 @@ async def run_context(store: Any, run: Run) -> dict[str, Any]:
         "lane": lane,
         "members": _members(lane) if lane is not None else [],
     }
+
+
+def _error_line(error: Any) -> str | None:
+    """A stored error's headline: ``ValueError: message`` (and the step that raised it)."""
+    if not isinstance(error, dict):
+        return None
+    head = f"{error.get('type') or 'Error'}: {error.get('message') or ''}".strip()
+    if error.get("step"):
+        head += f" (step {error['step']})"
+    return head
 
 
 async def lanes_context(store: Any) -> dict[str, Any]:
