@@ -495,3 +495,55 @@ def store_counts(runs: list[Run]) -> dict[str, int]:
 
 async def start_all(engine: Engine, starts: list[tuple[Any, Any]]) -> list[str]:
     return [(await engine.start(wf, inp)).id for wf, inp in starts]
+
+
+def text(driver: Any, selector: str) -> str:
+    """The rendered text of the element at ``selector``, read in one script (so a live swap
+    cannot make it stale); ``LookupError`` when there is none."""
+    got = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;", selector
+    )
+    if got is None:
+        raise LookupError(f"no element {selector!r}")
+    return str(got).strip()
+
+
+def attr(driver: Any, selector: str, name: str) -> str | None:
+    """An attribute of the element at ``selector``, read in one script; ``LookupError`` when
+    there is none."""
+    found, value = driver.execute_script(
+        "const e = document.querySelector(arguments[0]);"
+        "return e ? [true, e.getAttribute(arguments[1])] : [false, null];",
+        selector,
+        name,
+    )
+    if not found:
+        raise LookupError(f"no element {selector!r}")
+    return None if value is None else str(value)
+
+
+def click(driver: Any, selector: str) -> None:
+    """Click the element at ``selector``, finding it again if a live swap replaced it."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def go(d: Any) -> bool:
+        try:
+            one(d, selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_for(driver, go, f"a click on {selector}")
+
+
+def timeline(driver: Any) -> list[dict[str, Any]]:
+    """``ol#timeline``'s events (type, seq, label, relative time, body), in one script."""
+    got: list[dict[str, Any]] = driver.execute_script(
+        "return [...document.querySelectorAll('ol#timeline li.event')].map(li => ({"
+        "  type: li.dataset.type, seq: Number(li.dataset.seq),"
+        "  label: li.querySelector('span.event-type').innerText.trim(),"
+        "  at: li.querySelector('span.event-at').innerText.trim(),"
+        "  body: li.querySelector('pre.event-body') ?"
+        "        li.querySelector('pre.event-body').innerText : ''}));"
+    )
+    return got

@@ -16,7 +16,8 @@ import ui_app
 from browser_kit import (
     Dash,
     accept_confirm,
-    css,
+    attr,
+    click,
     dashboard,
     goto,
     keep,
@@ -29,6 +30,8 @@ from browser_kit import (
     set_marker,
     start_all,
     store_counts,
+    text,
+    timeline,
     wait_for,
     wait_live,
     with_engine,
@@ -51,7 +54,7 @@ def pg_dash(
 
 
 def status_is(status: str) -> Any:
-    return lambda d: one(d, "span#run-status").get_attribute("data-status") == status
+    return lambda d: attr(d, "span#run-status", "data-status") == status
 
 
 def test_main_flow_on_postgres(chrome: Any, pg_dash: Dash, tmp_path: Path) -> None:
@@ -71,8 +74,8 @@ def test_main_flow_on_postgres(chrome: Any, pg_dash: Dash, tmp_path: Path) -> No
     # filter, then open the lane's first waiter by its link
     goto(chrome, d.base, "/runs?workflow=deploy", TOKEN, "runs")
     waiter = d.ids["prod-2"]
-    one(chrome, f'tr.run[data-run-id="{waiter}"] a.run-link').click()
-    wait_for(chrome, lambda c: one(c, "#run-id").text == waiter, "the run page")
+    click(chrome, f'tr.run[data-run-id="{waiter}"] a.run-link')
+    wait_for(chrome, lambda c: text(c, "#run-id") == waiter, "the run page")
     assert lane_members(chrome) == [
         (d.ids["prod-1"], "holder", "0", False),
         (waiter, "waiter", "1", True),
@@ -84,12 +87,11 @@ def test_main_flow_on_postgres(chrome: Any, pg_dash: Dash, tmp_path: Path) -> No
     holder = d.ids["prod-1"]
     goto(chrome, d.base, f"/runs/{holder}", TOKEN, "run")
     events = with_engine(d.db, lambda e: e.history(holder))
-    items = css(chrome, "ol#timeline li.event")
-    assert [li.get_attribute("data-type") for li in items] == [ev.type for ev in events]
-    assert json.loads(one(chrome, "#run-input pre").text) == {"env": "prod", "version": "1.4.0"}
+    assert [i["type"] for i in timeline(chrome)] == [ev.type for ev in events]
+    assert json.loads(text(chrome, "#run-input pre")) == {"env": "prod", "version": "1.4.0"}
     one(chrome, "form#cancel-form button#cancel-button").click()
     accept_confirm(chrome)
-    wait_for(chrome, lambda c: one(c, "#flash").get_attribute("data-kind") == "ok", "ok flash")
+    wait_for(chrome, lambda c: attr(c, "#flash", "data-kind") == "ok", "ok flash")
     wait_live(chrome)
     set_marker(chrome)
     wait_for(chrome, status_is("cancelled"), "the badge to turn cancelled")
@@ -102,9 +104,7 @@ def test_main_flow_on_postgres(chrome: Any, pg_dash: Dash, tmp_path: Path) -> No
     prod = 'table#lanes tr.lane[data-workflow="deploy"][data-key="env:prod"]'
     wait_for(
         chrome,
-        lambda c: (
-            (one(c, f"{prod} td.holders").text, one(c, f"{prod} td.depth").text) == ("1", "1")
-        ),
+        lambda c: (text(c, f"{prod} td.holders"), text(c, f"{prod} td.depth")) == ("1", "1"),
         "one holder and one waiter left",
     )
     keep(chrome, tmp_path, "lanes")
