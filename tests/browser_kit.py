@@ -547,3 +547,13 @@ def timeline(driver: Any) -> list[dict[str, Any]]:
         "        li.querySelector('pre.event-body').innerText : ''}));"
     )
     return got
+
+
+def href(driver: Any, selector: str) -> str:
+    """The absolute URL a link at ``selector`` points to (its ``href`` property)."""
+    got = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.href : null;", selector
+    )
+    if got is None:
+        raise LookupError(f"no link {selector!r}")
+    return str(got)

@@ -26,6 +26,7 @@ from browser_kit import (
     css,
     dashboard,
     goto,
+    href,
     keep,
     lane_members,
     marker,
@@ -84,7 +85,7 @@ def test_runs_page_shows_counts_and_rows_newest_first(
         assert row["href"] == f"{dash.base}/runs/{run.id}"
         assert row["iso"] and float(row["created"]) == pytest.approx(run.created_at, abs=1.0)
     # counts link to their status
-    assert "status=failed" in (attr(chrome, '#counts a.count[data-status="failed"]', "href") or "")
+    assert "status=failed" in href(chrome, '#counts a.count[data-status="failed"]')
     assert css(chrome, "#runs-empty") == []
     keep(chrome, tmp_path, "runs", "ui-runs")
 
@@ -183,11 +184,11 @@ def test_run_page_shows_timeline_and_lane(chrome: Any, dash: Dash, tmp_path: Pat
     assert css(chrome, "#lane-none") and not css(chrome, "section#lane")
     assert len(css(chrome, "ul#run-children li a")) == 1
     child_id = f"{order}.child.1"
-    assert attr(chrome, "ul#run-children li a", "href") == f"{dash.base}/runs/{child_id}"
+    assert href(chrome, "ul#run-children li a") == f"{dash.base}/runs/{child_id}"
     assert json.loads(text(chrome, "#run-output pre")) == "order o-1042: parcel-o-1042"
     click(chrome, "ul#run-children li a")
     wait_for(chrome, lambda d: text(d, "#run-id") == child_id, "the child's page")
-    assert attr(chrome, "#run-parent a", "href") == f"{dash.base}/runs/{order}"
+    assert href(chrome, "#run-parent a") == f"{dash.base}/runs/{order}"
     keep(chrome, tmp_path, "run-child")
 
     # a failed run shows its error
