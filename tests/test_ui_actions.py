@@ -85,8 +85,13 @@ async def test_signal_reaches_the_inbox_and_wakes_the_run(store: Any) -> None:
     await seed(store)
     payload = {"by": XSS, "n": [1, 2.5, None]}
     async with client(store) as c:
-        kind, text, _ = await _post(c, "holder", "signal", name="go", payload=
-                                    '{"by": "<script>alert(1)</script>", "n": [1, 2.5, null]}')
+        kind, text, _ = await _post(
+            c,
+            "holder",
+            "signal",
+            name="go",
+            payload='{"by": "<script>alert(1)</script>", "n": [1, 2.5, null]}',
+        )
     assert kind == "ok" and "'go'" in text
     inbox = await store.peek_signal("holder", "go")
     assert inbox is not None and inbox.payload == payload

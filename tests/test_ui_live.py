@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 from store_kit import Backend
 from ui_kit import WORKFLOWS

@@ -108,8 +108,14 @@ async def test_filters_and_their_counts(store: Any, query: str, expected: list[s
 
 @pytest.mark.parametrize(
     "query",
-    ["search=" + quote("no operator"), "search=" + quote(f"{XSS}=1"), "status=" + quote(XSS),
-     "before=nonsense", "limit=0", "limit=" + quote(XSS)],
+    [
+        "search=" + quote("no operator"),
+        "search=" + quote(f"{XSS}=1"),
+        "status=" + quote(XSS),
+        "before=nonsense",
+        "limit=0",
+        "limit=" + quote(XSS),
+    ],
 )
 async def test_a_bad_filter_is_an_error_message_not_a_crash(store: Any, query: str) -> None:
     await seed(store)
@@ -169,7 +175,9 @@ async def test_run_page_of_a_lane_holder_and_waiter(store: Any) -> None:
         assert lane is not None
         assert lane.get("data-workflow") == "lane" and lane.get("data-key") == XSS
         members = doc.by_id("lane-members").all("li", "lane-member")  # type: ignore[union-attr]
-        assert [(m.get("data-run-id"), m.get("data-role"), m.get("data-position")) for m in members] == [
+        assert [
+            (m.get("data-run-id"), m.get("data-role"), m.get("data-position")) for m in members
+        ] == [
             ("holder", "holder", "0"),
             ("waiter-1", "waiter", "1"),
             ("waiter-2", "waiter", "2"),
@@ -185,8 +193,11 @@ async def test_run_page_of_a_lane_holder_and_waiter(store: Any) -> None:
         actions = doc.by_id("actions")
         assert actions is not None and actions.parent is not None
         assert actions.parent.get("id") != "run-live"  # (outside the live part)
-        for form, button in (("cancel-form", "cancel-button"), ("retry-form", "retry-button"),
-                             ("signal-form", "signal-button")):
+        for form, button in (
+            ("cancel-form", "cancel-button"),
+            ("retry-form", "retry-button"),
+            ("signal-form", "signal-button"),
+        ):
             f = doc.by_id(form)
             assert f is not None and f.get("method") == "post" and f.get("data-confirm")
             assert f.get("action") == f"/runs/{current}/{form.split('-')[0]}"

@@ -93,8 +93,15 @@ async def test_static_files_need_no_token(store: Any) -> None:
 
 @pytest.mark.parametrize(
     "how",
-    ["no csrf", "wrong csrf", "another token's csrf", "cross-site origin", "null origin",
-     "sec-fetch-site cross-site", "no cookie"],
+    [
+        "no csrf",
+        "wrong csrf",
+        "another token's csrf",
+        "cross-site origin",
+        "null origin",
+        "sec-fetch-site cross-site",
+        "no cookie",
+    ],
 )
 async def test_actions_refused_without_csrf_or_from_another_site(store: Any, how: str) -> None:
     await seed(store)

@@ -143,9 +143,21 @@ def test_bad_options_are_one_line(db: str, tmp_path: Path) -> None:
 async def test_a_given_token_elsewhere_and_sigint(db: str, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "FLOWKIT_UI_TOKEN": "from-env"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "flowkit.cli", "--db", db, "ui", "--host", "0.0.0.0",
-        "--port", "0", "--read-only",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=env,
+        sys.executable,
+        "-m",
+        "flowkit.cli",
+        "--db",
+        db,
+        "ui",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--read-only",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.stdout is not None
     try:
@@ -175,7 +187,10 @@ def test_without_the_extra_it_says_so(tmp_path: Path, db: str) -> None:
     )
     out = subprocess.run(
         [sys.executable, "-m", "flowkit.cli", "--db", db, "ui"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
     )
     assert out.returncode == 2

@@ -108,9 +108,9 @@ async def seed(store: Any) -> None:
 
 
 @asynccontextmanager
-async def client(store: Any, *, read_only: bool = False, login: bool = True) -> AsyncIterator[
-    httpx.AsyncClient
-]:
+async def client(
+    store: Any, *, read_only: bool = False, login: bool = True
+) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client of a dashboard on ``store`` (logged in unless ``login=False``)."""
     app = create_app(store, token=TOKEN, read_only=read_only)
     transport = httpx.ASGITransport(app=app)
