@@ -140,3 +140,17 @@ async def test_action_on_an_unknown_run_is_404(store: Any) -> None:
             assert r.status_code == 404
             assert parse(r.text).by_id("not-found") is not None
     assert await store.get_run("nope") is None
+
+
+async def test_cancel_of_a_running_holder_is_finished_by_its_worker(store: Any) -> None:
+    await seed(store)
+    async with client(store) as c:
+        kind, text, doc = await _post(c, "holder", "cancel")
+    assert kind == "ok" and "cancelling" in text
+    assert doc.by_id("run-status").get("data-status") == "cancelling"
+    async with Engine(store, WORKFLOWS, poll_interval=0.05):
+
+        async def cancelled() -> bool:
+            return await status_of(store, "holder") == "cancelled"
+
+        await until(cancelled, "the holder to settle cancelled")
