@@ -39,7 +39,7 @@ async def test_cancel(store: Any) -> None:
     await seed(store)
     async with client(store) as c:
         kind, text, doc = await _post(c, "waiter-2", "cancel")
-    assert kind == "ok" and "cancel" in text
+    assert kind == "ok" and text == "cancelled: the run is cancelled"
     assert await status_of(store, "waiter-2") == "cancelled"  # (never admitted: at once)
     assert doc.by_id("run-status").get("data-status") == "cancelled"
 
@@ -48,8 +48,8 @@ async def test_cancel_of_a_settled_run_changes_nothing(store: Any) -> None:
     await seed(store)
     before = await _frozen(store, "tagged")
     async with client(store) as c:
-        kind, _, _ = await _post(c, "tagged", "cancel")
-    assert kind == "ok"
+        kind, text, _ = await _post(c, "tagged", "cancel")
+    assert kind == "ok" and "already completed" in text
     assert await _frozen(store, "tagged") == before
 
 

@@ -77,6 +77,8 @@ async def test_every_response_carries_the_csp(store: Any) -> None:
             assert r.headers["content-security-policy"] == "default-src 'self'", url
             assert r.headers["x-frame-options"] == "DENY"
             assert r.headers["x-content-type-options"] == "nosniff"
+            # (with no-referrer, Chromium posts the action forms with `Origin: null`)
+            assert r.headers["referrer-policy"] == "same-origin"
         html = (await c.get("/runs/holder")).text
         assert "style=" not in html and "onclick" not in html.lower()
         assert "<style" not in html and '<script src="/static/app.js"' in html
