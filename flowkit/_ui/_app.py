@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._clock import SystemClock
 from .._engine import Engine
+from .._run import RunStatus
 from ..errors import FlowkitError
 from ..stores.base import UNSET
 from . import _views
@@ -222,8 +223,13 @@ async def _act(d: Dashboard, request: Request, run_id: str, action: str, form: A
     """Perform one action on ``run_id``; its success line (errors raise)."""
     engine = Engine(d.store, worker=False)
     if action == "cancel":
+        was = await d.store.get_run(run_id)
         run = await engine.cancel(run_id)
-        return f"cancel requested: the run is {run.status}"
+        if was is not None and was.status.terminal:
+            return f"the run was already {was.status}: nothing to cancel"
+        if run.status is RunStatus.CANCELLING:
+            return "cancel requested: the run is cancelling (it stops at its next durable point)"
+        return f"cancelled: the run is {run.status}"
     if action == "retry":
         _, value = _json_field(form, "input")
         run = await engine.retry(run_id, input=value)

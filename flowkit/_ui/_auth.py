@@ -25,7 +25,9 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'",
     "X-Frame-Options": "DENY",  # (no framing: clickjacking of the action buttons)
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",  # (a URL may still hold ?token=)
+    # (not no-referrer: a browser then sends `Origin: null` with a form post, which the
+    # same-origin check refuses; same-origin keeps a ?token= URL from leaking elsewhere)
+    "Referrer-Policy": "same-origin",
 }
 
 
