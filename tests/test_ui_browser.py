@@ -141,6 +141,25 @@ def test_filters_by_workflow_and_status(chrome: Any, dash: Dash, tmp_path: Path)
     keep(chrome, tmp_path, "runs-empty")
 
 
+def test_pages_of_runs(chrome: Any, dash: Dash, tmp_path: Path) -> None:
+    """``limit`` rows a page, ``a#next-page`` to older ones, ``a#first-page`` back."""
+    goto(chrome, dash.base, "/runs?workflow=deploy&limit=2", TOKEN, "runs")
+
+    def deploys() -> list[tuple[str, str]]:
+        return newest_first([r for r in dash.runs() if r.workflow == "deploy"])
+
+    first = wait_for(chrome, lambda d: page_rows(d) == deploys()[:2] and page_rows(d), "page 1")
+    assert css(chrome, "a#first-page") == []
+    click(chrome, "a#next-page")
+    wait_for(chrome, lambda d: "before=" in d.current_url, "the next page")
+    assert "workflow=deploy" in chrome.current_url
+    wait_for(chrome, lambda d: page_rows(d) == deploys()[2:4], "page 2")
+    assert not {i for i, _ in page_rows(chrome)} & {i for i, _ in first}
+    keep(chrome, tmp_path, "runs-page-2")
+    click(chrome, "a#first-page")
+    wait_for(chrome, lambda d: page_rows(d) == deploys()[:2], "back to page 1")
+
+
 def test_run_page_shows_timeline_and_lane(chrome: Any, dash: Dash, tmp_path: Path) -> None:
     goto(chrome, dash.base, "/runs?workflow=deploy", TOKEN, "runs")
     waiter = dash.ids["prod-2"]
@@ -341,6 +360,43 @@ def test_signal_through_the_form(chrome: Any, dash: Dash, tmp_path: Path) -> Non
     assert "signal_received" in types
     assert with_engine(dash.db, lambda e: e.result(run_id)) == {"approved": True, "by": "grace"}
     keep(chrome, tmp_path, "signal-completed")
+
+
+def test_retry_through_the_form(chrome: Any, dash: Dash, tmp_path: Path) -> None:
+    """Retry a failed run through ``form#retry-form``: a second attempt (which fails again).
+    A new input is refused with an error flash and nothing written: the dashboard has no
+    workflow code to validate it against (like ``flowkit retry --input`` without ``--app``)."""
+    (run_id,) = with_engine(dash.db, lambda e: start_all(e, [(ui_app.Charge, "order 7")]))
+    poll(lambda: dash.status(run_id) == "failed", "the charge to fail")
+    goto(chrome, dash.base, f"/runs/{run_id}", TOKEN, "run")
+    assert text(chrome, "#run-attempt") == "1"
+
+    def retry(new_input: str) -> None:
+        form = one(chrome, "form#retry-form")
+        one(form, "textarea[name=input]").clear()
+        one(form, "textarea[name=input]").send_keys(new_input)
+        one(form, "button#retry-button").click()
+        accept_confirm(chrome)
+        wait_for(chrome, lambda d: css(d, "#flash"), "the action's flash")
+
+    retry('"order 8"')
+    assert attr(chrome, "#flash", "data-kind") == "error"
+    run = dash.run(run_id)
+    assert (run.status, run.attempt, run.input) == ("failed", 1, "order 7")
+    keep(chrome, tmp_path, "retry-new-input-refused")
+
+    retry("")
+    assert attr(chrome, "#flash", "data-kind") == "ok"
+    wait_for(
+        chrome,
+        lambda d: (
+            text(d, "#run-attempt") == "2" and attr(d, "span#run-status", "data-status") == "failed"
+        ),
+        "the second attempt to fail",
+    )
+    assert "card declined for order 7" in text(chrome, "#run-error pre")
+    assert dash.run(run_id).attempt == 2
+    keep(chrome, tmp_path, "retried")
 
 
 XSS = '<script>alert("xss")</script><img src=x onerror="alert(1)">'
