@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint bench bench-smoke bench-dbos clean venv
+.PHONY: demo test browser-deps lint bench bench-smoke bench-dbos clean venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,8 +23,21 @@ venv: $(STAMP)
 demo: $(VENV)/.installed-base
 	$(BIN)/python samples/demo.py
 
-test: $(STAMP)
+test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q
+
+# Debian's headless Chromium + driver for the dashboard's browser tests: installed when missing
+# and we run as root with apt-get (best effort, like .ci/run); otherwise those tests skip.
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      chromium chromium-driver) || echo "warning: could not install chromium"; \
+	  else \
+	    echo "note: no /usr/bin/chromium + /usr/bin/chromedriver: the browser tests skip" \
+	      "(apt-get install chromium chromium-driver)"; \
+	  fi; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check flowkit flowkit_testing tests samples bench

@@ -1,9 +1,19 @@
 """``flowkit ui``: the web dashboard (DESIGN §12; ``flowkit._ui``), served by uvicorn. Needs the
-``ui`` extra (``pip install 'flowkit[ui]'``): without it the command says so and exits 2."""
+``ui`` extra (``pip install 'flowkit[ui]'``): without it the command says so and exits 2.
+
+Bound to a loopback address it makes up a token when none is given and prints the URL that
+carries it (the browser keeps it in a cookie); bound anywhere else it refuses to start without
+``--token`` / ``$FLOWKIT_UI_TOKEN``. SIGTERM/SIGINT end the open live streams, then the server."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import ipaddress
+import os
+import secrets
+import socket
+from types import FrameType
 from typing import Any
 
 from ._cli_common import CliError
@@ -11,6 +21,7 @@ from ._cli_common import CliError
 __all__ = ["add_parser", "prepare", "ui"]
 
 DEFAULT_PORT = 8233
+GRACE = 3.0  # seconds uvicorn waits for open requests once told to stop
 
 
 def add_parser(sub: Any) -> None:
@@ -18,16 +29,96 @@ def add_parser(sub: Any) -> None:
     u = sub.add_parser("ui", help="serve the web dashboard (default http://127.0.0.1:8233)")
     u.add_argument("--db", default=argparse.SUPPRESS, help="store URL (default: $FLOWKIT_DB)")
     u.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    u.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8233)")
+    u.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8233; 0: any)")
     u.add_argument("--read-only", action="store_true", help="no cancel/retry/signal actions")
-    u.add_argument("--token", default=None, help="the token actions need ($FLOWKIT_UI_TOKEN)")
+    u.add_argument("--token", default=None, help="the token pages need ($FLOWKIT_UI_TOKEN)")
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``): only this machine reaches
+    it."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def prepare(args: argparse.Namespace) -> None:
-    """Checks done before the store opens (``--host`` other than loopback needs a token)."""
-    raise CliError("flowkit ui: not built yet")
+    """Checks done before the store opens: the extra is installed, the port is one, and a
+    host other than loopback has a token."""
+    try:
+        import jinja2  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise CliError(
+            f"flowkit ui needs the ui extra (pip install 'flowkit[ui]'): {exc}"
+        ) from None
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port takes 0..65535 (0: any free port), got {args.port}")
+    token = args.token if args.token is not None else os.environ.get("FLOWKIT_UI_TOKEN")
+    if token is not None and not token.strip():
+        raise CliError("--token (or $FLOWKIT_UI_TOKEN) is empty")
+    if token is None:
+        if not loopback(args.host):
+            raise CliError(
+                f"--host {args.host} is reachable from other machines: set --token or "
+                "$FLOWKIT_UI_TOKEN (actions and pages need it)"
+            )
+        token = secrets.token_urlsafe(24)
+    args.ui_token = token
+
+
+def _url(host: str, port: int, token: str) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/?token={token}"
 
 
 async def ui(args: argparse.Namespace, out: Any, store: Any) -> int:
-    """Serve the dashboard on ``store`` until SIGTERM/SIGINT."""
-    raise CliError("flowkit ui: not built yet")
+    """Serve the dashboard on ``store`` until SIGTERM/SIGINT (exit 0)."""
+    import uvicorn
+
+    from ._ui import create_app
+
+    app = create_app(store, token=args.ui_token, read_only=args.read_only)
+    dashboard = app.state.dashboard
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host.strip("[]"), args.port))
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=int(GRACE),
+        lifespan="on",
+    )
+
+    class Server(uvicorn.Server):
+        """uvicorn, ending the live streams first when told to stop (an open page would
+        otherwise hold the shutdown until the grace period ends), and exiting 0 on a signal
+        rather than raising it again."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            loop.call_soon_threadsafe(dashboard.changes.close_streams)
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    server = Server(config)
+    print(f"flowkit ui: serving {_url(args.host, port, args.ui_token)}", flush=True)
+    if args.read_only:
+        print("flowkit ui: read-only (no actions)", flush=True)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        sock.close()
+    return 0

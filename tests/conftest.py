@@ -85,3 +85,23 @@ def proxied(request: pytest.FixtureRequest) -> Iterator[tuple[NetProxy, str]]:
     url = fresh_database(server)
     with NetProxy(socket_of(server)) as proxy:
         yield proxy, proxy.url_for(url)
+
+
+@pytest.fixture(scope="session")
+def chrome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One headless Chromium (Selenium 4, Debian's chromium + chromedriver) for the session's
+    browser tests; skipped (or failed, with ``FLOWKIT_REQUIRE_BROWSER=1``) without them."""
+    try:
+        from browser_kit import BrowserUnavailable, new_driver
+    except ImportError:  # tests/ imported as a package
+        from tests.browser_kit import BrowserUnavailable, new_driver
+    try:
+        driver = new_driver(tmp_path_factory.mktemp("chrome") / "profile")
+    except BrowserUnavailable as exc:
+        if os.environ.get("FLOWKIT_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"a browser is required but unavailable: {exc}")
+        pytest.skip(f"no browser: {exc}")
+    try:
+        yield driver
+    finally:
+        driver.quit()

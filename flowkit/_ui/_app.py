@@ -1,0 +1,303 @@
+"""The dashboard's routes (the DOM they render: docs/ui.md): pages behind the token cookie,
+``POST`` actions behind the cookie, the CSRF value and a same-origin check, ``/events`` for
+live updates, ``/static`` for app.js and app.css."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._clock import SystemClock
+from .._engine import Engine
+from .._run import RunStatus
+from ..errors import FlowkitError
+from ..stores.base import UNSET
+from . import _views
+from ._auth import COOKIE, SECURITY_HEADERS, Keys, same_origin, url_without_token
+from ._fmt import ago, iso
+from ._sse import Changes
+
+__all__ = ["create_app"]
+
+HERE = Path(__file__).resolve().parent
+FLASH_COOKIE = "flowkit_ui_flash"
+
+
+class _Headers:
+    """ASGI middleware adding the security headers (CSP, ...) to every HTTP response, and
+    refusing every ``POST`` (any method but GET/HEAD) of a read-only dashboard."""
+
+    def __init__(self, app: ASGIApp, read_only: bool) -> None:
+        self.app = app
+        self.read_only = read_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.read_only and scope["method"] not in ("GET", "HEAD"):
+            await _plain("the dashboard is read-only", 403)(scope, receive, send)
+            return
+
+        async def send_with(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with)
+
+
+class Dashboard:
+    """The state the routes share: the store, the keys, the templates, the doorbell."""
+
+    def __init__(self, store: Any, token: str, read_only: bool, clock: Any) -> None:
+        self.store = store
+        self.keys = Keys(token)
+        self.read_only = read_only
+        self.clock = clock
+        self.changes = Changes(store)
+        self.env = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.globals["iso"] = iso
+        self.env.filters["q"] = _views.quote
+        self.env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
+        self.env.globals["ago"] = lambda ts: ago(ts, self.clock.now())
+
+    # -- rendering -----------------------------------------------------------------------
+    def render(
+        self, request: Request, name: str, ctx: dict[str, Any], status: int = 200
+    ) -> Response:
+        flash = _read_flash(request)
+        html = self.env.get_template(name).render(
+            **ctx,
+            read_only=self.read_only,
+            csrf=self.keys.csrf,
+            flash=flash,
+            now=self.clock.now(),
+        )
+        resp = HTMLResponse(html, status_code=status)
+        if flash is not None:
+            resp.delete_cookie(FLASH_COOKIE, path="/")
+        return resp
+
+    def login(self, request: Request, wrong: bool) -> Response:
+        html = self.env.get_template("login.html").render(
+            page="login",
+            wrong=wrong,
+            action=request.url.path,
+            read_only=self.read_only,
+            query=[(k, v) for k, v in request.query_params.multi_items() if k != "token"],
+            flash=None,
+        )
+        return HTMLResponse(html, status_code=401)
+
+    # -- auth ----------------------------------------------------------------------------
+    def gate(self, request: Request) -> Response | None:
+        """``None`` when the request may see pages, else the response: a login redirect
+        (correct ``?token=``), or 401 with the login form."""
+        given = request.query_params.get("token")
+        if given is not None:
+            if not self.keys.token_ok(given):
+                return self.login(request, wrong=True)
+            resp = RedirectResponse(url_without_token(request), status_code=303)
+            resp.set_cookie(COOKIE, self.keys.session, httponly=True, samesite="strict", path="/")
+            return resp
+        if self.keys.cookie_ok(request):
+            return None
+        return self.login(request, wrong=False)
+
+
+def _read_flash(request: Request) -> dict[str, str] | None:
+    raw = request.cookies.get(FLASH_COOKIE)
+    if not raw:
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
+        kind, text = data["kind"], data["text"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if kind not in ("ok", "error") or not isinstance(text, str):
+        return None
+    return {"kind": kind, "text": text}
+
+
+def _redirect_with_flash(url: str, kind: str, text: str) -> Response:
+    resp = RedirectResponse(url, status_code=303)
+    raw = json.dumps({"kind": kind, "text": text[:500]})
+    value = base64.urlsafe_b64encode(raw.encode()).decode()
+    resp.set_cookie(FLASH_COOKIE, value, httponly=True, samesite="strict", path="/", max_age=60)
+    return resp
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+Handler = Callable[[Dashboard, Request], Awaitable[Response]]
+
+
+def _page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        d: Dashboard = request.app.state.dashboard
+        refused = d.gate(request)
+        if refused is not None:
+            return refused
+        return await handler(d, request)
+
+    return endpoint
+
+
+async def _home(d: Dashboard, request: Request) -> Response:
+    return RedirectResponse("/runs", status_code=303)
+
+
+async def _runs(d: Dashboard, request: Request) -> Response:
+    ctx = await _views.runs_context(d.store, request.query_params)
+    return d.render(request, "runs.html", ctx, status=400 if ctx["errors"] else 200)
+
+
+async def _not_found(d: Dashboard, request: Request, what: str) -> Response:
+    return d.render(request, "not_found.html", {"page": "runs", "what": what}, status=404)
+
+
+async def _run(d: Dashboard, request: Request) -> Response:
+    run_id = request.path_params["run_id"]
+    run = await d.store.get_run(run_id)
+    if run is None:
+        return await _not_found(d, request, f"run {run_id}")
+    return d.render(request, "run.html", await _views.run_context(d.store, run))
+
+
+async def _lanes(d: Dashboard, request: Request) -> Response:
+    return d.render(request, "lanes.html", await _views.lanes_context(d.store))
+
+
+async def _lane(d: Dashboard, request: Request) -> Response:
+    wf, key = request.path_params["workflow"], request.path_params["key"]
+    return d.render(request, "lane.html", await _views.lane_context(d.store, wf, key))
+
+
+async def _events(d: Dashboard, request: Request) -> Response:
+    return StreamingResponse(
+        d.changes.stream(request.is_disconnected),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+# -- actions -------------------------------------------------------------------------------
+
+
+def _json_field(form: Any, name: str) -> tuple[bool, Any]:
+    """A form field as JSON: ``(False, UNSET)`` when blank; ``ValueError`` when not JSON."""
+    text = str(form.get(name) or "").strip()
+    if not text:
+        return False, UNSET
+    try:
+        return True, json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+
+
+async def _act(d: Dashboard, request: Request, run_id: str, action: str, form: Any) -> str:
+    """Perform one action on ``run_id``; its success line (errors raise)."""
+    engine = Engine(d.store, worker=False)
+    if action == "cancel":
+        was = await d.store.get_run(run_id)
+        run = await engine.cancel(run_id)
+        if was is not None and was.status.terminal:
+            return f"the run was already {was.status}: nothing to cancel"
+        if run.status is RunStatus.CANCELLING:
+            return "cancel requested: the run is cancelling (it stops at its next durable point)"
+        return f"cancelled: the run is {run.status}"
+    if action == "retry":
+        _, value = _json_field(form, "input")
+        run = await engine.retry(run_id, input=value)
+        return f"retried: attempt {run.attempt}, {run.status} (a worker picks it up)"
+    name = str(form.get("name") or "").strip()
+    if not name:
+        raise ValueError("a signal needs a name")
+    given, payload = _json_field(form, "payload")
+    await engine.signal(run_id, name, payload if given else None)
+    return f"signal {name!r} delivered"
+
+
+def _action(action: str) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        d: Dashboard = request.app.state.dashboard
+        if d.read_only:
+            return _plain("the dashboard is read-only", 403)
+        if not same_origin(request):
+            return _plain("cross-site request refused", 403)
+        if not d.keys.cookie_ok(request):
+            return _plain("actions need the token (open the dashboard's URL first)", 403)
+        form = await request.form()
+        if not d.keys.csrf_ok(str(form.get("csrf") or "")):
+            return _plain("missing or wrong CSRF value (reload the page)", 403)
+        run_id = request.path_params["run_id"]
+        if await d.store.get_run(run_id) is None:
+            return await _not_found(d, request, f"run {run_id}")
+        back = f"/runs/{_views.quote(run_id)}"
+        try:
+            text = await _act(d, request, run_id, action, form)
+        except (FlowkitError, ValueError, TypeError) as exc:
+            return _redirect_with_flash(back, "error", f"{action} failed: {_one_line(exc)}")
+        return _redirect_with_flash(back, "ok", text)
+
+    return endpoint
+
+
+def _plain(text: str, status: int) -> Response:
+    return Response(text + "\n", status_code=status, media_type="text/plain")
+
+
+def create_app(store: Any, *, token: str, read_only: bool = False, clock: Any = None) -> Starlette:
+    """The dashboard's ASGI app over ``store`` (docs/ui.md)."""
+    if not isinstance(token, str) or not token:
+        raise ValueError("the dashboard needs a non-empty token")
+    dashboard = Dashboard(store, token, read_only, clock or SystemClock())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await dashboard.changes.close()
+
+    routes = [
+        Route("/", _page(_home)),
+        Route("/runs", _page(_runs)),
+        Route("/runs/{run_id:path}/cancel", _action("cancel"), methods=["POST"]),
+        Route("/runs/{run_id:path}/retry", _action("retry"), methods=["POST"]),
+        Route("/runs/{run_id:path}/signal", _action("signal"), methods=["POST"]),
+        Route("/runs/{run_id:path}", _page(_run)),
+        Route("/lanes", _page(_lanes)),
+        Route("/lanes/{workflow}/{key:path}", _page(_lane)),
+        Route("/events", _page(_events)),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes, middleware=[Middleware(_Headers, read_only=read_only)], lifespan=lifespan
+    )
+    app.state.dashboard = dashboard
+    return app

@@ -1,0 +1,75 @@
+"""The dashboard's security (DESIGN §12, docs/ui.md): the token a browser presents once (then a
+cookie holding a key derived from it), the CSRF value of the action forms, the same-origin
+check of every ``POST``, and the headers every response carries."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from urllib.parse import urlencode, urlsplit
+
+from starlette.requests import Request
+
+__all__ = [
+    "COOKIE",
+    "SECURITY_HEADERS",
+    "Keys",
+    "same_origin",
+    "url_without_token",
+]
+
+COOKIE = "flowkit_ui"
+
+SECURITY_HEADERS = {
+    # no inline script or style, nothing from elsewhere (all JS and CSS under /static)
+    "Content-Security-Policy": "default-src 'self'",
+    "X-Frame-Options": "DENY",  # (no framing: clickjacking of the action buttons)
+    "X-Content-Type-Options": "nosniff",
+    # (not no-referrer: a browser then sends `Origin: null` with a form post, which the
+    # same-origin check refuses; same-origin keeps a ?token= URL from leaking elsewhere)
+    "Referrer-Policy": "same-origin",
+}
+
+
+class Keys:
+    """What the token derives: the cookie value (so the cookie never holds the token itself)
+    and the CSRF value of the action forms, both HMACs of the token."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.session = self._mac(b"flowkit-ui session")
+        self.csrf = self._mac(b"flowkit-ui csrf")
+
+    def _mac(self, what: bytes) -> str:
+        return hmac.new(self.token.encode(), what, hashlib.sha256).hexdigest()
+
+    def token_ok(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def cookie_ok(self, request: Request) -> bool:
+        got = request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(got.encode(), self.session.encode())
+
+    def csrf_ok(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self.csrf.encode())
+
+
+def same_origin(request: Request) -> bool:
+    """Whether a ``POST`` comes from the dashboard's own pages: an ``Origin`` header (browsers
+    send one on every POST) must name this very host; a cross-site ``Sec-Fetch-Site`` is
+    refused too. A request with neither (curl, scripts) passes: the CSRF value still guards
+    it."""
+    if request.headers.get("sec-fetch-site", "") == "cross-site":
+        return False
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    parts = urlsplit(origin)
+    host = request.headers.get("host", "")
+    return parts.scheme in ("http", "https") and parts.netloc == host and bool(host)
+
+
+def url_without_token(request: Request) -> str:
+    """The request's path and query without ``token`` (where a login redirects to)."""
+    rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+    return request.url.path + ("?" + urlencode(rest) if rest else "")
