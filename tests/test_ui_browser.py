@@ -18,33 +18,35 @@ from typing import Any
 
 import pytest
 import ui_app
-from browser_kit import (
-    Dash,
+from browser_dom import (
     accept_confirm,
     attr,
     click,
     css,
-    dashboard,
     goto,
     href,
-    keep,
     lane_members,
     marker,
-    newest_first,
     no_alert,
     one,
     page_counts,
     page_rows,
-    poll,
     row_cells,
-    run_ui,
     set_marker,
-    start_all,
-    store_counts,
     text,
     timeline,
-    wait_for,
     wait_live,
+)
+from browser_kit import (
+    Dash,
+    dashboard,
+    keep,
+    newest_first,
+    poll,
+    run_ui,
+    start_all,
+    store_counts,
+    wait_for,
     with_engine,
 )
 

@@ -13,27 +13,29 @@ from typing import Any
 
 import pytest
 import ui_app
-from browser_kit import (
-    Dash,
+from browser_dom import (
     accept_confirm,
     attr,
     click,
-    dashboard,
     goto,
-    keep,
     lane_members,
     marker,
-    newest_first,
     one,
     page_counts,
     page_rows,
     set_marker,
-    start_all,
-    store_counts,
     text,
     timeline,
-    wait_for,
     wait_live,
+)
+from browser_kit import (
+    Dash,
+    dashboard,
+    keep,
+    newest_first,
+    start_all,
+    store_counts,
+    wait_for,
     with_engine,
 )
 from pg import fresh_database
