@@ -15,6 +15,7 @@ from rich.text import Text
 from . import _serde
 from ._continue import predecessor_id
 from ._run import Run, RunStatus
+from ._telemetry import trace_of
 from ._worker import WORKER_SEEN_WINDOW, no_live_worker
 from .events import (
     CancelRequested,
@@ -265,8 +266,12 @@ async def chain_lines(store: Any, run: Run) -> list[str]:
     return lines
 
 
-def _trace_id(carrier: dict[str, str]) -> str:
-    """The trace id of a stored trace context (its W3C ``traceparent``), else the carrier."""
+def _trace_id(ev: RunStarted) -> str | None:
+    """The trace id of the trace context stored with a run (its W3C ``traceparent``), else
+    the carrier; ``None`` without one."""
+    carrier = trace_of([ev])
+    if carrier is None:
+        return None
     parts = carrier.get("traceparent", "").split("-")
     return parts[1] if len(parts) == 4 else json.dumps(carrier, sort_keys=True)
 
@@ -279,7 +284,7 @@ def _describe(ev: Event, t0: float) -> str:
             return (
                 f"{ev.workflow} v{ev.version} input {_value(ev.input)}"
                 + (f" tags {', '.join(tags)}" if tags else "")
-                + (f" trace {_escape(_trace_id(ev.trace))}" if ev.trace else "")
+                + (f" trace {_escape(trace)}" if (trace := _trace_id(ev)) else "")
             )
         case SingletonGated():
             again = f", re-check at +{ev.retry_at - t0:.3f}s" if ev.retry_at is not None else ""

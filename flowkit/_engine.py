@@ -326,16 +326,19 @@ class Engine:
         admission = (
             self._gate.admission(defn, key, now, deadline) if claim and key is not None else None
         )
-        if admission is not None:
-            stored, created = await cast(AdmitsOnCreate, cfg.store).create_run(
-                run, [first], queue_cap=cap, admission=admission
-            )
-        else:
-            stored, created = await cfg.store.create_run(run, [first], queue_cap=cap)
+        created = False
+        try:
+            if admission is not None:
+                stored, created = await cast(AdmitsOnCreate, cfg.store).create_run(
+                    run, [first], queue_cap=cap, admission=admission
+                )
+            else:
+                stored, created = await cfg.store.create_run(run, [first], queue_cap=cap)
+        finally:
+            if tel is not None:  # (created, an idempotent re-start, or refused)
+                tel.run_started(defn.name, run_id, created)
         if not created:
             return stored
-        if tel is not None:
-            tel.run_started(defn.name)
         worker = self._worker
         if claim and worker is not None:
             if not self._gate.parked(admission, stored):

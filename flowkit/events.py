@@ -76,11 +76,9 @@ class RunStarted(_Base):
     workflow: str
     version: str
     input: Any = None
+    # (the caller's tags, the singleton tag, and reserved ``flowkit:`` tags: the trace
+    # context of ``engine.start``'s caller, ``_telemetry.TRACE_TAG_PREFIX``)
     tags: list[str] = Field(default_factory=list)
-    # the trace context of ``engine.start``'s caller (a W3C ``traceparent`` carrier, by
-    # ``flowkit.otel``): metadata, never matched on replay, and absent from the JSON when
-    # ``None`` (histories without it stay byte for byte as they were)
-    trace: dict[str, str] | None = None
 
 
 class SingletonGated(_Base):
@@ -356,10 +354,7 @@ def event_to_json(event: Event) -> dict[str, Any]:
             "result": event.result,
             "args_digest": event.args_digest,
         }
-    data = event.model_dump(mode="json")
-    if type(event) is RunStarted and event.trace is None:
-        del data["trace"]
-    return data
+    return event.model_dump(mode="json")
 
 
 def event_from_json(data: Any) -> Event:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._browse import lanes
-from ._telemetry import ActivationObserver, StepObserver
+from ._telemetry import ActivationObserver, StepObserver, guarded
 
 try:
     from opentelemetry import context as _context
@@ -58,7 +59,8 @@ def instrument(
             "flowkit.otel needs OpenTelemetry, which is not installed: pip install 'flowkit[otel]'"
         ) from _MISSING
     inst = Instrumentation(engine, tracer_provider, meter_provider, queue_depth_interval)
-    engine.config.telemetry = inst
+    # (guarded: an SDK or exporter that raises is logged, never a step's or a run's failure)
+    engine.config.telemetry = guarded(inst)
     return inst
 
 
@@ -69,6 +71,8 @@ def worker_setup(port: int | None) -> Callable[[Engine], Instrumentation] | None
     OpenTelemetry SDK was configured (by the app, or ``opentelemetry-instrument``): ``None``
     otherwise."""
     if _MISSING is not None:
+        if port is None:
+            return None  # (no SDK can have been configured either: nothing to report to)
         raise ImportError(f"{_MISSING}; pip install 'flowkit[otel]'") from _MISSING
     meter_provider: Any = None
     if port is not None:
@@ -124,42 +128,55 @@ class Instrumentation:
             unit="{activation}",
             description="Activations that lost their lease to another instance",
         )
-        meter.create_observable_gauge(
-            "flowkit.singleton.queue_depth",
-            callbacks=[self._queue_depths],
-            unit="{run}",
-            description="Runs waiting for a slot of each singleton key",
-        )
+        _depth_gauge(meter).add(self)
         self.queue_depth_interval = queue_depth_interval
         self.depths: dict[tuple[str, str], int] = {}
         self._reported: set[tuple[str, str]] = set()
         self._read_at: float | None = None
         self._reading = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):  # (instrumented outside the engine's loop)
+            self._loop = asyncio.get_running_loop()
         self._lock = threading.Lock()
+        # the start requests' spans, ended when ``engine.start`` ends (``run_started``)
+        self._starting: dict[str, list[Span]] = {}
         self.active = True
 
     def uninstrument(self) -> None:
-        """Stop observing the engine: no more spans or measurements from it."""
+        """Stop observing the engine: no more spans or measurements from it (the spans of
+        activations and steps in flight are ended, nothing more is recorded)."""
         self.active = False
-        if self.engine.config.telemetry is self:
+        if getattr(self.engine.config.telemetry, "inner", None) is self:
             self.engine.config.telemetry = None
 
     # -- the engine's hooks (``_telemetry.Telemetry``) ----------------------------------------
     def start_context(self, workflow: str, run_id: str) -> dict[str, str] | None:
+        if not self.active:
+            return None
         # a span for the start request, in the caller's trace (a new one outside any span):
-        # the run's activations are its children, so one trace holds the whole run
-        with self.tracer.start_as_current_span(
+        # the run's activations are its children, so one trace holds the whole run. Ended by
+        # ``run_started``, which knows whether the run was created.
+        span = self.tracer.start_span(
             f"start {workflow}",
             kind=SpanKind.PRODUCER,
             attributes={"flowkit.run_id": run_id, "flowkit.workflow": workflow},
-        ):
-            carrier: dict[str, str] = {}
-            _propagate.inject(carrier)
+        )
+        self._starting.setdefault(run_id, []).append(span)
+        carrier: dict[str, str] = {}
+        _propagate.inject(carrier, context=_trace.set_span_in_context(span))
         return carrier or None
 
-    def run_started(self, workflow: str) -> None:
-        self.runs_started.add(1, {"flowkit.workflow": workflow})
+    def run_started(self, workflow: str, run_id: str, created: bool) -> None:
+        spans = self._starting.get(run_id)
+        span = spans.pop(0) if spans else None
+        if spans is not None and not spans:
+            del self._starting[run_id]
+        if created and self.active:
+            self.runs_started.add(1, {"flowkit.workflow": workflow})
+        if span is not None:
+            # (an idempotent re-start, or a refused one, is a request that created nothing)
+            span.set_attribute("flowkit.created", created)
+            span.end()
 
     def activation(
         self, run_id: str, workflow: str, attempt: int, trace: dict[str, str] | None
@@ -181,13 +198,17 @@ class Instrumentation:
         return _Activation(self, span, run_id, workflow)
 
     def settled(self, workflow: str, status: str) -> None:
-        self.runs_settled.add(1, {"flowkit.workflow": workflow, "flowkit.status": status})
+        if self.active:
+            self.runs_settled.add(1, {"flowkit.workflow": workflow, "flowkit.status": status})
 
     def admitted(self, workflow: str, key: str, waited: float) -> None:
-        self.singleton_wait.record(waited, {"flowkit.workflow": workflow, "flowkit.key": key})
+        if self.active:
+            attrs = {"flowkit.workflow": workflow, "flowkit.key": key}
+            self.singleton_wait.record(waited, attrs)
 
     def lease_lost(self, workflow: str | None) -> None:
-        self.lease_losses.add(1, {"flowkit.workflow": workflow or ""})
+        if self.active:
+            self.lease_losses.add(1, {"flowkit.workflow": workflow or ""})
 
     # -- queue depth ---------------------------------------------------------------------------
     async def refresh_queue_depth(self) -> None:
@@ -213,8 +234,10 @@ class Instrumentation:
         )
         if stale and not self._reading and loop is not None and not loop.is_closed():
             self._reading = True
-            with contextlib.suppress(RuntimeError):  # (the loop is closing)
+            try:
                 loop.call_soon_threadsafe(self._spawn_refresh)
+            except RuntimeError:  # (the loop is closing: the next collection tries again)
+                self._reading = False
         with self._lock:
             depths = dict(self.depths)
             gone = self._reported - set(depths)
@@ -257,6 +280,8 @@ class _Activation:
 
     def step(self, name: str, attempt: int) -> StepObserver:
         inst = self._inst
+        if not inst.active:  # (uninstrumented while this activation ran)
+            return _IDLE
         span = inst.tracer.start_span(
             f"step {name}",
             context=self._ctx,
@@ -315,6 +340,8 @@ class _Step:
         span.set_attribute("flowkit.outcome", outcome)
         span.end()
         inst = self._inst
+        if not inst.active:
+            return
         inst.step_duration.record(
             max(0.0, inst.clock.now() - self._started),
             {
@@ -323,6 +350,54 @@ class _Step:
                 "flowkit.outcome": outcome,
             },
         )
+
+
+class _Idle:
+    """A step attempt nobody observes any more (the engine was uninstrumented)."""
+
+    def end(self, error: BaseException | None) -> None:
+        return None
+
+
+_IDLE = _Idle()
+
+
+class _DepthGauge:
+    """The ``flowkit.singleton.queue_depth`` gauge of one meter, reporting for every
+    instrumentation made with that meter: the SDK registers an instrument once per meter and
+    name (a second ``create_observable_gauge`` hands back the first, without the new
+    callback), so each instrumentation joins the one callback instead."""
+
+    def __init__(self, meter: Any) -> None:
+        self.members: weakref.WeakSet[Instrumentation] = weakref.WeakSet()
+        meter.create_observable_gauge(
+            "flowkit.singleton.queue_depth",
+            callbacks=[self._observe],
+            unit="{run}",
+            description="Runs waiting for a slot of each singleton key",
+        )
+
+    def add(self, inst: Instrumentation) -> None:
+        self.members.add(inst)
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        seen: dict[tuple[Any, ...], Observation] = {}
+        for inst in list(self.members):
+            for obs in inst._queue_depths(options):
+                seen[tuple(sorted((obs.attributes or {}).items()))] = obs
+        return list(seen.values())
+
+
+_GAUGES: weakref.WeakKeyDictionary[Any, _DepthGauge] = weakref.WeakKeyDictionary()
+_GAUGES_LOCK = threading.Lock()
+
+
+def _depth_gauge(meter: Any) -> _DepthGauge:
+    with _GAUGES_LOCK:
+        gauge = _GAUGES.get(meter)
+        if gauge is None:
+            gauge = _GAUGES[meter] = _DepthGauge(meter)
+        return gauge
 
 
 def _failed(span: Span, error: BaseException) -> None:

@@ -9,6 +9,7 @@ fixture), in ``TestEnv``. Real worker processes: tests/test_otel_process.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -30,7 +31,8 @@ from otel_app import WORKFLOWS
 
 from flowkit import History, WorkflowFailedError
 from flowkit._cli_out import _describe
-from flowkit.events import RunStarted, event_to_json
+from flowkit._telemetry import trace_of, trace_tags
+from flowkit.events import RunStarted
 from flowkit.otel import Instrumentation, instrument
 from flowkit_testing import TestEnv
 
@@ -106,8 +108,9 @@ async def test_the_span_tree_of_a_run_with_a_retried_step(store: Any, otel: Otel
         assert await env.result("o1") == f"reserved {item}, charged {item}, {item} ok"
         history = await env.history("o1")
     first = history.events[0]
-    assert isinstance(first, RunStarted) and first.trace is not None
-    assert first.trace["traceparent"].split("-")[1] == f"{request.get_span_context().trace_id:032x}"
+    stored = trace_of([first])
+    assert isinstance(first, RunStarted) and stored is not None
+    assert stored["traceparent"].split("-")[1] == f"{request.get_span_context().trace_id:032x}"
 
     runs = otel.finished("run")
     steps = otel.finished("step")
@@ -126,7 +129,11 @@ async def test_the_span_tree_of_a_run_with_a_retried_step(store: Any, otel: Otel
     (start,) = otel.finished("start")
     assert start.parent is not None
     assert start.parent.span_id == request.get_span_context().span_id
-    assert _attrs(start) == {"flowkit.run_id": "o1", "flowkit.workflow": "otel-order"}
+    assert _attrs(start) == {
+        "flowkit.run_id": "o1",
+        "flowkit.workflow": "otel-order",
+        "flowkit.created": True,
+    }
     assert start.kind is SpanKind.PRODUCER and _trace(start) == trace_id
     assert start.context is not None
     assert all(s.parent is not None and s.parent.span_id == start.context.span_id for s in runs)
@@ -279,17 +286,27 @@ async def test_uninstrument_stops_it(otel: Otel) -> None:
 
 def test_the_trace_context_in_history_json_and_the_cli() -> None:
     carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
-    with_trace = RunStarted(seq=1, workflow="w", version="1", trace=carrier)
-    without = RunStarted(seq=1, workflow="w", version="1")
-    assert event_to_json(with_trace)["trace"] == carrier
-    assert "trace" not in event_to_json(without)  # (old histories stay byte for byte)
+    tags = ["singleton:k", *trace_tags(carrier)]
+    with_trace = RunStarted(seq=1, workflow="w", version="1", tags=tags)
+    without = RunStarted(seq=1, workflow="w", version="1", tags=["singleton:k"])
+    assert trace_of([with_trace]) == carrier and trace_of([without]) is None
     h = History("r", [with_trace])
     assert History.from_json(h.to_json()).to_json() == h.to_json()
     assert History.from_json(h.to_json()).events[0] == with_trace
     assert "trace 4bf92f3577b34da6a3ce929d0e0e4736" in _describe(with_trace, 0.0)
     assert "trace" not in _describe(without, 0.0)
+    assert "flowkit:" not in _describe(with_trace, 0.0)  # (reserved tags are not shown as tags)
     golden = History.from_json((ROOT / "tests/histories/greeting-traced.json").read_bytes())
-    assert isinstance(golden.events[0], RunStarted) and golden.events[0].trace is not None
+    assert trace_of(golden.events) is not None
+
+
+def test_a_traced_history_has_only_fields_every_flowkit_reads() -> None:
+    """The trace context rides in reserved tags, not a field of its own: a worker of the
+    previous flowkit (whose events refuse unknown fields) reads a history an instrumented
+    starter wrote, during a rolling upgrade."""
+    golden = json.loads((ROOT / "tests/histories/greeting-traced.json").read_bytes())
+    first = golden["events"][0]
+    assert set(first) == {"type", "seq", "at", "workflow", "version", "input", "tags"}
 
 
 BLOCKED = textwrap.dedent(
@@ -321,6 +338,8 @@ BLOCKED = textwrap.dedent(
                 flowkit.otel.instrument(engine)
             except ImportError as exc:
                 print("IMPORT-ERROR:", exc)
+            # a worker without --metrics-port: nothing to set up, not an error
+            print("WORKER-SETUP:", flowkit.otel.worker_setup(None))
         assert not any(m.startswith("opentelemetry") for m in sys.modules), "imported"
         print("RAN")
 
@@ -341,6 +360,7 @@ def test_flowkit_runs_without_opentelemetry(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "RAN" in done.stdout
     assert "pip install 'flowkit[otel]'" in done.stdout
+    assert "WORKER-SETUP: None" in done.stdout
 
 
 def test_metric_names_documented() -> None:

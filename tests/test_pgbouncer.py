@@ -12,10 +12,12 @@ from collections.abc import Iterator
 import pytest
 from pg import PostgresUnavailable, fresh_database
 from pgbouncer_kit import pgbouncer
+from sqlalchemy.engine import make_url
 
 from flowkit import Engine, RunStatus, Singleton, WorkflowCtx, workflow
 from flowkit.stores import SqlStore
 from flowkit.stores.sql import UnsupportedDatabaseError
+from flowkit.stores.sql._pgconnect import configure_url, take_pooler
 
 pytestmark = pytest.mark.postgres
 
@@ -96,3 +98,16 @@ def test_an_unknown_pooler_mode_is_refused_before_connecting() -> None:
     url = "postgresql+psycopg://u@/db?host=/nonexistent-flowkit&flowkit_pooler=statement"
     with pytest.raises(UnsupportedDatabaseError, match="flowkit_pooler must be one of"):
         SqlStore(url)
+
+
+def test_behind_a_pooler_no_session_settings_are_sent_but_waits_stay_bounded() -> None:
+    u, io = configure_url(make_url("postgresql+psycopg://u@h/db"), session_settings=False)
+    assert "options" not in u.query  # (PgBouncer refuses the options startup parameter)
+    assert io == 35.0  # (the role's 30 s statement timeout, as docs/deploying.md sets it, + 5)
+    u, io = configure_url(
+        make_url("postgresql+psycopg://u@h/db?statement_timeout=2s"), session_settings=False
+    )
+    assert "statement_timeout=2s" in str(u.query["options"]) and io == 7.0
+    u, pooled = take_pooler(make_url(f"postgresql+psycopg://u@h/db?{POOLED}&x=1"))
+    assert pooled and "flowkit_pooler" not in u.query and u.query["x"] == "1"
+    assert take_pooler(make_url("postgresql+psycopg://u@h/db?flowkit_pooler=session"))[1] is False

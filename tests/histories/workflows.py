@@ -668,14 +668,14 @@ async def shipment(env: TestEnv) -> list[str]:
 class _FixedTrace:
     """A telemetry (``flowkit._telemetry.Telemetry``) that carries one fixed trace context
     and observes nothing: the stand-in of ``flowkit.otel`` for a recorded ``run_started``
-    with its ``trace`` (no OpenTelemetry needed to record or replay it)."""
+    with its trace context in its tags (no OpenTelemetry needed to record or replay it)."""
 
     TRACE = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 
     def start_context(self, workflow: str, run_id: str) -> dict[str, str]:
         return dict(self.TRACE)
 
-    def run_started(self, workflow: str) -> None: ...
+    def run_started(self, workflow: str, run_id: str, created: bool) -> None: ...
 
     def activation(self, run_id: str, workflow: str, attempt: int, trace: Any) -> Any:
         return self

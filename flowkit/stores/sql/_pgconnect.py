@@ -102,7 +102,13 @@ def configure_url(u: sa.URL, *, session_settings: bool = True) -> tuple[sa.URL, 
             io_timeout = None
     else:
         found = re.search(r"statement_timeout\s*=\s*(\S+)", str(query.get("options", "")))
-        statement = _seconds(found.group(1)) if found else None
+        if found is None and not session_settings:
+            # (behind a pooler the server's timeout is the role's, as docs/deploying.md has
+            # it set: flowkit's own default still bounds the client's waits)
+            default = SESSION_DEFAULTS["statement_timeout"]
+            statement = _seconds(default) if default is not None else None
+        else:
+            statement = _seconds(found.group(1)) if found else None
         io_timeout = None if statement is None else statement + IO_MARGIN
     return u.set(query=query), io_timeout
 
