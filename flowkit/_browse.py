@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -130,13 +131,18 @@ async def watch_changes(
         return (len(runs), max((r.updated_at for r in runs), default=0.0))
 
     async def loop() -> None:
-        last = await stamp()
+        last: Any = _FAILED
         while True:
-            await asyncio.sleep(interval)
-            now = await stamp()
-            if now != last:
-                last = now
+            try:
+                now = await stamp()
+            except Exception:  # (a blip of the database: the next interval tries again)
+                log.debug("reading the store's change stamp failed", exc_info=True)
+                now = _FAILED
+            if now is not _FAILED and last is not _FAILED and now != last:
                 callback()
+            if now is not _FAILED:
+                last = now
+            await asyncio.sleep(interval)
 
     task = asyncio.get_running_loop().create_task(loop())
 
@@ -144,10 +150,15 @@ async def watch_changes(
         if stop_watch is not None:
             stop_watch()
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
 
     return stop
+
+
+_FAILED = object()
+"""A change stamp that could not be read."""
+log = logging.getLogger("flowkit")
 
 
 async def _all(

@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 from ._cli_common import CliError
+from ._cli_worker import load_app
 
 __all__ = ["add_parser", "prepare", "ui"]
 
@@ -31,6 +32,12 @@ def add_parser(sub: Any) -> None:
     u.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     u.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8233; 0: any)")
     u.add_argument("--read-only", action="store_true", help="no cancel/retry/signal actions")
+    u.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        default=None,
+        help="the workflows (as for flowkit worker): retry with a new input, typed signals",
+    )
     u.add_argument("--token", default=None, help="the token pages need ($FLOWKIT_UI_TOKEN)")
 
 
@@ -68,12 +75,19 @@ def prepare(args: argparse.Namespace) -> None:
                 "$FLOWKIT_UI_TOKEN (actions and pages need it)"
             )
         token = secrets.token_urlsafe(24)
+        args.ui_token_shown = True  # (made up here: the printed URL is the only way to it)
+    else:
+        args.ui_token_shown = False  # (the operator's: never printed, logs keep stdout)
     args.ui_token = token
+    # (imported now, before the store opens and the loop starts: a bad app is one line)
+    args.ui_workflows = [] if args.app is None else load_app(args.app)
 
 
-def _url(host: str, port: int, token: str) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/?token={token}"
+def _url(host: str, port: int, token: str | None) -> str:
+    """The dashboard's URL (with the token only when it was made up here)."""
+    bare = host.strip("[]")
+    shown = f"[{bare}]" if ":" in bare else bare
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token is not None else "")
 
 
 async def ui(args: argparse.Namespace, out: Any, store: Any) -> int:
@@ -82,7 +96,9 @@ async def ui(args: argparse.Namespace, out: Any, store: Any) -> int:
 
     from ._ui import create_app
 
-    app = create_app(store, token=args.ui_token, read_only=args.read_only)
+    app = create_app(
+        store, token=args.ui_token, read_only=args.read_only, workflows=args.ui_workflows
+    )
     dashboard = app.state.dashboard
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -114,7 +130,8 @@ async def ui(args: argparse.Namespace, out: Any, store: Any) -> int:
 
     loop = asyncio.get_running_loop()
     server = Server(config)
-    print(f"flowkit ui: serving {_url(args.host, port, args.ui_token)}", flush=True)
+    shown = args.ui_token if args.ui_token_shown else None
+    print(f"flowkit ui: serving {_url(args.host, port, shown)}", flush=True)
     if args.read_only:
         print("flowkit ui: read-only (no actions)", flush=True)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -109,12 +109,17 @@ async def seed(store: Any) -> None:
 
 @asynccontextmanager
 async def client(
-    store: Any, *, read_only: bool = False, login: bool = True
+    store: Any,
+    *,
+    read_only: bool = False,
+    login: bool = True,
+    workflows: Sequence[Any] = (),
+    base: str = BASE,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client of a dashboard on ``store`` (logged in unless ``login=False``)."""
-    app = create_app(store, token=TOKEN, read_only=read_only)
+    app = create_app(store, token=TOKEN, read_only=read_only, workflows=workflows)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url=BASE) as c:
+    async with httpx.AsyncClient(transport=transport, base_url=base) as c:
         if login:
             r = await c.get(f"/runs?token={TOKEN}")
             assert r.status_code == 303, r.text

@@ -7,9 +7,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -21,12 +22,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._clock import SystemClock
+from .._definition import definition_of
 from .._engine import Engine
 from .._run import RunStatus
 from ..errors import FlowkitError
 from ..stores.base import UNSET
 from . import _views
-from ._auth import COOKIE, SECURITY_HEADERS, Keys, same_origin, url_without_token
+from ._auth import SECURITY_HEADERS, Keys, cookie_name, same_origin, url_without_token
 from ._fmt import ago, iso
 from ._sse import Changes
 
@@ -71,6 +73,8 @@ class Dashboard:
         self.read_only = read_only
         self.clock = clock
         self.changes = Changes(store)
+        self.workflows: list[Any] = []  # (``create_app(workflows=)``)
+        self.known: set[str] = set()
         self.env = Environment(
             loader=FileSystemLoader(HERE / "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -119,7 +123,8 @@ class Dashboard:
             if not self.keys.token_ok(given):
                 return self.login(request, wrong=True)
             resp = RedirectResponse(url_without_token(request), status_code=303)
-            resp.set_cookie(COOKIE, self.keys.session, httponly=True, samesite="strict", path="/")
+            name = cookie_name(request)
+            resp.set_cookie(name, self.keys.session, httponly=True, samesite="strict", path="/")
             return resp
         if self.keys.cookie_ok(request):
             return None
@@ -185,7 +190,9 @@ async def _run(d: Dashboard, request: Request) -> Response:
     run = await d.store.get_run(run_id)
     if run is None:
         return await _not_found(d, request, f"run {run_id}")
-    return d.render(request, "run.html", await _views.run_context(d.store, run))
+    ctx = await _views.run_context(d.store, run)
+    ctx["retry_with_input"] = run.workflow in d.known  # (``--app``: its code checks an input)
+    return d.render(request, "run.html", ctx)
 
 
 async def _lanes(d: Dashboard, request: Request) -> Response:
@@ -193,7 +200,15 @@ async def _lanes(d: Dashboard, request: Request) -> Response:
 
 
 async def _lane(d: Dashboard, request: Request) -> Response:
-    wf, key = request.path_params["workflow"], request.path_params["key"]
+    # (from the raw path: a workflow or key holding "/" comes percent-encoded, and the decoded
+    # path, which the router matches, no longer tells its segments apart)
+    raw = request.scope.get("raw_path")
+    rest = raw.decode("latin-1").split("?", 1)[0] if isinstance(raw, bytes) else ""
+    wf_part, sep, key_part = rest.removeprefix("/lanes/").partition("/")
+    if rest.startswith("/lanes/") and sep:
+        wf, key = unquote(wf_part), unquote(key_part)
+    else:
+        wf, key = request.path_params["workflow"], request.path_params["key"]
     return d.render(request, "lane.html", await _views.lane_context(d.store, wf, key))
 
 
@@ -217,11 +232,13 @@ def _json_field(form: Any, name: str) -> tuple[bool, Any]:
         return True, json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError(f"{name} is nested too deeply") from None
 
 
 async def _act(d: Dashboard, request: Request, run_id: str, action: str, form: Any) -> str:
     """Perform one action on ``run_id``; its success line (errors raise)."""
-    engine = Engine(d.store, worker=False)
+    engine = Engine(d.store, d.workflows, worker=False)
     if action == "cancel":
         was = await d.store.get_run(run_id)
         run = await engine.cancel(run_id)
@@ -271,11 +288,22 @@ def _plain(text: str, status: int) -> Response:
     return Response(text + "\n", status_code=status, media_type="text/plain")
 
 
-def create_app(store: Any, *, token: str, read_only: bool = False, clock: Any = None) -> Starlette:
-    """The dashboard's ASGI app over ``store`` (docs/ui.md)."""
+def create_app(
+    store: Any,
+    *,
+    token: str,
+    read_only: bool = False,
+    clock: Any = None,
+    workflows: Sequence[Any] = (),
+) -> Starlette:
+    """The dashboard's ASGI app over ``store`` (docs/ui.md). ``workflows`` (``flowkit ui
+    --app``): the workflow code its actions may use, to retry a run with a new input (checked
+    by the workflow's input type) and to check typed signals."""
     if not isinstance(token, str) or not token:
         raise ValueError("the dashboard needs a non-empty token")
     dashboard = Dashboard(store, token, read_only, clock or SystemClock())
+    dashboard.workflows = list(workflows)
+    dashboard.known = {d.name for wf in workflows if (d := definition_of(wf)) is not None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -14,11 +14,22 @@ __all__ = [
     "COOKIE",
     "SECURITY_HEADERS",
     "Keys",
+    "cookie_name",
     "same_origin",
     "url_without_token",
 ]
 
 COOKIE = "flowkit_ui"
+"""The login cookie's name, ``flowkit_ui_<port>`` when the dashboard's URL has a port
+(``cookie_name``): cookies ignore ports, so two dashboards on one host would otherwise log
+each other out."""
+
+
+def cookie_name(request: Request) -> str:
+    """The login cookie of the dashboard this request reached (``COOKIE``)."""
+    port = request.url.port
+    return COOKIE if port is None else f"{COOKIE}_{port}"
+
 
 SECURITY_HEADERS = {
     # no inline script or style, nothing from elsewhere (all JS and CSS under /static)
@@ -47,7 +58,7 @@ class Keys:
         return hmac.compare_digest(given.encode(), self.token.encode())
 
     def cookie_ok(self, request: Request) -> bool:
-        got = request.cookies.get(COOKIE, "")
+        got = request.cookies.get(cookie_name(request), "")
         return hmac.compare_digest(got.encode(), self.session.encode())
 
     def csrf_ok(self, given: str) -> bool:

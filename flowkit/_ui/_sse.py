@@ -95,3 +95,20 @@ class Changes:
                     yield ": keep-alive\n\n"
         finally:
             self._queues.discard(queue)
+            if not self._queues:  # (the last browser left: stop reading the store)
+                task = asyncio.ensure_future(self._stop_if_idle())
+                _idle_stops.add(task)
+                task.add_done_callback(_idle_stops.discard)
+
+    async def _stop_if_idle(self) -> None:
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._queues or self._stop is None:
+                return  # (a browser came back meanwhile)
+            stop, self._stop = self._stop, None
+            await stop()
+
+
+_idle_stops: set[asyncio.Future[None]] = set()
+"""Watchers being stopped after their last browser left (a task needs a reference)."""

@@ -5,6 +5,7 @@ not an exception."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote as _quote
@@ -87,7 +88,10 @@ def _before(text: str) -> tuple[float, str]:
     stamp, sep, run_id = text.partition(":")
     if not sep or not run_id:
         raise ValueError
-    return float(stamp), run_id
+    at = float(stamp)
+    if not math.isfinite(at):  # (NaN orders differently in each database: refuse it)
+        raise ValueError
+    return at, run_id
 
 
 async def runs_context(store: Any, params: Any) -> dict[str, Any]:
