@@ -35,6 +35,7 @@ import singleton_bench
 import store_bench
 import sync_steps_bench
 import timer_bench
+import ui_bench
 
 
 def main() -> int:
@@ -66,6 +67,7 @@ def main() -> int:
             "schedules": lambda: schedule_bench.run_all(args.smoke, Path(tmp)),
             "browse": lambda: browse_bench.main(args.smoke, pg_url, Path(tmp)),
             "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
+            "ui_ttfb": lambda: ui_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():
