@@ -65,7 +65,9 @@ class Drive:
             if getattr(self.store, "appends_events", False)
             else None
         )
-        self.gate = gate.Gate(config.store, config.clock, config.rng)
+        self.gate = gate.Gate(
+            config.store, config.clock, config.rng, lambda: config.notify_on_release
+        )
         # the store claims by (workflow, version) (base.ClaimsByVersion)
         self.by_version = claims_by_version(self.store)
         self._seat = seat

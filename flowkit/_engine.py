@@ -127,7 +127,7 @@ class Engine:
         # durable schedules (DESIGN §11): ``engine.schedules.create(...)`` and the rest
         self.schedules = Schedules(self)
         self.config.fire_schedules = self.schedules.fire_due
-        self._gate = gate.Gate(store, self.config.clock, rng)
+        self._gate = gate.Gate(store, self.config.clock, rng, lambda: self.config.notify_on_release)
         # what a settlement means for its parent and children (``_children.Kin``)
         self._kin = Kin(
             store, self.config.clock, self._wake, self._cancel_child, rng, self.executing

@@ -29,6 +29,7 @@ from .events import (
     SingletonReleased,
 )
 from .stores.base import (
+    UNSET,
     Admission,
     CommitResult,
     ConflictError,
@@ -210,12 +211,27 @@ class Gate:
     """One engine's side of the gate on one store: admission at creation for ``Engine.start``,
     and the admission check an activation passes before its body runs."""
 
-    def __init__(self, store: Store, clock: Clock, rng: random.Random) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        rng: random.Random,
+        notifies: Callable[[], bool] | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
         self.rng = rng
+        # without notify-on-release nothing makes a waiter a head with a timer when the queue
+        # moves: every denied waiter keeps its own re-check (the seed's rule)
+        # (``notifies``: the engine's current ``notify_on_release``; ``None``: on)
+        self._notifies = notifies
         # the store writes ``singleton_admitted`` with the admission marker (RecordsAdmission)
         self.records_admission = records_admission(store)
+
+    @property
+    def notify_on_release(self) -> bool:
+        """Whether releases notify the key's waiters (``Engine(notify_on_release=)``)."""
+        return self._notifies is None or self._notifies()
 
     # -- at creation -------------------------------------------------------------------------
     def admission(
@@ -239,6 +255,7 @@ class Gate:
             (SingletonGated(key=key, retry_at=retry_at, at=now),),
             (SingletonAdmitted(key=key, at=now),),
             self.clock.now,  # (dates the admission inside the insert's transaction)
+            every_waiter_rechecks=not self.notify_on_release,
         )
 
     @staticmethod
@@ -318,8 +335,12 @@ class Gate:
         evs: list[Event] = []
         if needs_gated_event(events):
             evs.append(SingletonGated(key=key, retry_at=retry_at, at=now))
+        # (the store parked it with a timer only at the head of the queue; without
+        # notify-on-release every waiter keeps one)
+        wake: Any = UNSET if self.notify_on_release else retry_at
+        park = Update(events=evs, release_lease=True, expect_status=_NOT_CANCELLING, wake_at=wake)
         try:
-            await commit(run, Update(events=evs, release_lease=True, expect_status=_NOT_CANCELLING))
+            await commit(run, park)
         except ConflictError:
             fresh = await self.store.get_run(run.id)
             if fresh is None or fresh.status is not RunStatus.CANCELLING:

@@ -101,15 +101,53 @@ def admission_tags(
     return [*me.tags, ADMITTED_TAG]
 
 
+HEAD_RECHECK = 1.0
+"""Seconds until a waiter that a release or an admission made a head re-checks its gate (the
+safety net for a lost notification; a denied head re-checks after the gate's jittered
+``GATE_RETRY`` instead)."""
+
+
+def heads(runs: Iterable[RunLike], tag: str, workflow: str, limit: int | None) -> list[RunLike]:
+    """The key's head waiters: the oldest ``limit`` (one when unknown) of ``waiters``, the only
+    ones free slots can go to, so the only ones that keep a re-check timer."""
+    return waiters(runs, tag, workflow)[: 1 if limit is None else max(limit, 1)]
+
+
+def heads_to_arm(
+    runs: Iterable[RunLike], tag: str, workflow: str, limit: int | None, at: float
+) -> list[str]:
+    """The head waiters (``heads``) parked without a re-check due by ``at``: a store gives
+    each ``wake_at=at`` in the transaction that made it a head (a release, an admission, a
+    cancelled waiter ahead of it), so that a lost notification delays a head by about
+    ``HEAD_RECHECK`` at most. Waiters behind the heads hold no timer."""
+    out = []
+    for r in heads(runs, tag, workflow, limit):
+        wake = getattr(r, "wake_at", None)
+        if _status(r) is RunStatus.SUSPENDED and (wake is None or wake > at):
+            out.append(r.id)
+    return out
+
+
 def denial_patch(
-    runs: Iterable[RunLike], run_id: str, tag: str, workflow: str, retry_wake_at: float | None
+    runs: Iterable[RunLike],
+    run_id: str,
+    tag: str,
+    workflow: str,
+    retry_wake_at: float | None,
+    limit: int | None = None,
 ) -> dict[str, Any] | None:
     """The patch that parks a denied waiter, or ``None`` when nothing may change.
 
-    A denied active waiter becomes ``suspended`` with ``wake_at=retry_wake_at``; a terminal or
-    cancelling run is never touched, and without ``retry_wake_at`` nothing is parked."""
+    A denied active waiter becomes ``suspended``. With the key's ``limit`` (and ``runs``
+    holding at least its holders and ``limit`` oldest waiters), only a head waiter
+    (``heads``) gets ``wake_at=retry_wake_at``; one behind them keeps no timer (``wake_at``
+    its ``deadline_at``, ``None`` without one) until a release or an admission makes it a
+    head (``heads_to_arm``). Without ``limit`` every denied waiter re-checks at
+    ``retry_wake_at``. A terminal or cancelling run is never touched, and without
+    ``retry_wake_at`` nothing is parked."""
     if retry_wake_at is None:
         return None
+    runs = list(runs)
     me = next((r for r in runs if r.id == run_id), None)
     if me is None or me.workflow != workflow or tag not in me.tags:
         return None
@@ -118,6 +156,9 @@ def denial_patch(
         return None
     if ADMITTED_TAG in me.tags:
         return None
+    if limit is not None and all(r.id != run_id for r in heads(runs, tag, workflow, limit)):
+        deadline = getattr(me, "deadline_at", None)
+        return {"status": RunStatus.SUSPENDED, "wake_at": deadline}
     return {"status": RunStatus.SUSPENDED, "wake_at": retry_wake_at}
 
 
@@ -140,10 +181,13 @@ def waiters_to_wake(
 
 
 __all__ = [
+    "HEAD_RECHECK",
     "RunLike",
     "admission_tags",
     "check_limit",
     "denial_patch",
+    "heads",
+    "heads_to_arm",
     "holders",
     "waiters",
     "waiters_to_wake",

@@ -203,14 +203,14 @@ async def test_memory_store_admits_as_the_helpers_over_the_whole_key(seed: int) 
         sharing = [x for x in sharing if x.status.active]
         me = store._d.runs[r.id]
         want_tags = admission_tags(sharing, r.id, TAG, WF, limit)
-        want_patch = None if want_tags else denial_patch(sharing, r.id, TAG, WF, 999.0)
+        want_patch = None if want_tags else denial_patch(sharing, r.id, TAG, WF, 999.0, limit)
         got = await store.try_admit_singleton(r.id, TAG, WF, limit, 999.0)
         after = store._d.runs[r.id]
         assert got == (want_tags is not None)
         if want_tags is not None:
             assert list(after.tags) == want_tags
         elif want_patch:
-            assert (after.status, after.wake_at) == (want_patch["status"], 999.0)
+            assert (after.status, after.wake_at) == (want_patch["status"], want_patch["wake_at"])
         else:
             assert after == me
     # a new run at creation, late or tied with the oldest

@@ -81,9 +81,10 @@ class Admission:
     ``flowkit.singleton.admission_tags`` over the active runs of ``workflow`` carrying ``tag``
     (``"singleton:" + key``) plus the new run, with ``limit`` slots. Admitted: the run is
     stored with the admission marker, otherwise as passed. Denied: it is stored parked as
-    ``flowkit.singleton.denial_patch`` says (``suspended``, ``wake_at=retry_wake_at``) and
-    without a lease, and ``gated`` (the engine's ``singleton_gated`` record) is appended after
-    the run's events. Admitted, a store with ``records_admission`` appends ``admitted`` (the
+    ``flowkit.singleton.denial_patch`` says with ``limit`` (``suspended``, ``wake_at`` the
+    ``retry_wake_at`` of a head of the queue, none behind it) and without a lease, and
+    ``gated`` (the engine's ``singleton_gated`` record) is appended after the run's events.
+    Admitted, a store with ``records_admission`` appends ``admitted`` (the
     ``singleton_admitted`` record) after them: the history shows the slot from the instant
     it was taken, whatever happens to the worker next. An existing id is returned as it is:
     no admission, nothing written."""
@@ -97,6 +98,10 @@ class Admission:
     # read inside the transaction, once the key is serialized, to date ``admitted``: an
     # admission is never dated before a release it had to wait for
     clock: Callable[[], float] | None = None
+    # every denied run re-checks at ``retry_wake_at`` (``denial_patch`` without the limit),
+    # not only the heads of the queue: for an engine without notify-on-release, where no
+    # release makes the next waiter a head
+    every_waiter_rechecks: bool = False
 
     def __post_init__(self) -> None:
         check_limit(self.limit)  # (ValueError: a key without a slot would park every run)

@@ -429,6 +429,7 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
                 if w.status is RunStatus.SUSPENDED:
                     self._put(dataclasses.replace(w, wake_at=now))
                 woken.append(w.id)
+            self._arm_heads(n.workflow, n.tag, n.limit, now + _sg.HEAD_RECHECK)
         return CommitResult(new, seqs, tuple(woken), tuple(handed))
 
     async def append_events(
@@ -545,11 +546,22 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
                 at = admission_time(admitted_at)
                 if at is not None and ADMITTED_TAG not in run.tags:
                     self._append(run_id, [admitted_event(tag, at)])
+                if retry_wake_at is not None:  # the waiter behind it is a head now
+                    self._arm_heads(workflow, tag, limit, retry_wake_at)
             return True
-        patch = _sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at)
+        patch = _sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at, limit)
         if patch:
             self._put(dataclasses.replace(run, **patch))
+            if retry_wake_at is not None:
+                self._arm_heads(workflow, tag, limit, retry_wake_at)
         return False
+
+    def _arm_heads(self, workflow: str, tag: str, limit: int | None, at: float) -> None:
+        """Give the key's head waiters that hold no timer a re-check at ``at``
+        (``singleton.heads_to_arm``): the waiters behind them hold none."""
+        runs = self._deciding(workflow, tag, limit)
+        for rid in _sg.heads_to_arm(runs, tag, workflow, limit, at):
+            self._put(dataclasses.replace(self._d.runs[rid], wake_at=at))
 
 
 __all__ = ["MemoryStore"]

@@ -9,11 +9,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ... import singleton as _sg
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..._search_terms import upserts
 from ...errors import ConflictError, RunNotFoundError
 from ...events import Event, EventSet, UpdateReplied
-from ..base import CommitResult, HandOff, Update
+from ..base import CommitResult, HandOff, Notify, Update
 from ..rules import admitted_event, apply_update, check_commit, claimable, plan_release
 from . import _runs as runs
 from ._connection import RETURNING, ROWCOUNT, ROWS, SELECT, Conn
@@ -256,6 +257,8 @@ class Commits:
                 planned.append(w.id)
         if joined:  # (no hand-off took them along)
             c.later(*sql.joined(joined))
+        if n is not None:  # the heads of the queue after it keep a re-check timer
+            self.arm(c, n, now, later=True)
         if succ is not None:  # the successor, created with its predecessor's settlement
             succ = dataclasses.replace(succ, run=dataclasses.replace(succ.run, search=new.search))
             c.later(sql.insert_run, run_params(succ.run, len(succ.events)))
@@ -303,7 +306,28 @@ class Commits:
 
         return After(result)  # type: ignore[return-value]  # (GroupCommit finishes it)
 
+    def arm(self, c: Conn, n: Notify, now: float, later: bool = False) -> None:
+        """Give the heads of ``n``'s queue, as this transaction leaves it, a re-check timer
+        (``singleton.heads_to_arm``; the waiters behind them hold none)."""
+        if not n.tag.startswith(SINGLETON_TAG_PREFIX):
+            return
+        sql = self.sql
+        params = sql.arm_params(n.workflow, n.tag, n.limit, now + _sg.HEAD_RECHECK)
+        if later:
+            c.later(sql.arm_heads_sql, params)
+        else:
+            c.write(sql.arm_heads_sql, params)
+
     def lean_released(
+        self, c: Conn, row: Any, update: Update, waiter: dict[str, Any], now: float
+    ) -> CommitResult:
+        """``_lean_released``, then the heads of the queue armed (``arm``)."""
+        res = self._lean_released(c, row, update, waiter, now)
+        assert update.notify is not None
+        self.arm(c, update.notify, now)
+        return res
+
+    def _lean_released(
         self, c: Conn, row: Any, update: Update, waiter: dict[str, Any], now: float
     ) -> CommitResult:
         """The rest of ``SqliteStatements.release_lite``, once its ``UPDATE`` released the run

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
+from ...singleton import HEAD_RECHECK
 from ..base import Update
 from ._rows import JSON_COLS, RUN_COLS, admitted_body, dumps
 from ._schema import BY_ID, WAITING_SQL
@@ -213,6 +214,7 @@ class PgStatements(Statements):
         params["cvers"] = None if n.claim_versions is None else sorted(n.claim_versions)
         params["until"] = n.lease_expires
         params["adm"] = admitted_body(n.tag, now)
+        params["arm"] = now + HEAD_RECHECK
         key = ("release", *shape)
         sql = self._commits.get(key)
         if sql is None:
@@ -267,7 +269,16 @@ class PgStatements(Statements):
             f" jsonb_set({p('adm')}::jsonb, '{{seq}}', to_jsonb(h.last_seq)) FROM h"
             f" RETURNING run_id, seq, body),"
             f" wk AS (UPDATE flowkit_runs SET wake_at = {now}"
-            f" WHERE {wake} RETURNING id)"
+            f" WHERE {wake} RETURNING id),"
+            # the heads of the queue it leaves keep a re-check timer (singleton.heads_to_arm):
+            # the waiter after the one handed or woken, or the oldest when no slot is free
+            # (one more, re-checked once, costs nothing else: it then parks without a timer)
+            f" w2 AS (SELECT id {key_rows} AND admitted = false AND {WAITING_SQL}"
+            f" ORDER BY created_at, {self.BY_ID} LIMIT 2),"
+            f" ar AS (UPDATE flowkit_runs SET wake_at = {p('arm')} WHERE id IN (SELECT id FROM"
+            f" flowkit_runs WHERE id IN (SELECT id FROM w2) AND id NOT IN (SELECT w.id FROM w,"
+            f" free WHERE free.ok) AND {status} = 'suspended' AND (wake_at IS NULL OR wake_at >"
+            f" {p('arm')}) FOR UPDATE SKIP LOCKED) AND EXISTS (SELECT 1 FROM me) RETURNING id)"
             f" SELECT 0 AS k, me.*, NULL::integer AS seq, NULL::text AS body FROM me"
             f" UNION ALL SELECT 1, h.*, e2.seq, e2.body::text FROM h"
             f" LEFT JOIN flowkit_events e2 ON e2.run_id = h.id"

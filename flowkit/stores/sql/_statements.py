@@ -210,6 +210,14 @@ class Statements:
             f" AND type = 'singleton_admitted'"
         )
         self.unbump = f"UPDATE flowkit_runs SET last_seq = {p('seq')} - 1 WHERE id = {p('id')}"
+        self.arm_heads_sql = self.arm_heads()
+        arm_if = (
+            f"id = {p('id')} AND status = 'suspended' AND NOT admitted"
+            f" AND (wake_at IS NULL OR wake_at > {p('at')})"
+        )
+        self.arm_head = (
+            f"UPDATE flowkit_runs SET wake_at = {p('at')} WHERE {self.unless_locked(arm_if)}"
+        )
         self._updates: dict[tuple[str, ...], str] = {}
         self._commits: dict[tuple[Any, ...], str] = {}
         self._cache: dict[tuple[str, int], str] = {}
@@ -521,6 +529,32 @@ class Statements:
             if len(self._cache_text) < 64:
                 self._cache_text[key] = sql
         return sql, params
+
+    def arm_heads(self) -> str:
+        """``singleton.heads_to_arm`` as one statement: the ``n`` oldest waiters of the key
+        ``key`` of workflow ``wf`` (the first entries of ``ix_flowkit_runs_waiting``) that
+        are parked without a re-check due by ``at`` get ``wake_at = at``. PostgreSQL skips
+        a row another transaction holds (``unless_locked``: it is mid-claim, and its own
+        check parks it as the rule says)."""
+        p = self.p
+        cond = (
+            f"id IN (SELECT h.id FROM ({self.waiters()} LIMIT {p('n')}) AS h)"
+            f" AND status = 'suspended' AND (wake_at IS NULL OR wake_at > {p('at')})"
+        )
+        lock = " FOR UPDATE SKIP LOCKED" if self.FOR_UPDATE else ""
+        return (
+            f"UPDATE flowkit_runs SET wake_at = {p('at')} WHERE id IN"
+            f" (SELECT id FROM flowkit_runs WHERE {cond}{lock})"
+        )
+
+    def arm_params(self, workflow: str, tag: str, n: int | None, at: float) -> dict[str, Any]:
+        """The parameters of ``arm_heads`` for ``tag`` (a singleton tag) and ``n`` heads (one
+        when the limit is unknown)."""
+        params: dict[str, Any] = {"wf": workflow, "key": tag[len(SINGLETON_TAG_PREFIX) :]}
+        if self.namespace is not None:
+            params["ns"] = self.namespace
+        params.update(n=1 if n is None else n, at=at)
+        return params
 
     def waiters(self) -> str:
         """The waiters of the key ``key`` of workflow ``wf``, oldest first (before any filter

@@ -439,13 +439,27 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
                         runs.append(self._sql, c, run_id, seq, [ev], later=True)
                     else:
                         runs.write_changes(self._sql, c, run, new, later=True)
+                    after = [new if r.id == run_id else r for r in sharing]
+                    arm(c, after)  # the waiter behind it is a head now
                 return True
-            patch = _sg.denial_patch(sharing, run_id, tag, workflow, retry_wake_at)
+            patch = _sg.denial_patch(sharing, run_id, tag, workflow, retry_wake_at, limit)
             if patch:
-                runs.write_changes(self._sql, c, run, dataclasses.replace(run, **patch), later=True)
+                new = dataclasses.replace(run, **patch)
+                runs.write_changes(self._sql, c, run, new, later=True)
+                arm(c, [new if r.id == run_id else r for r in sharing])
             return False
 
-        first = (*self._sql.locked_with_sharing(run_id, workflow, tag, limit), ROWS)
+        def arm(c: Conn, after: list[Run]) -> None:
+            # (singleton.heads_to_arm over the rows read: the holders and limit + 1 oldest
+            # waiters, enough to see every head once this run is admitted)
+            if retry_wake_at is None:
+                return
+            for wid in _sg.heads_to_arm(after, tag, workflow, limit, retry_wake_at):
+                if wid != run_id:
+                    c.later(self._sql.arm_head, {"id": wid, "at": retry_wake_at})
+
+        # (limit + 1 waiters: the heads once this run is admitted, see ``arm``)
+        first = (*self._sql.locked_with_sharing(run_id, workflow, tag, limit + 1), ROWS)
         return await self._gc.write(Op(op, first, run_id, locks=self._key_locks(workflow, tag)))
 
 
