@@ -162,8 +162,7 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         self, workflow: str, tag: str, limit: int | None, me: Run | None = None
     ) -> list[Run]:
         """What an admission or a release of ``tag`` decides over (as the SQL stores read it):
-        the key's holders and, while they leave a slot free, its oldest waiters, as many as
-        ``limit`` could admit (the oldest one when the limit is unknown); plus ``me`` when it
+        the key's holders and its oldest waiters, as many as ``limit`` could admit (the oldest one when the limit is unknown); plus ``me`` when it
         shares the key. The other waiters cannot change a decision of ``flowkit.singleton``'s
         helpers, so a denied re-check behind 10,000 waiters costs what one behind none does,
         and no call sorts the whole queue."""
@@ -172,15 +171,16 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         marked = d.by_tag.get((workflow, ADMITTED_TAG), set())
         few, many = (ids, marked) if len(ids) <= len(marked) else (marked, ids)
         out = [r for r in (d.runs[i] for i in few if i in many) if self._visible(r)]
-        # (an unknown limit: a release wakes the oldest waiter whatever the holders)
+        # (an unknown limit: a release wakes the oldest waiter whatever the holders; read
+        # even when the holders fill every slot: they are the heads of the queue, the
+        # waiters that keep a re-check timer, ``singleton.heads``)
         room = 1 if limit is None else limit
-        if limit is None or len(out) < room:
-            waiting = (
-                r
-                for r in (d.runs[i] for i in ids if i not in marked)
-                if r.status is not RunStatus.CANCELLING and self._visible(r)
-            )
-            out += heapq.nsmallest(room, waiting, key=lambda r: (r.created_at, r.id))
+        waiting = (
+            r
+            for r in (d.runs[i] for i in ids if i not in marked)
+            if r.status is not RunStatus.CANCELLING and self._visible(r)
+        )
+        out += heapq.nsmallest(room, waiting, key=lambda r: (r.created_at, r.id))
         if me is not None and me.id in ids and all(r.id != me.id for r in out):
             out.append(me)
         return out
