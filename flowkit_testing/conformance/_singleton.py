@@ -8,6 +8,7 @@ import dataclasses
 from flowkit import ADMITTED_TAG, Run
 from flowkit.errors import RunNotFoundError
 from flowkit.events import RunCompleted
+from flowkit.singleton import HEAD_RECHECK
 from flowkit.stores.base import Notify, Store, Update
 
 from ._registry import check
@@ -44,7 +45,7 @@ async def settle(
     return res.woken
 
 
-def parked(before: Run, got: Run, wake_at: float) -> Run:
+def parked(before: Run, got: Run, wake_at: float | None) -> Run:
     """``before`` parked by a denial (``updated_at`` may move)."""
     return dataclasses.replace(
         before, status=S.SUSPENDED, wake_at=wake_at, updated_at=got.updated_at
@@ -169,9 +170,9 @@ async def check_admission_skips_cancelling_and_terminal(factory: StoreFactory) -
 
 @check(requires=["try_admit_singleton"])
 async def check_denial_parks_waiter(factory: StoreFactory) -> None:
-    """A denied waiter becomes ``suspended`` with ``wake_at=retry_wake_at`` (nothing else
-    changes, the lease included); without ``retry_wake_at`` nothing changes; a holder is
-    never parked."""
+    """A denied waiter becomes ``suspended`` with ``wake_at=retry_wake_at`` at the head of
+    the queue, without a timer behind it (nothing else changes, the lease included); without
+    ``retry_wake_at`` nothing changes; a holder is never parked."""
     s = await make_store(factory)
     await put(s, mk("h", key="k", t=T0 - 1))
     expect(await s.try_admit_singleton("h", TAG, WF, 1, T0 + 1), "the only waiter 'h' denied")
@@ -189,7 +190,8 @@ async def check_denial_parks_waiter(factory: StoreFactory) -> None:
     expect_eq(await s.get_run("b"), b, "a denial without retry_wake_at must change nothing")
     expect(not await s.try_admit_singleton("l", TAG, WF, 1, T0 + 2), "'l' admitted twice")
     got = await get(s, "l")
-    expect_eq(got, parked(leased, got, T0 + 2), "a denied leased waiter parked (lease kept)")
+    # (behind the head 'a': no timer; its lease stays)
+    expect_eq(got, parked(leased, got, None), "a denied leased waiter parked (lease kept)")
     expect(not await s.try_admit_singleton("a", TAG, WF, 1, T0 + 3), "'a' admitted twice")
     got = await get(s, "a")
     expect_eq(got.wake_at, T0 + 3, "a new denial moves the retry wake time")
@@ -264,7 +266,8 @@ async def check_notify_wakes_oldest_waiters(factory: StoreFactory) -> None:
     expect_eq(woken, ("w3",), "woken by h1's release (one free slot; oldest waiter w3)")
     expect_eq(
         await wakes(),
-        {"w1": T0 + 50, "w2": T0 + 50, "w3": T0 + 3, "w4": T0 + 50},
+        # (the heads, w3 and w2, re-check; w1 and w4 behind them hold no timer)
+        {"w1": None, "w2": T0 + 3 + HEAD_RECHECK, "w3": T0 + 3, "w4": None},
         "waiters' wake times after h1's release",
     )
     expect(await s.try_admit_singleton("w3", TAG, WF, 2, T0 + 4), "woken 'w3' denied")
@@ -276,7 +279,7 @@ async def check_notify_wakes_oldest_waiters(factory: StoreFactory) -> None:
     expect_eq(woken, ("w2", "w1"), "woken with two free slots")
     expect_eq(
         await wakes(),
-        {"w1": T0 + 6, "w2": T0 + 6, "w3": None, "w4": T0 + 50},
+        {"w1": T0 + 6, "w2": T0 + 6, "w3": None, "w4": None},
         "waiters' wake times after the releases",
     )
     expect_eq(await s.due_runs(T0 + 6, 10), ["hk2", "w2", "w1"], "due_runs after the releases")
@@ -291,8 +294,8 @@ async def check_notify_hands_the_slot_over(factory: StoreFactory) -> None:
     (marker), ``running``, leased to ``claim_owner`` until ``lease_expires``, ``wake_at``
     cleared, returned in ``CommitResult.handed`` with its history, and no longer claimable by
     anyone else. A store that does not hand over must wake it as ``Notify`` without an owner
-    does. A waiter leased by another claimer is never handed over, and later waiters are
-    untouched."""
+    does. A waiter leased by another claimer is never handed over; the waiter after a handed one
+    becomes the head and gets a re-check timer (``HEAD_RECHECK`` on), nothing else."""
     s = await make_store(factory)
     await put(s, mk("h", key="k", t=T0))
     await put(s, mk("w1", key="k", t=T0 + 1))
@@ -321,7 +324,9 @@ async def check_notify_hands_the_slot_over(factory: StoreFactory) -> None:
     else:
         expect_eq(res.woken, ("w1",), "woken by h's release (no hand-off)")
         expect_eq((await get(s, "w1")).wake_at, T0 + 3, "the woken waiter is due now")
-    expect_eq(await s.get_run("w2"), w2, "a later waiter must not be touched")
+    # the next head (w2, once w1 was handed the slot) gets a re-check timer, nothing else
+    head = dataclasses.replace(w2, wake_at=T0 + 3 + HEAD_RECHECK)
+    expect_eq(await s.get_run("w2"), head if res.handed else w2, "the waiter after w1")
 
     s = await make_store(factory)
     await put(s, mk("h", key="k", t=T0))
