@@ -162,10 +162,11 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         self, workflow: str, tag: str, limit: int | None, me: Run | None = None
     ) -> list[Run]:
         """What an admission or a release of ``tag`` decides over (as the SQL stores read it):
-        the key's holders and its oldest waiters, as many as ``limit`` could admit (the oldest one when the limit is unknown); plus ``me`` when it
-        shares the key. The other waiters cannot change a decision of ``flowkit.singleton``'s
-        helpers, so a denied re-check behind 10,000 waiters costs what one behind none does,
-        and no call sorts the whole queue."""
+        the key's holders and its oldest waiters, as many as ``limit`` could admit (the
+        oldest one when the limit is unknown); plus ``me`` when it shares the key. The other
+        waiters cannot change a decision of ``flowkit.singleton``'s helpers, so a denied
+        re-check behind 10,000 waiters costs what one behind none does, and no call sorts
+        the whole queue."""
         d = self._d
         ids = d.by_tag.get((workflow, tag), set())
         marked = d.by_tag.get((workflow, ADMITTED_TAG), set())

@@ -59,6 +59,7 @@ from ._events import (
     check_publish_delivers_to_every_matching_waiter,
     check_take_without_wait_drops_the_registration,
 )
+from ._heads import check_only_heads_hold_a_timer, check_the_next_head_gets_a_timer
 from ._leases import (
     check_cancelling_is_sticky,
     check_claim_exclusive,
@@ -265,6 +266,7 @@ __all__ = [
     "check_next_due_after",
     "check_notify_hands_the_slot_over",
     "check_notify_wakes_oldest_waiters",
+    "check_only_heads_hold_a_timer",
     "check_payload_size_limit",
     "check_payloads_round_trip",
     "check_prune_runs",
@@ -285,6 +287,7 @@ __all__ = [
     "check_signal_peek_fifo",
     "check_take_without_wait_drops_the_registration",
     "check_terminal_commit_clears_bookkeeping",
+    "check_the_next_head_gets_a_timer",
     "check_unstorable_values_refused",
     "run_all",
 ]
