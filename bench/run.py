@@ -23,6 +23,7 @@ import _results
 import browse_bench
 import child_bench
 import dbos_bench
+import deepq_bench
 import events_bench
 import handover_bench
 import latency_bench
@@ -68,6 +69,7 @@ def main() -> int:
             "browse": lambda: browse_bench.main(args.smoke, pg_url, Path(tmp)),
             "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
             "ui_ttfb": lambda: ui_bench.main(args.smoke, pg_url, Path(tmp)),
+            "deep_queues": lambda: deepq_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():
