@@ -56,7 +56,7 @@ async def _fill(client: Engine, keys: list[str], waiters: int, prefix: str) -> N
     for k in keys:
         await client.start("deepq", {"key": k}, f"{prefix}{k}-h")
     ids = [(keys[i % len(keys)], f"{prefix}{keys[i % len(keys)]}-w{i:06d}") for i in range(waiters)]
-    for i in range(0, len(ids), 200):
+    for i in range(0, len(ids), 50):
         await asyncio.gather(
             *(client.start("deepq", {"key": k}, rid) for k, rid in ids[i : i + 200])
         )
@@ -81,9 +81,9 @@ async def at_rest(
     """An engine with ``waiters`` waiters behind ``keys`` holders, measured at rest."""
     store = SqlStore(url)
     names = [f"k{i}" for i in range(keys)]
-    async with Engine(store, [Deep()], worker=False) as client:
-        await _fill(client, names, waiters, "r")
-    async with Engine(store, [Deep()]):
+    # (a worker's starts are parked at creation: Admission; a client's wait pending)
+    async with Engine(store, [Deep()]) as eng:
+        await _fill(eng, names, waiters, "r")
         await asyncio.sleep(settle)  # the holders run; a re-check of every waiter is due
         out = await _window(store, window)
     return out
@@ -97,11 +97,11 @@ async def idle(url: str, window: float, settle: float) -> dict[str, Any]:
     return out
 
 
-async def _until(cond: Any, timeout: float = 30.0) -> None:
+async def _until(cond: Any, timeout: float = 600.0) -> None:
     end = time.perf_counter() + timeout
     while not cond():
         if time.perf_counter() > end:
-            raise TimeoutError("the bench's run did not start")
+            raise TimeoutError(f"the bench's run did not start: {cond.__defaults__}")
         await asyncio.sleep(0.0005)
 
 
@@ -110,11 +110,10 @@ async def latency(url: str, waiters: int, rounds: int) -> dict[str, Any]:
     one more run (an admission decision: gated at creation behind the key's holder), and
     ``rounds`` hand-overs (the holder signalled -> the next waiter's first step)."""
     store = SqlStore(url)
-    async with Engine(store, [Deep()], worker=False) as client:
-        await _fill(client, ["deep"], waiters, "l")
-        await _fill(client, ["empty"], rounds + 1, "l")
     out: dict[str, Any] = {}
     async with Engine(store, [Deep()]) as eng:
+        await _fill(eng, ["deep"], waiters, "l")
+        await _fill(eng, ["empty"], rounds + 1, "l")
         for key in ("empty", "deep"):
             starts = []
             for i in range(rounds):
