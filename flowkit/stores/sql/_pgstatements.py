@@ -270,13 +270,17 @@ class PgStatements(Statements):
             f" RETURNING run_id, seq, body),"
             f" wk AS (UPDATE flowkit_runs SET wake_at = {now}"
             f" WHERE {wake} RETURNING id),"
-            # the heads of the queue it leaves keep a re-check timer (singleton.heads_to_arm):
-            # the waiter after the one handed or woken, or the oldest when no slot is free
-            # (one more, re-checked once, costs nothing else: it then parks without a timer)
-            f" w2 AS (SELECT id {key_rows} AND admitted = false AND {WAITING_SQL}"
+            # the head of the queue it leaves keeps a re-check timer (singleton.heads_to_arm,
+            # limit 1, exactly as the general path decides): the waiter after the one handed
+            # the slot, else the oldest one, unless it is the waiter ``wk`` just woke (or
+            # would: a woken waiter is due now). All parts see one snapshot, so the handed
+            # waiter is still among the two oldest (``w2``): skip it by counting ``h``.
+            f" w2 AS (SELECT id, created_at {key_rows} AND admitted = false AND {WAITING_SQL}"
             f" ORDER BY created_at, {self.BY_ID} LIMIT 2),"
-            f" ar AS (UPDATE flowkit_runs SET wake_at = {p('arm')} WHERE id IN (SELECT id FROM"
-            f" flowkit_runs WHERE id IN (SELECT id FROM w2) AND id NOT IN (SELECT w.id FROM w,"
+            f" hd AS (SELECT id FROM w2 ORDER BY created_at, {self.BY_ID}"
+            f" OFFSET (SELECT count(*) FROM h) LIMIT 1),"
+            f" ar AS (UPDATE flowkit_runs SET wake_at = {p('arm')} WHERE id = (SELECT id FROM"
+            f" flowkit_runs WHERE id = (SELECT id FROM hd) AND id NOT IN (SELECT w.id FROM w,"
             f" free WHERE free.ok) AND {status} = 'suspended' AND (wake_at IS NULL OR wake_at >"
             f" {p('arm')}) FOR UPDATE SKIP LOCKED) AND EXISTS (SELECT 1 FROM me) RETURNING id)"
             f" SELECT 0 AS k, me.*, NULL::integer AS seq, NULL::text AS body FROM me"
