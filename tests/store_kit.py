@@ -172,8 +172,8 @@ def fired(at: float, pos: str = "0") -> TimerFired:
 
 
 async def gated(s: Any, holder_owner: str = "x") -> None:
-    """Holder ``h`` admitted and leased to ``holder_owner``; waiters ``w1`` (oldest), ``w2``
-    gated (suspended until T0+50)."""
+    """Holder ``h`` admitted and leased to ``holder_owner``; waiters ``w1`` (oldest, the head
+    of the queue: suspended until T0+50), ``w2`` gated behind it (suspended without a timer)."""
     await put(s, mk("h", key="k", t=T0))
     await put(s, mk("w2", key="k", t=T0 + 2))
     await put(s, mk("w1", key="k", t=T0 + 1))

@@ -32,6 +32,7 @@ from store_kit import (
 
 from flowkit import ADMITTED_TAG, Run, RunStatus
 from flowkit.events import RunCompleted, RunStarted
+from flowkit.singleton import HEAD_RECHECK
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import Admission, Notify, Update
 from flowkit.stores.sql import (
@@ -66,7 +67,9 @@ async def test_release_hands_the_slot_to_the_oldest_waiter(backend: Backend) -> 
     assert (hand.events[-1].seq, hand.events[-1].at) == (2, T0 + 3)
     assert await s.get_run("w1") == w1  # persisted in the releasing transaction
     w2 = await s.get_run("w2")
-    assert w2 is not None and not w2.admitted and w2.wake_at == T0 + 50  # untouched
+    assert w2 is not None and not w2.admitted and w2.status is S.SUSPENDED
+    # w2 is the head now: the release gave it its re-check timer (it had none behind w1)
+    assert w2.wake_at == T0 + 3 + HEAD_RECHECK
     assert await s.claim("w1", "y", T0 + 4, T0 + 34) is None  # leased to the releaser
     assert [r.id for r in await s.list_runs(tag=ADMITTED_TAG)] == ["w1"]
 
@@ -254,16 +257,21 @@ async def test_admission_and_release_read_only_the_holders_and_the_first_waiters
 
     monkeypatch.setattr(_runs, "split", counting)
     assert not await s.try_admit_singleton("w6", TAG, "wf", 1, T0 + 50)
-    assert read == [3]  # its own row, the holder, the oldest waiter (not w2..w6)
+    # its own row, the holder and the limit + 1 oldest waiters (not w3..w5): the head, and
+    # the waiter behind it, which becomes the head when the head is admitted and gets its
+    # re-check timer in that transaction (no extra statement: one more index entry)
+    assert read == [4]
     w6 = await s.get_run("w6")
-    assert w6 is not None and (w6.status, w6.wake_at) == (S.SUSPENDED, T0 + 50)
+    # (behind the head w1: parked without a timer; the head's denial gave w1 none either,
+    # only its own re-check gives the head one)
+    assert w6 is not None and (w6.status, w6.wake_at) == (S.SUSPENDED, None)
     assert await s.claim("h", "x", T0 + 2, T0 + 32)
     if sql_backend.name != "postgres":  # (SQLite's lean release reads one waiter: LIMIT 1)
         monkeypatch.setattr(SqliteStatements, "release_lite", lambda *a: None)
     res = await s.commit("h", "x", T0 + 3, release())
     assert [h.run.id for h in res.handed] == ["w1"]
-    if sql_backend.name == "postgres":  # one statement, which reads one waiter (LIMIT 1)
-        assert read == [3]
+    if sql_backend.name == "postgres":  # one statement, which reads two waiters (LIMIT 2)
+        assert read == [4]  # (the admission's read above: the release reads no rows here)
     else:
         assert read[1] == 3  # the holder's row, itself as a holder, the oldest waiter
 
