@@ -664,8 +664,15 @@ async def test_conformance_kit_passes_on_codec_store(
         url = new_url()
         return CodecStore(sql(url), c), CodecStore(sql(url), c)
 
+    # one check at a time, its stores closed before the next: every SqlStore holds its own
+    # connections, and the whole kit's at once would exceed the test server's limit
+    ran: list[str] = []
     try:
-        ran = await run_all(make_store, make_pair)
+        for name in CHECKS:
+            ran += await run_all(make_store, make_pair, checks=[name])
+            for s in opened:
+                s.close()
+            opened.clear()
     finally:
         for s in opened:
             s.close()
