@@ -28,6 +28,7 @@ from store_kit import (
 )
 
 from flowkit import Engine, History, Run, RunStatus, Singleton, WorkflowCtx, workflow
+from flowkit.singleton import HEAD_RECHECK
 from flowkit.stores import MemoryStore
 from flowkit.stores.sql import (
     SqlStore,
@@ -292,7 +293,10 @@ async def test_hand_off_on_postgres_across_processes(request: pytest.FixtureRequ
         assert [h.run.id for h in res.handed] == ["w1"]
         w1 = await b.get_run("w1")
         assert w1 is not None and w1.admitted and w1.lease_owner == "x"
-        assert await b.due_runs(T0 + 4, 10) == []
+        assert await b.claim("w1", "y", T0 + 4, T0 + 34) is None  # leased to the releaser
+        # nothing else to claim but the next head's re-check (the release armed w2)
+        assert await b.due_runs(T0 + 3.5, 10) == []
+        assert await b.due_runs(T0 + 3 + HEAD_RECHECK, 10) == ["w2"]
     finally:
         a.close()
         b.close()
