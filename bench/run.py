@@ -29,6 +29,7 @@ import latency_bench
 import lock_bench
 import otel_bench
 import replay_bench
+import scaling_model
 import schedule_bench
 import search_bench
 import singleton_bench
@@ -68,6 +69,7 @@ def main() -> int:
             "browse": lambda: browse_bench.main(args.smoke, pg_url, Path(tmp)),
             "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
             "ui_ttfb": lambda: ui_bench.main(args.smoke, pg_url, Path(tmp)),
+            "scaling_model": lambda: scaling_model.main(args.smoke),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():
