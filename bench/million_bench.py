@@ -264,16 +264,44 @@ async def hot_paths(url: str, sizes: Sizes) -> dict[str, Any]:
             order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
             for prev, nxt in zip(order, order[1:], strict=False):
                 handovers.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
+    claims, admissions = await claim_and_admit(store._inner, sizes.latency_runs)
     store._inner.close()
     d = store.durations
     return {
         "engine_start": _ms(starts),
         "create_run": _ms(d.get("create_run", [])),
-        "claim": _ms(d.get("claim", [])),
+        "claim": _ms(claims),
+        "try_admit_singleton": _ms(admissions),
         "commit": _ms(d.get("commit", [])),
-        "try_admit_singleton": _ms(d.get("try_admit_singleton", [])),
         "handover": _ms(handovers),
     }
+
+
+async def claim_and_admit(store: SqlStore, n: int) -> tuple[list[float], list[float]]:
+    """Seconds of ``n`` claims of a ``pending`` run and of ``n`` granted singleton admissions
+    (each on a key of its own), called on the store directly: an engine that started a run
+    holds it already and never claims it, and admits it in its create."""
+    from singleton_bench import WF, _run
+
+    client = Engine(store, WORKFLOWS, worker=False)
+    for i in range(n):
+        await client.start(ThreeSteps, {"x": i}, f"claim-{i:05d}")
+    t = time.time()
+    await store_bench.bulk_load(store, [_run(f"adm-{i:05d}", f"key{i}", t + i) for i in range(n)])
+    claims: list[float] = []
+    for i in range(n):
+        now = time.time()
+        t0 = time.perf_counter()
+        run = await store.claim(f"claim-{i:05d}", "million-bench", now, now + 30)
+        claims.append(time.perf_counter() - t0)
+        assert run is not None
+    admissions: list[float] = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        ok = await store.try_admit_singleton(f"adm-{i:05d}", f"singleton:key{i}", WF, 1, t + n)
+        admissions.append(time.perf_counter() - t0)
+        assert ok
+    return claims, admissions
 
 
 # -- timers -------------------------------------------------------------------------------
