@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import os
 import statistics
@@ -53,11 +54,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import sqlalchemy as sa
 import store_bench  # (first: it puts the repository root first on sys.path)
 from _seed import Template, analyze, copy_runs, read_template
 from store_bench import HANDOVER_WF, CountingStore, Handover, ThreeSteps
-
-import sqlalchemy as sa
 
 from flowkit import Engine, SystemClock, WorkflowCtx, workflow
 from flowkit.stores.sql import SqlStore
@@ -262,7 +262,7 @@ async def hot_paths(url: str, sizes: Sizes) -> dict[str, Any]:
                 return float(next(e.at for e in h[rid] if e.type == kind))
 
             order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
-            for prev, nxt in zip(order, order[1:], strict=False):
+            for prev, nxt in itertools.pairwise(order):
                 handovers.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
     claims, admissions = await claim_and_admit(store._inner, sizes.latency_runs)
     store._inner.close()

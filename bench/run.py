@@ -27,6 +27,7 @@ import events_bench
 import handover_bench
 import latency_bench
 import lock_bench
+import million_bench
 import otel_bench
 import replay_bench
 import schedule_bench
@@ -36,6 +37,7 @@ import store_bench
 import sync_steps_bench
 import timer_bench
 import ui_bench
+import workers_bench
 
 
 def main() -> int:
@@ -68,6 +70,8 @@ def main() -> int:
             "browse": lambda: browse_bench.main(args.smoke, pg_url, Path(tmp)),
             "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
             "ui_ttfb": lambda: ui_bench.main(args.smoke, pg_url, Path(tmp)),
+            "workers": lambda: workers_bench.main(args.smoke, pg_url, Path(tmp)),
+            "million_runs": lambda: million_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():
