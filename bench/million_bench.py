@@ -265,9 +265,12 @@ async def hot_paths(url: str, sizes: Sizes) -> dict[str, Any]:
             for prev, nxt in itertools.pairwise(order):
                 handovers.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
     claims, admissions = await claim_and_admit(store._inner, sizes.latency_runs)
+    polls, nexts = await poll_reads(store._inner, 50)
     store._inner.close()
     d = store.durations
     return {
+        "poll_due_runs": _ms(polls),
+        "poll_next_due_after": _ms(nexts),
         "engine_start": _ms(starts),
         "create_run": _ms(d.get("create_run", [])),
         "claim": _ms(claims),
@@ -302,6 +305,23 @@ async def claim_and_admit(store: SqlStore, n: int) -> tuple[list[float], list[fl
         admissions.append(time.perf_counter() - t0)
         assert ok
     return claims, admissions
+
+
+async def poll_reads(store: SqlStore, n: int) -> tuple[list[float], list[float]]:
+    """Seconds of the worker's two poll reads (``due_runs`` with the Engine's batch of 100,
+    ``next_due_after``), called ``n`` times each with nothing due: what every poll, and an
+    idle worker once a second, pays."""
+    polls: list[float] = []
+    nexts: list[float] = []
+    for _ in range(n):
+        now = time.time()
+        t0 = time.perf_counter()
+        await store.due_runs(now, 100)
+        polls.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await store.next_due_after(now, ("million-bench",))
+        nexts.append(time.perf_counter() - t0)
+    return polls, nexts
 
 
 # -- timers -------------------------------------------------------------------------------
