@@ -91,9 +91,19 @@ class Sizes:
     timers: int
     latency_runs: int
     singleton_per_key: int
+    lead: float = 2.0  # the timer worker starts this long before the timers are due
+    serve: float = 3.0  # seconds the RSS worker serves before it reports
 
 
-SMOKE = Sizes(settled=2_000, sleeping=200, timers=200, latency_runs=30, singleton_per_key=8)
+SMOKE = Sizes(
+    settled=2_000,
+    sleeping=200,
+    timers=200,
+    latency_runs=30,
+    singleton_per_key=8,
+    lead=0.5,
+    serve=1.0,
+)
 FULL = Sizes(
     settled=1_000_000, sleeping=100_000, timers=10_000, latency_runs=300, singleton_per_key=60
 )
@@ -327,11 +337,11 @@ async def poll_reads(store: SqlStore, n: int) -> tuple[list[float], list[float]]
 # -- timers -------------------------------------------------------------------------------
 
 
-async def timers(url: str, tpl: Template, n: int) -> dict[str, Any]:
-    """``n`` runs due at the same instant; one worker engine; lateness of each."""
+async def timers(url: str, tpl: Template, n: int, lead: float = 2.0) -> dict[str, Any]:
+    """``n`` runs due at the same instant; one worker engine, started ``lead`` seconds before
+    it; lateness of each."""
     STAMPS.clear()
-    lead = 2.0
-    due = time.time() + 4.0 + n / 20_000  # time to insert them first
+    due = time.time() + 2 * lead + n / 20_000  # time to insert them first
     copy_runs(url, tpl, n, "alarm-", _due_at(due))
     store = SqlStore(url)
     engine = Engine(store, WORKFLOWS)
@@ -461,7 +471,10 @@ async def one_kind(
         f" {s['events_per_settled_run']} events each); {s['bytes_per_settled_run']:,.0f}"
         " bytes on disk per settled 3-step run"
     )
-    rss: dict[str, Any] = {"0": worker_rss(empty), str(sizes.sleeping): worker_rss(seeded)}
+    rss: dict[str, Any] = {
+        "0": worker_rss(empty, sizes.serve),
+        str(sizes.sleeping): worker_rss(seeded, sizes.serve),
+    }
     paths = {"empty": await hot_paths(empty, sizes), "seeded": await hot_paths(seeded, sizes)}
     out["hot_paths"] = paths
     print(f"    {'':22} {'empty p50/p95 ms':>18} {'seeded p50/p95 ms':>18}  p50 / p95 ratio")
@@ -475,8 +488,8 @@ async def one_kind(
             f"{d['p95_ms']:7.2f}   {r50:5.2f}x / {r95:5.2f}x"
         )
     tm = {
-        "empty": await timers(empty, tpl["sleep"], sizes.timers),
-        "seeded": await timers(seeded, tpl["sleep"], sizes.timers),
+        "empty": await timers(empty, tpl["sleep"], sizes.timers, sizes.lead),
+        "seeded": await timers(seeded, tpl["sleep"], sizes.timers, sizes.lead),
     }
     out["timers"] = tm
     for label, t in tm.items():
@@ -486,13 +499,13 @@ async def one_kind(
             f"  max {t.get('max_ms', 0):7.1f} ms"
         )
     parked = park_settled(seeded)
-    rss[str(parked + sizes.sleeping)] = worker_rss(seeded)
+    rss[str(parked + sizes.sleeping)] = worker_rss(seeded, sizes.serve)
     out["worker_rss_kB"] = rss
     print(
-        "    worker RSS after 3 s of serving, by parked runs: "
+        f"    worker RSS after {sizes.serve:g} s of serving, by parked runs: "
         + ", ".join(f"{int(k):,}: {v['VmRSS_kB'] / 1024:.1f} MiB" for k, v in rss.items())
     )
-    dbos = await dbos_bytes(kind, tmp, pg, 100 if sizes is SMOKE else 500)
+    dbos = await dbos_bytes(kind, tmp, pg, 100 if sizes.settled < 10_000 else 500)
     out["dbos"] = dbos
     if "bytes_per_settled_run" in dbos:
         print(f"    DBOS: {dbos['bytes_per_settled_run']:,.0f} bytes per settled 3-step workflow")
@@ -548,6 +561,8 @@ def _cli() -> int:
         timers=args.timers or base.timers,
         latency_runs=base.latency_runs,
         singleton_per_key=base.singleton_per_key,
+        lead=base.lead,
+        serve=base.serve,
     )
     with _databases(args.smoke) as (tmp, pg):
         asyncio.run(main(args.smoke, pg, tmp, sizes))
