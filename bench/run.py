@@ -27,6 +27,7 @@ import events_bench
 import handover_bench
 import latency_bench
 import lock_bench
+import million_bench
 import otel_bench
 import replay_bench
 import scaling_model
@@ -37,6 +38,7 @@ import store_bench
 import sync_steps_bench
 import timer_bench
 import ui_bench
+import workers_bench
 
 
 def main() -> int:
@@ -70,6 +72,8 @@ def main() -> int:
             "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
             "ui_ttfb": lambda: ui_bench.main(args.smoke, pg_url, Path(tmp)),
             "scaling_model": lambda: scaling_model.main(args.smoke),
+            "workers": lambda: workers_bench.main(args.smoke, pg_url, Path(tmp)),
+            "million_runs": lambda: million_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():
