@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import math
 import os
 import statistics
@@ -57,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import sqlalchemy as sa
 import store_bench  # (first: it puts the repository root first on sys.path)
 from _seed import Template, analyze, copy_runs, read_template
-from store_bench import HANDOVER_WF, CountingStore, Handover, ThreeSteps
+from store_bench import CountingStore, Handover, ThreeSteps
 
 from flowkit import Engine, SystemClock, WorkflowCtx, workflow
 from flowkit.stores.sql import SqlStore
@@ -249,31 +248,15 @@ async def hot_paths(url: str, sizes: Sizes) -> dict[str, Any]:
     store = TimingStore(SqlStore(url))
     engine = Engine(store, WORKFLOWS, clock=SystemClock())
     starts: list[float] = []
-    handovers: list[float] = []
     async with engine:
         for i in range(sizes.latency_runs):
             t0 = time.perf_counter()
             await engine.start(ThreeSteps, {"x": i}, f"hot-{i:05d}")
             starts.append(time.perf_counter() - t0)
             await engine.result(f"hot-{i:05d}", timeout=60)
-        by_key: dict[int, list[str]] = {k: [] for k in range(KEYS)}
-        for i in range(sizes.singleton_per_key):
-            for k in range(KEYS):
-                rid = f"ho-k{k}-{i:04d}"
-                await engine.start(HANDOVER_WF, {"k": k}, rid)
-                by_key[k].append(rid)
-        for rids in by_key.values():
-            for rid in rids:
-                await engine.result(rid, timeout=120)
-        for rids in by_key.values():
-            hist = {rid: list(await engine.history(rid)) for rid in rids}
-
-            def at(rid: str, kind: str, h: dict[str, list[Any]] = hist) -> float:
-                return float(next(e.at for e in h[rid] if e.type == kind))
-
-            order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
-            for prev, nxt in itertools.pairwise(order):
-                handovers.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
+        handovers = await store_bench.handover_latencies(
+            engine, KEYS, sizes.singleton_per_key, "ho-", 120
+        )
     claims, admissions = await claim_and_admit(store._inner, sizes.latency_runs)
     polls, nexts = await poll_reads(store._inner, 50)
     store._inner.close()

@@ -470,6 +470,34 @@ class Handover:
         await ctx.step(asyncio.sleep, 0.005, name="work")
 
 
+async def handover_latencies(
+    engine: Engine, keys: int, per_key: int, prefix: str, timeout: float
+) -> list[float]:
+    """Start ``per_key`` ``Handover`` runs on each of ``keys`` keys (ids ``<prefix>k<k>-r<i>``),
+    wait for them all, and read each hand-over from their histories: seconds from a holder's
+    ``singleton_released`` to the next same-key run's first ``step_completed``."""
+    lat: list[float] = []
+    by_key: dict[int, list[str]] = {k: [] for k in range(keys)}
+    for i in range(per_key):
+        for k in range(keys):
+            rid = f"{prefix}k{k}-r{i:04d}"
+            await engine.start(HANDOVER_WF, {"k": k}, rid)
+            by_key[k].append(rid)
+    for rids in by_key.values():
+        for rid in rids:
+            await engine.result(rid, timeout=timeout)
+    for rids in by_key.values():
+        hist = {rid: list(await engine.history(rid)) for rid in rids}
+
+        def at(rid: str, kind: str, h: dict[str, list[Any]] = hist) -> float:
+            return float(next(e.at for e in h[rid] if e.type == kind))
+
+        order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
+        for prev, nxt in itertools.pairwise(order):
+            lat.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
+    return lat
+
+
 async def handover(url: str, notify: bool, keys: int, per_key: int) -> list[float]:
     """Seconds from a holder's ``singleton_released`` to the next same-key run's first
     ``step_completed`` (both event ``at`` values: the engine's SystemClock)."""
@@ -477,26 +505,8 @@ async def handover(url: str, notify: bool, keys: int, per_key: int) -> list[floa
     engine = Engine(
         store, [Handover()], clock=SystemClock(), notify_on_release=notify, poll_interval=POLL
     )
-    lat: list[float] = []
     async with engine:
-        by_key: dict[int, list[str]] = {k: [] for k in range(keys)}
-        for i in range(per_key):
-            for k in range(keys):
-                rid = f"k{k}-r{i:03d}"
-                await engine.start(HANDOVER_WF, {"k": k}, rid)
-                by_key[k].append(rid)
-        for rids in by_key.values():
-            for rid in rids:
-                await engine.result(rid, timeout=30 + 3 * per_key)
-        for rids in by_key.values():
-            hist = {rid: list(await engine.history(rid)) for rid in rids}
-
-            def at(rid: str, kind: str, h: dict[str, list[Any]] = hist) -> float:
-                return float(next(e.at for e in h[rid] if e.type == kind))
-
-            order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
-            for prev, nxt in itertools.pairwise(order):
-                lat.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
+        lat = await handover_latencies(engine, keys, per_key, "", 30 + 3 * per_key)
     store.close()
     return lat
 
