@@ -11,11 +11,17 @@ would browse:
   ``acct-49``), each lane with one holder and a queue of waiters; ``acct-0`` has the deepest
   queue (half of the singleton runs: 1,500 of 100,000).
 
-Reused to measure the dashboard over HTTP (the lead's time-to-first-byte bench)."""
+Reused to measure the dashboard over HTTP (the lead's time-to-first-byte bench).
+
+``copy_runs(url, template, n, prefix)`` inserts ``n`` copies of one real run (its row and
+its history, read back by ``read_template``): the million-run bench's settled and sleeping
+runs."""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flowkit._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
 from flowkit.stores import SqlStore
-from flowkit.stores.sql._schema import runs, search
+from flowkit.stores.sql._schema import events, runs, search
 
 T0 = 1_767_225_600.0
 WORKFLOWS = ("orders", "billing", "emails", "reports")
@@ -132,4 +138,81 @@ def seed_runs(url: str, n: int) -> None:
         store.close()
 
 
-__all__ = ["DEEP_LANE", "SINGLETON_WF", "WORKFLOWS", "seed_runs"]
+Template = tuple[dict[str, Any], list[dict[str, Any]]]
+"""One run's row of ``flowkit_runs`` and its rows of ``flowkit_events``, as read back."""
+
+
+def read_template(url: str, run_id: str) -> Template:
+    """The rows a real run left in the store at ``url`` (to be copied by ``copy_runs``)."""
+    store = SqlStore(url)
+    try:
+        with store._db.engine.connect() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().one()
+            evs = conn.execute(
+                sa.select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
+            )
+            return dict(row), [dict(e) for e in evs.mappings()]
+    finally:
+        store.close()
+
+
+Patch = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
+"""Edits copy ``i``'s run row and event rows in place (a due time, an input)."""
+
+
+def copy_runs(
+    url: str, template: Template, n: int, prefix: str, patch: Patch | None = None
+) -> float:
+    """Insert ``n`` copies of ``template`` (ids ``{prefix}{i:07d}``, ``created_at`` spread
+    over the template's 1 ms apart, histories included) in chunks of one transaction each,
+    straight into the tables (no engine); returns the seconds it took. No ``ANALYZE``: call
+    ``analyze(url)`` after the last batch."""
+    run0, evs0 = template
+    store = SqlStore(url)
+    t0 = time.perf_counter()
+    try:
+        db = store._db
+        db.ensure_schema()
+        chunk = 5_000
+        for start in range(0, n, chunk):
+            run_rows: list[dict[str, Any]] = []
+            ev_rows: list[dict[str, Any]] = []
+            for i in range(start, min(n, start + chunk)):
+                rid = f"{prefix}{i:07d}"
+                shift = -1e-3 * (n - i)  # older than the template, in id order
+                row = {**run0, "id": rid}
+                row["created_at"] = run0["created_at"] + shift
+                row["updated_at"] = run0["updated_at"] + shift
+                evs = [{**e, "run_id": rid, "at": e["at"] + shift} for e in evs0]
+                if patch is not None:
+                    patch(i, row, evs)
+                run_rows.append(row)
+                ev_rows.extend(evs)
+            with db.tx() as conn:
+                conn.execute(runs.insert(), run_rows)
+                conn.execute(events.insert(), ev_rows)
+    finally:
+        store.close()
+    return time.perf_counter() - t0
+
+
+def analyze(url: str) -> None:
+    """``ANALYZE`` the database at ``url`` (fresh planner statistics after a bulk load)."""
+    store = SqlStore(url)
+    try:
+        with store._db.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("ANALYZE"))
+    finally:
+        store.close()
+
+
+__all__ = [
+    "DEEP_LANE",
+    "SINGLETON_WF",
+    "WORKFLOWS",
+    "Template",
+    "analyze",
+    "copy_runs",
+    "read_template",
+    "seed_runs",
+]

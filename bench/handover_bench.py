@@ -60,7 +60,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import _results
-from store_bench import CountingStore, postgres_server, postgres_url, server_info, sqlite_url
+from store_bench import (
+    CountingStore,
+    log_writes,
+    postgres_server,
+    postgres_url,
+    server_info,
+    sqlite_url,
+)
 
 from flowkit import Engine, Run, RunStatus, Singleton, WorkflowCtx, workflow
 from flowkit.stores.sql import SqlStore
@@ -160,6 +167,7 @@ async def releaser_main(url: str, keys: int, wakeups: bool) -> int:
     _Releaser.all_holding = asyncio.Event()
     _Releaser.stop = asyncio.Event()
     store = SqlStore(url, wakeups=wakeups)
+    writes = log_writes(store)
     engine = Engine(
         store, [WokenHandover(), Filler()], instance_id="bench-releaser", max_concurrency=keys
     )
@@ -180,6 +188,7 @@ async def releaser_main(url: str, keys: int, wakeups: bool) -> int:
                 await asyncio.sleep(WOKEN_GAP_S)
             print("released", flush=True)
             await loop.run_in_executor(None, sys.stdin.readline)
+            print("writes " + json.dumps(writes), flush=True)
             _Releaser.stop.set()
     finally:
         store.close()
@@ -189,6 +198,7 @@ async def releaser_main(url: str, keys: int, wakeups: bool) -> int:
 async def taker_main(url: str, wakeups: bool) -> int:
     """A worker with the Engine's defaults (``poll_interval=1.0``) until ``stop``."""
     store = SqlStore(url, wakeups=wakeups)
+    writes = log_writes(store)
     engine = Engine(store, [WokenHandover()], instance_id="bench-taker")
     loop = asyncio.get_running_loop()
     try:
@@ -196,6 +206,7 @@ async def taker_main(url: str, wakeups: bool) -> int:
             await _hub_ready(store)
             print("ready", flush=True)
             await loop.run_in_executor(None, sys.stdin.readline)
+            print("writes " + json.dumps(writes), flush=True)
     finally:
         store.close()
     return 0
@@ -248,6 +259,15 @@ class Role:
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.returncode is not None:
             raise RuntimeError(f"a bench process exited early:\n{self.tail()}")
+
+    async def writes(self) -> list[tuple[float, float]]:
+        """Ask the process to stop; the write transactions it logged (``log_writes``)."""
+        await self.send("stop")
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout=60)
+        if not line.startswith(b"writes "):
+            raise RuntimeError(f"expected its writes, got {line[:200]!r}\n{self.tail()}")
+        return [(a, b) for a, b in json.loads(line[len(b"writes ") :])]
 
     async def stop(self) -> None:
         if self.proc is None:
@@ -309,6 +329,12 @@ async def woken(url: str, keys: int, logdir: Path, tag: str, wakeups: bool) -> d
         await releaser.send("go")
         await _wait_runs(store, waiters, lambda r, evs: r.status.terminal, roles, "handover")
         await releaser.expect("released")
+        by_releaser = await releaser.writes()
+        writes = by_releaser + await taker.writes()
+        mine = set(by_releaser)
+        in_releaser_commits: list[int] = []
+        commits: list[int] = []
+        commit_s: list[float] = []
         pids = {}
         to_start: list[float] = []
         to_done: list[float] = []
@@ -321,6 +347,13 @@ async def woken(url: str, keys: int, logdir: Path, tag: str, wakeups: bool) -> d
             pids[rid] = step.result["pid"]
             to_start.append(step.result["start"] - released)
             to_done.append(step.at - released)
+            # the write transactions of both processes between the release (its ``at`` is
+            # taken before its commit) and the next step's start: the hand-over's commits
+            lo, hi = released, step.result["start"]
+            inside = [(a, b) for a, b in writes if a >= lo - 1e-6 and b <= hi]
+            commits.append(len(inside))
+            in_releaser_commits.append(sum(w in mine for w in inside))
+            commit_s.append(sum(b - a for a, b in inside))
             holder_pid = next(e for e in held if e.type == "step_completed").result["pid"]
             in_releaser += step.result["pid"] == holder_pid
         return {
@@ -329,6 +362,10 @@ async def woken(url: str, keys: int, logdir: Path, tag: str, wakeups: bool) -> d
             "ran_in_the_releasing_process": in_releaser,
             "release_to_next_step_start": summary(to_start),
             "release_to_next_first_step_completed": summary(to_done),
+            "commits_in_handover_mean": statistics.mean(commits),
+            "commits_in_handover_max": max(commits),
+            "of_which_releaser_mean": statistics.mean(in_releaser_commits),
+            "commit_time_in_handover": summary(commit_s),
             "server": server_info(store),
         }
     finally:
@@ -344,6 +381,14 @@ def print_woken(name: str, mode: str, r: dict[str, Any]) -> None:
         f"    {name:<8} {mode:<13} {r['handovers']:>3}  {_ms(s, 'mean_ms')} {_ms(s, 'p50_ms')}"
         f" {_ms(s, 'p95_ms')} {_ms(s, 'max_ms')}  {_ms(d, 'mean_ms')} {_ms(d, 'p95_ms')}"
         f"   {r['ran_in_the_releasing_process']}"
+    )
+    c = r["commit_time_in_handover"]
+    print(
+        f"    {'':<8} {'':<13}      the hand-over's commits (both processes): "
+        f"{r['commits_in_handover_mean']:.1f} on average"
+        f" ({r['of_which_releaser_mean']:.1f} by the releaser; at most"
+        f" {r['commits_in_handover_max']}),"
+        f" taking {_ms(c, 'mean_ms')} ms mean, {_ms(c, 'p95_ms')} ms p95: the floor"
     )
 
 
@@ -724,7 +769,11 @@ def print_result(name: str, r: dict[str, Any]) -> None:
 
 
 async def main(
-    smoke: bool, pg_url: str | None, tmp: Path, workers: int | None = None
+    smoke: bool,
+    pg_url: str | None,
+    tmp: Path,
+    workers: int | None = None,
+    woken_only: bool = False,
 ) -> dict[str, Any]:
     """``pg_url``: a server from ``tests/pg.py`` (``None``: SQLite only; smoke is SQLite only);
     ``workers``: worker processes (default 2)."""
@@ -742,6 +791,8 @@ async def main(
     if pg_url is not None and not smoke:
         backends["postgres"] = lambda: postgres_url(pg_url)
     for name, new_url in backends.items():
+        if woken_only:
+            break
         results[name] = await handover(new_url(), sizes, tmp, name)
         print_result(name, results[name])
     if "postgres" not in backends and not smoke:
@@ -754,6 +805,9 @@ def _cli() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, SQLite only")
     parser.add_argument("--workers", type=int, help="worker processes (default 2)")
+    parser.add_argument(
+        "--woken-only", action="store_true", help="only the woken handovers (every one across)"
+    )
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--instance", default="bench-worker", help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=["releaser", "taker"], help=argparse.SUPPRESS)
@@ -772,7 +826,9 @@ def _cli() -> int:
         contextlib.ExitStack() as stack,
     ):
         pg = None if args.smoke else stack.enter_context(postgres_server())
-        results["handover_xproc"] = asyncio.run(main(args.smoke, pg, Path(tmp), args.workers))
+        results["handover_xproc"] = asyncio.run(
+            main(args.smoke, pg, Path(tmp), args.workers, args.woken_only)
+        )
     _results.finish(results, "handover_smoke.json" if args.smoke else "handover_latest.json")
     return 0
 

@@ -28,8 +28,10 @@ import events_bench
 import handover_bench
 import latency_bench
 import lock_bench
+import million_bench
 import otel_bench
 import replay_bench
+import scaling_model
 import schedule_bench
 import search_bench
 import singleton_bench
@@ -37,6 +39,7 @@ import store_bench
 import sync_steps_bench
 import timer_bench
 import ui_bench
+import workers_bench
 
 
 def main() -> int:
@@ -70,6 +73,9 @@ def main() -> int:
             "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
             "ui_ttfb": lambda: ui_bench.main(args.smoke, pg_url, Path(tmp)),
             "deep_queues": lambda: deepq_bench.main(args.smoke, pg_url, Path(tmp)),
+            "scaling_model": lambda: scaling_model.main(args.smoke),
+            "workers": lambda: workers_bench.main(args.smoke, pg_url, Path(tmp)),
+            "million_runs": lambda: million_bench.main(args.smoke, pg_url, Path(tmp)),
         }
         results["bench_seconds"] = {}
         for name, bench in benches.items():

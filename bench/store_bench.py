@@ -470,6 +470,34 @@ class Handover:
         await ctx.step(asyncio.sleep, 0.005, name="work")
 
 
+async def handover_latencies(
+    engine: Engine, keys: int, per_key: int, prefix: str, timeout: float
+) -> list[float]:
+    """Start ``per_key`` ``Handover`` runs on each of ``keys`` keys (ids ``<prefix>k<k>-r<i>``),
+    wait for them all, and read each hand-over from their histories: seconds from a holder's
+    ``singleton_released`` to the next same-key run's first ``step_completed``."""
+    lat: list[float] = []
+    by_key: dict[int, list[str]] = {k: [] for k in range(keys)}
+    for i in range(per_key):
+        for k in range(keys):
+            rid = f"{prefix}k{k}-r{i:04d}"
+            await engine.start(HANDOVER_WF, {"k": k}, rid)
+            by_key[k].append(rid)
+    for rids in by_key.values():
+        for rid in rids:
+            await engine.result(rid, timeout=timeout)
+    for rids in by_key.values():
+        hist = {rid: list(await engine.history(rid)) for rid in rids}
+
+        def at(rid: str, kind: str, h: dict[str, list[Any]] = hist) -> float:
+            return float(next(e.at for e in h[rid] if e.type == kind))
+
+        order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
+        for prev, nxt in itertools.pairwise(order):
+            lat.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
+    return lat
+
+
 async def handover(url: str, notify: bool, keys: int, per_key: int) -> list[float]:
     """Seconds from a holder's ``singleton_released`` to the next same-key run's first
     ``step_completed`` (both event ``at`` values: the engine's SystemClock)."""
@@ -477,28 +505,80 @@ async def handover(url: str, notify: bool, keys: int, per_key: int) -> list[floa
     engine = Engine(
         store, [Handover()], clock=SystemClock(), notify_on_release=notify, poll_interval=POLL
     )
-    lat: list[float] = []
     async with engine:
-        by_key: dict[int, list[str]] = {k: [] for k in range(keys)}
-        for i in range(per_key):
-            for k in range(keys):
-                rid = f"k{k}-r{i:03d}"
-                await engine.start(HANDOVER_WF, {"k": k}, rid)
-                by_key[k].append(rid)
-        for rids in by_key.values():
-            for rid in rids:
-                await engine.result(rid, timeout=30 + 3 * per_key)
-        for rids in by_key.values():
-            hist = {rid: list(await engine.history(rid)) for rid in rids}
-
-            def at(rid: str, kind: str, h: dict[str, list[Any]] = hist) -> float:
-                return float(next(e.at for e in h[rid] if e.type == kind))
-
-            order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
-            for prev, nxt in itertools.pairwise(order):
-                lat.append(at(nxt, "step_completed") - at(prev, "singleton_released"))
+        lat = await handover_latencies(engine, keys, per_key, "", 30 + 3 * per_key)
     store.close()
     return lat
+
+
+def log_writes(store: SqlStore) -> list[tuple[float, float]]:
+    """Log every write transaction of ``store`` (a group commit, or a lone statement in
+    autocommit) as ``(start, end)`` on the system clock (the clock of the events' ``at``), on
+    the I/O thread that runs it: the list it appends to."""
+    log: list[tuple[float, float]] = []
+    gc, db = store._gc, store._db
+    batch, lone = gc.run_batch, db.returning_now
+
+    def run_batch(ops: Any) -> Any:
+        t0 = time.time()
+        try:
+            return batch(ops)
+        finally:
+            log.append((t0, time.time()))
+
+    def returning_now(sql: str, params: Any) -> Any:
+        t0 = time.time()
+        try:
+            return lone(sql, params)
+        finally:
+            log.append((t0, time.time()))
+
+    gc.run_batch = run_batch  # type: ignore[method-assign]
+    db.returning_now = returning_now  # type: ignore[method-assign]
+    return log
+
+
+async def handover_floor(url: str, per_key: int) -> dict[str, float]:
+    """One key, ``per_key`` runs of ``Handover`` in one process: each hand-over's latency
+    (release -> next run's first ``step_completed``), the write transactions that ended in
+    that window (the release's own commit, which admits and leases the next run, and the next
+    run's first step record), and the seconds those commits took on the I/O thread: the
+    physical floor of the figure."""
+    store = SqlStore(url)
+    writes = log_writes(store)
+    engine = Engine(store, [Handover()], clock=SystemClock(), poll_interval=POLL)
+    gaps: list[float] = []
+    counts: list[int] = []
+    floors: list[float] = []
+    async with engine:
+        rids = [f"f-r{i:03d}" for i in range(per_key)]
+        for rid in rids:
+            await engine.start(HANDOVER_WF, {"k": 0}, rid)
+        for rid in rids:
+            await engine.result(rid, timeout=30 + 3 * per_key)
+        hist = {rid: list(await engine.history(rid)) for rid in rids}
+    store.close()
+
+    def at(rid: str, kind: str) -> float:
+        return float(next(e.at for e in hist[rid] if e.type == kind))
+
+    order = sorted(rids, key=lambda r: at(r, "singleton_admitted"))
+    for prev, nxt in itertools.pairwise(order):
+        lo, hi = at(prev, "singleton_released"), at(nxt, "step_completed")
+        # (the release's ``at`` is taken before its commit starts; the step's ``at`` before
+        # its record's: that record ends after ``hi``, within the next millisecond or so)
+        inside = [(a, b) for a, b in writes if b > lo and a >= lo - 1e-6 and a <= hi]
+        gaps.append(hi - lo)
+        counts.append(len(inside))
+        floors.append(sum(b - a for a, b in inside))
+    return {
+        "n": len(gaps),
+        "mean_ms": statistics.mean(gaps) * 1e3,
+        "p95_ms": _p95(gaps) * 1e3,
+        "commits_mean": statistics.mean(counts),
+        "commit_ms_mean": statistics.mean(floors) * 1e3,
+        "commit_ms_p95": _p95(floors) * 1e3,
+    }
 
 
 def _p95(xs: list[float]) -> float:
@@ -615,6 +695,17 @@ async def main(smoke: bool, pg_url: str | None, tmp: Path) -> dict[str, Any]:
         f"  p95 {_p95(timer) * 1e3:7.2f} ms  (n={len(timer)})"
     )
     print(f"  timer / notify mean ratio: {statistics.mean(timer) / statistics.mean(notify):.0f}x")
+    print("hand-over in one process, one key: its commits (the physical floor) next to it:")
+    results["handover_floor"] = {}
+    for name, new_url in backends(tmp, pg_url).items():
+        f = await handover_floor(new_url(), 6 if smoke else 40)
+        results["handover_floor"][name] = f
+        print(
+            f"  {name:<9} release -> next first step: mean {f['mean_ms']:5.2f} ms"
+            f" p95 {f['p95_ms']:5.2f} ms (n={f['n']}); commits inside: {f['commits_mean']:.2f}"
+            f" on average, taking {f['commit_ms_mean']:5.2f} ms mean, p95"
+            f" {f['commit_ms_p95']:5.2f} ms"
+        )
     depths = [0, 100] if smoke else [0, 100, 1_000, 10_000]
     print("context: a denied re-check by a waiter queued behind N waiters of its own key:")
     results["same_key_denied_admission_us"] = {}
@@ -686,13 +777,156 @@ async def profile(backend: str, n: int, concurrency: int, long: bool = False) ->
     st.sort_stats("cumulative").print_stats(r"flowkit", 25)
 
 
+_ACTIVATION = ("create_run", "claim", "load_history", "append_events", "commit")
+"""The store calls on a run's own path (the worker's polls and the client's wait for the
+result overlap the steps: not counted)."""
+
+
+async def breakdown(backend: str, n: int = 24, rounds: int = 5) -> dict[str, float]:
+    """Where the microseconds of one step of a 40-step workflow (one at a time) go, each part
+    measured on its own in the same process, alternating with the workload ``rounds`` times:
+
+    * ``step``: wall time per step of the workload (``LongSteps``, one at a time);
+    * ``store_calls``: the time per step inside store calls, as the loop awaits them
+      (``CountingStore``), and ``append``: one ``append_events`` (a step's record) of it;
+    * ``lane_statement``: the record's statement on the I/O thread (``returning_now``:
+      execute, fetch, the commit; timed on that thread);
+    * ``hop``: an empty job handed to a write lane and back (``GroupCommit.direct``): the
+      thread hand-off and the loop's wake-up, nothing else;
+    * ``params``: what ``append_events`` does on the loop before the hand-off (limits check,
+      the event's JSON body and parameters), timed in a loop;
+    * ``raw``: a bare single-row ``INSERT`` + ``COMMIT`` (``driver_commit_rate``): the floor;
+    * ``engine``: ``step`` - ``store_calls``: the engine's own work (replay bookkeeping, the
+      step call, the event, the task switches)."""
+    from flowkit._history import step_completed
+    from flowkit.stores import limits as _limits
+
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flowkit-bench-")))
+        pg = stack.enter_context(postgres_server()) if backend == "postgres" else None
+        factory = backends(tmp, pg).get(backend)
+        if factory is None:
+            print(f"no {backend} backend available")
+            return {}
+        store = SqlStore(factory())
+        gc = store._gc
+        # each lone write (a step's record) timed at four points: handed to the lane, started
+        # and ended there, resumed on the loop (perf_counter is one clock for both threads)
+        hops: list[tuple[float, float, float, float]] = []
+        direct = gc.direct
+
+        async def timed_direct(fn: Callable[[], Any]) -> Any:
+            mark: list[float] = [0.0, 0.0]
+
+            def on_lane() -> Any:
+                mark[0] = time.perf_counter()
+                try:
+                    return fn()
+                finally:
+                    mark[1] = time.perf_counter()
+
+            t0 = time.perf_counter()
+            try:
+                return await direct(on_lane)
+            finally:
+                hops.append((t0, mark[0], mark[1], time.perf_counter()))
+
+        gc.direct = timed_direct  # type: ignore[method-assign]
+        proxy = CountingStore(store)
+        engine = Engine(proxy, [LongSteps()], clock=SystemClock(), poll_interval=POLL)
+        # the same workload on a store without I/O threads (``group_commit=False``: every
+        # call runs on the loop's thread): what the two hand-offs cost, measured
+        inline = SqlStore(factory(), group_commit=False)
+        inline_engine = Engine(inline, [LongSteps()], clock=SystemClock(), poll_interval=POLL)
+        parts: dict[str, list[float]] = collections.defaultdict(list)
+        ev = step_completed("1", "step_a", 1, 12345, "0123456789ab", 1767225600.123456)
+        async with engine, inline_engine:
+            await run_workflows(engine, 4, 1, "warm", LONG)
+            await run_workflows(inline_engine, 4, 1, "warm", LONG)
+            raw_commit_rate(store, 20)
+            driver_commit_rate(store, 20)
+            for r in range(rounds):
+                calls, secs = proxy.calls.copy(), proxy.seconds.copy()
+                hops.clear()
+                dt = await run_workflows(engine, n, 1, f"bd{r}", LONG)
+                steps = n * LONG_STEPS
+                d_calls, d_secs = proxy.calls - calls, proxy.seconds - secs
+                parts["step"].append(dt / steps)
+                # (what the client awaits for a result overlaps the steps: not counted)
+                parts["store_calls"].append(
+                    sum(v for k, v in d_secs.items() if k in _ACTIVATION) / steps
+                )
+                if r == rounds - 1:
+                    per = {k: (d_calls[k] / n, d_secs[k] / d_calls[k] * 1e6) for k in d_calls}
+                    print("  store calls per workflow (count, mean us):", per)
+                parts["append"].append(d_secs["append_events"] / d_calls["append_events"])
+                parts["hand_in"].append(statistics.mean(b - a for a, b, _c, _d in hops))
+                parts["lane_statement"].append(statistics.mean(c - b for _a, b, c, _d in hops))
+                parts["hand_back"].append(statistics.mean(d - c for _a, _b, c, d in hops))
+                parts["lone"].append(len(hops) / d_calls["append_events"])
+                k = 400
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    await direct(lambda: None)
+                parts["hop"].append((time.perf_counter() - t0) / k)
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    _limits.check_events([ev], store.max_payload_bytes)
+                    params: dict[str, Any] = {"id": "r", "owner": "o"}
+                    sql_rows.event_params(params, 0, [ev])
+                parts["params"].append((time.perf_counter() - t0) / k)
+                parts["raw"].append(1 / driver_commit_rate(store, 250))
+                dt = await run_workflows(inline_engine, n, 1, f"in{r}", LONG)
+                parts["inline_step"].append(dt / steps)
+        store.close()
+        inline.close()
+    lone = statistics.median(parts.pop("lone"))
+    out = {k: statistics.median(v) * 1e6 for k, v in parts.items()}
+    out["lone_share"] = lone
+    out["engine"] = out["step"] - out["store_calls"]
+    out["append_rest"] = (
+        out["append"] - out["hand_in"] - out["lane_statement"] - out["hand_back"] - out["params"]
+    )
+    print(
+        f"{backend}: one step of a {LONG_STEPS}-step workflow, one at a time (median of {rounds}"
+        f" rounds of {n} workflows), in us:"
+    )
+    print(
+        f"  step (wall)                           {out['step']:7.1f}"
+        f"   = {out['raw'] / out['step']:.2f}x the raw commit rate"
+    )
+    print(f"  engine (step - store calls)           {out['engine']:7.1f}")
+    print(f"  store calls per step (loop's view)    {out['store_calls']:7.1f}")
+    print(f"    one append_events (a step's record) {out['append']:7.1f}")
+    print(f"      params + limits check (on loop)   {out['params']:7.1f}")
+    print(f"      hand-off to the I/O thread        {out['hand_in']:7.1f}")
+    print(f"      statement + commit on the lane    {out['lane_statement']:7.1f}")
+    print(f"      hand-back, the loop resumes       {out['hand_back']:7.1f}")
+    print(f"      rest (proxy, futures, the call)   {out['append_rest']:7.1f}")
+    print(f"    (records that went alone: {lone:.0%}; an empty job's round trip: {out['hop']:.1f})")
+    print(f"  raw single-row INSERT+COMMIT (floor)  {out['raw']:7.1f}")
+    print(
+        f"  (no I/O thread: every call on the loop, group_commit=False: a step"
+        f" {out['inline_step']:.1f} = {out['raw'] / out['inline_step']:.2f}x the raw rate)"
+    )
+    return out
+
+
 def _cli() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     parser.add_argument("--profile", choices=("sqlite", "postgres"), help="cProfile only")
     parser.add_argument("--concurrency", type=int, default=1, help="with --profile")
     parser.add_argument("--long", action="store_true", help="with --profile: 40-step workflows")
+    parser.add_argument(
+        "--breakdown",
+        choices=("sqlite", "postgres"),
+        help="where the microseconds of a 40-step workflow's step go",
+    )
     args = parser.parse_args()
+    if args.breakdown:
+        asyncio.run(breakdown(args.breakdown))
+        return 0
     if args.profile:
         n = 30 if args.long else 300
         asyncio.run(profile(args.profile, n, args.concurrency, args.long))

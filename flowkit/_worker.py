@@ -88,6 +88,8 @@ class Worker:
         # the earliest such time, and the event that lowers the poller's deadline to it
         # (no store read: the poller only needs to wake up by then)
         self._earliest: float | None = None
+        # the last poll found a full batch due (more may wait): a freed place polls again
+        self._backlog = False
         self._rearm = asyncio.Event()
         self._sem = asyncio.Semaphore(config.max_concurrency)
         # runs with an abandoned write that may still commit (``hold``)
@@ -344,6 +346,7 @@ class Worker:
                     )
                 else:
                     due = await self.store.due_runs(now, cfg.max_concurrency, names)
+                self._backlog = len(due) >= cfg.max_concurrency
                 for run_id in due:
                     if run_id not in self._active:
                         self.dispatch(run_id)
@@ -456,6 +459,12 @@ class Worker:
             self._settled(run_id, None)  # result() waiters: it left here; look again
             if self.draining and not self._active:
                 self._idle.set()
+            if self._backlog and self.running:
+                # A backlog of due runs (say 10,000 timers due at once) is taken a batch of
+                # ``max_concurrency`` at a time: without this poke the next batch waited for
+                # the poll interval, and the 10,000th timer fired ~100 s late.
+                self._backlog = False
+                self.poke()
         if run_id in self._handed_later:
             self._handed_later.discard(run_id)
             self._again.discard(run_id)

@@ -268,3 +268,28 @@ async def test_a_store_without_next_due_after_still_fires_timers() -> None:
         for i in range(3):
             await engine.result(f"nap{i}", timeout=10)
             assert lateness(await engine.history(f"nap{i}")) >= 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_burst_of_timers_beyond_max_concurrency_fires_without_waiting_a_poll(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Seven timers due at one instant on a worker with room for two: the poller takes them
+    two at a time, and each freed place polls again at once (bench/million_bench.py: 10,000
+    timers at once no longer wait a poll interval per batch). On the virtual clock every one
+    fires at its due instant exactly; before, the third fired one poll interval late."""
+    async with (
+        open_store(kind, request, tmp_path) as store,
+        TestEnv([], store=store) as env,  # (its instance has no workflow: ours runs them)
+    ):
+        engine = Engine(store, [Nap()], clock=env.clock, max_concurrency=2, poll_interval=1.0)
+        async with engine:
+            ids = [f"burst{i}" for i in range(7)]
+            for rid in ids:
+                await engine.start("td-nap", 5.0, rid)
+            await env.settle()  # (every run parked in its timer)
+            await pass_time(env, 5.5)
+            for rid in ids:
+                run = await engine.get_run(rid)
+                assert run is not None and run.status is RunStatus.COMPLETED, rid
+                assert lateness(await engine.history(rid)) == pytest.approx(0, abs=1e-6), rid
