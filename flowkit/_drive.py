@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from . import _bounds, _cancel, _continue, _telemetry
+from . import _bounds, _cancel, _continue, _recheck, _telemetry
 from . import _gate as gate
 from ._definition import WorkflowDefinition
 from ._host import Host, StepRunner, Try, clean
@@ -39,7 +39,6 @@ from .errors import CodecError, InvalidInputError, LeaseLostError, Serialization
 from .events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
 from .stores.base import (
     AppendsEvents,
-    ClaimsByVersion,
     ConflictError,
     Notify,
     Update,
@@ -247,12 +246,7 @@ class Drive:
         else:
             now = self.clock.now()
             t.op = "claim"
-            if self.by_version:  # (only a run of a version registered here)
-                run = await cast(ClaimsByVersion, self.store).claim(
-                    run_id, self.owner, now, now + cfg.lease_ttl, versions=cfg.registry.pairs()
-                )
-            else:
-                run = await self.store.claim(run_id, self.owner, now, now + cfg.lease_ttl)
+            run = await _recheck.claim(self, run_id, now)  # (a gated re-check decided in it)
             if run is None:
                 return
             proof.granted(now)

@@ -52,6 +52,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._bounds",
         "flowkit._host",
         "flowkit._continue",
+        "flowkit._recheck",
         "flowkit._drive",
         "flowkit._retention",
         "flowkit._worker",

@@ -8,7 +8,7 @@ buffered atomically) and ``PrunesRuns`` (retention), and those of the dashboard 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -278,6 +278,68 @@ def claims_by_version(store: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class GateCheck:
+    """What ``claim_gated`` needs to decide a gated waiter's admission itself (``ClaimsGated``).
+
+    ``limits``: the singleton ``limit`` of each ``(workflow, version)`` the worker runs (1 for
+    a version that declares none: a tagged run still passes the gate); a run of another pair
+    is never decided here. ``retry_wake_at(deadline_at)``: the jittered re-check of a denied
+    head, never after the run's deadline (called once per decision, inside the store's
+    transaction). ``admitted_at()``: the clock the ``singleton_admitted`` record is dated by
+    (read once the key is serialized, as ``RecordsAdmission``'s). ``every_waiter_rechecks``:
+    the engine has notify-on-release off, so a denied waiter behind the heads keeps its
+    re-check too (DESIGN §4)."""
+
+    limits: Mapping[tuple[str, str], int]
+    retry_wake_at: Callable[[float | None], float]
+    admitted_at: Callable[[], float]
+    every_waiter_rechecks: bool = False
+
+
+class ClaimsGated(Protocol):
+    """The optional capability ``claims_gated`` (``MemoryStore``, ``SqlStore``; ``CodecStore``
+    when the store it wraps has it): the re-check of a gated waiter (``suspended``, tagged
+    ``singleton:<key>``, not admitted, its deadline not passed, its re-check due) decided in
+    the claim, under the key's serialization, so a denied re-check reads no history and
+    writes only the waiter's next re-check: one transaction instead of four store calls
+    (claim, history, ``try_admit_singleton``, the commit that parks it again). Without it
+    (absent or false) the worker claims, then admits (docs/singleton.md)."""
+
+    claims_gated: bool
+
+    async def claim_gated(
+        self,
+        run_id: str,
+        owner: str,
+        now: float,
+        lease_expires: float,
+        gate: GateCheck,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> Run | None:
+        """``claim`` (with ``versions`` as ``ClaimsByVersion``'s), except for a due gated
+        waiter of a pair in ``gate.limits``: atomically, under the key's serialization,
+        ``singleton.admission_tags`` decides. Admitted: claimed as ``claim`` would, with the
+        admission marker and ``singleton_admitted`` (at ``gate.admitted_at()``) appended, and
+        the key's next heads armed (``heads_to_arm``); the claimed run is returned. Denied:
+        nothing is claimed; the run stays ``suspended`` with ``wake_at`` per
+        ``singleton.denial_patch`` (the key's ``limit``; without it when
+        ``every_waiter_rechecks``) at ``gate.retry_wake_at(deadline_at)``, no event is
+        written, the heads without a timer are armed as ``try_admit_singleton`` does, and the
+        run is returned as parked, not leased and without payloads (``input``, ``output``,
+        ``error`` are ``None``), so the worker knows its next re-check. ``None``: nothing
+        was claimable."""
+        ...
+
+
+def claims_gated(store: Any) -> bool:
+    """Whether ``store`` decides a gated waiter's re-check in its claim (``ClaimsGated``)."""
+    return bool(getattr(store, "claims_gated", False)) and callable(
+        getattr(store, "claim_gated", None)
+    )
+
+
+@dataclass(frozen=True)
 class WorkerSeen:
     """What a worker instance made known of itself (``RecordsWorkers``): the ``(workflow,
     version)`` pairs it runs, and when it last said so."""
@@ -317,6 +379,8 @@ __all__ = [
     "BrowsesRuns",
     "ChangeStamp",
     "ClaimsByVersion",
+    "ClaimsGated",
+    "GateCheck",
     "LatestEvent",
     "PrunesRuns",
     "PublishedEvent",
@@ -327,6 +391,7 @@ __all__ = [
     "browses_runs",
     "changes_stamped",
     "claims_by_version",
+    "claims_gated",
     "lists_by_search",
     "prunes_runs",
     "publishes_events",

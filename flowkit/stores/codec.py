@@ -33,6 +33,7 @@ from .base import (
     Admission,
     AdmittedAt,
     CommitResult,
+    GateCheck,
     HandOff,
     InboxSignal,
     PublishedEvent,
@@ -43,6 +44,7 @@ from .base import (
     WorkerSeen,
     WorkflowVersions,
     claims_by_version,
+    claims_gated,
     continues_as_new,
     prunes_runs,
     publishes_events,
@@ -120,7 +122,8 @@ class CodecStore(CodecFields, CodecSchedules):
     like every other event), and ``appends_events`` only when ``inner``'s is:
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
     ``Update.events``. ``claims_by_version`` (``claim``/``due_runs`` with ``versions``) and
-    ``records_workers`` (no payload either) are forwarded likewise, and ``continues_as_new``
+    ``records_workers`` (no payload either) and ``claims_gated`` (``claim_gated``: the run it
+    claims decoded) are forwarded likewise, and ``continues_as_new``
     (``Update.successor``'s run and events encoded as a new run's), and ``publishes_events``
     (``publish_event``'s payload encoded, at rest in the buffer too; ``take_event``'s decoded;
     the digests of ``keys`` and ``match`` keyed with the codec's ``keyed_digest`` when it has
@@ -144,6 +147,7 @@ class CodecStore(CodecFields, CodecSchedules):
     appends_events: bool = False
     records_admission: bool = False
     claims_by_version: bool = False
+    claims_gated: bool = False
     records_workers: bool = False
     continues_as_new: bool = False
     keeps_schedules: bool = False
@@ -186,6 +190,8 @@ class CodecStore(CodecFields, CodecSchedules):
             self.records_admission = True
         if claims_by_version(inner):
             self.claims_by_version = True
+        if claims_gated(inner):
+            self.claims_gated = True
         if records_workers(inner):
             self.records_workers = True
         if continues_as_new(inner):
@@ -345,6 +351,26 @@ class CodecStore(CodecFields, CodecSchedules):
             raise TypeError(f"{self.inner!r} does not claim by version (claims_by_version)")
         else:
             got = await self.inner.claim(run_id, owner, now, lease_expires, versions=versions)
+        return self._maybe_run_out(got)
+
+    async def claim_gated(
+        self,
+        run_id: str,
+        owner: str,
+        now: float,
+        lease_expires: float,
+        gate: GateCheck,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> Run | None:
+        """``ClaimsGated``, forwarded (the decision reads and writes no payload); the run it
+        claims is decoded as ``claim``'s (a denied waiter comes without payloads)."""
+        if not self.claims_gated:  # only to an inner store that has it
+            raise TypeError(f"{self.inner!r} does not claim gated waiters (claims_gated)")
+        kw = {} if versions is None else {"versions": versions}
+        got = await self.inner.claim_gated(run_id, owner, now, lease_expires, gate, **kw)
+        if got is not None and got.lease_owner != owner:
+            return cast(Run, got)  # (a denied waiter, parked: it carries no payloads)
         return self._maybe_run_out(got)
 
     async def release_leases(self, owner: str, now: float) -> list[str]:

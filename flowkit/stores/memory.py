@@ -27,6 +27,7 @@ from ._codec_mark import (
     run_carries_payload,
     update_carries_payload,
 )
+from ._gated import decide, gated_limit, parked
 from ._memory_browse import MemoryBrowse
 from ._memory_events import MemoryEventData, MemoryEvents
 from ._memory_lists import listed, prunable
@@ -35,6 +36,7 @@ from .base import (
     Admission,
     AdmittedAt,
     CommitResult,
+    GateCheck,
     HandOff,
     InboxSignal,
     QueueCap,
@@ -93,6 +95,7 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
     """``commit`` creates ``Update.successor`` (``flowkit.stores.base.ContinuesAsNew``)."""
     publishes_events = True
     """``publish_event``/``take_event`` (``flowkit.stores.base.PublishesEvents``)."""
+    claims_gated = True  # (``claim_gated`` decides a re-check in the claim: ``ClaimsGated``)
 
     def __init__(
         self,
@@ -359,6 +362,33 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         )
         self._put(new)
         return new
+
+    async def claim_gated(
+        self,
+        run_id: str,
+        owner: str,
+        now: float,
+        lease_expires: float,
+        gate: GateCheck,
+        *,
+        versions: WorkflowVersions | None = None,
+    ) -> Run | None:
+        run = self._d.runs.get(run_id)
+        limit = None
+        if run is not None and self._visible(run) and of_versions(run, versions):
+            limit = gated_limit(run, now, gate)
+        if run is None or limit is None:
+            return await self.claim(run_id, owner, now, lease_expires, versions=versions)
+        if not self._mark.settled and (found := self._guard()) is not None:
+            raise refuse(found, f"claim run {run_id!r} (running it needs its payloads)")
+        tag = run.singleton_tag or ""  # (a gated waiter: tagged)
+        sharing = self._deciding(run.workflow, tag, limit, run)
+        d = decide(run, sharing, limit, gate, owner, now, lease_expires)
+        self._put(d.run)
+        if d.events:
+            self._append(run_id, d.events)
+        self._arm_heads(run.workflow, tag, limit, d.arm_at)
+        return d.run if d.admitted else parked(d.run)
 
     async def release_leases(self, owner: str, now: float) -> list[str]:
         released = []

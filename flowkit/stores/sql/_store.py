@@ -39,6 +39,7 @@ from ._commit import Commits, wake_if_free
 from ._connection import RETURNING, ROWCOUNT, ROWS, Conn
 from ._database import Database, check
 from ._events import Events
+from ._gated_sql import GatedClaims
 from ._group_commit import GroupCommit, Op
 from ._marker import CodecMarked
 from ._reads import Reads
@@ -69,7 +70,7 @@ def _hit(row: Any) -> bool:
     return row is not None
 
 
-class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events):
+class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events, GatedClaims):
     """A durable store on SQLite and PostgreSQL (see ``flowkit.stores.base.Store`` for the
     contract): ``sqlite:///path/to/file.db`` (several processes on one file) or
     ``postgresql+psycopg://user:pw@host/db`` (many workers on many hosts); the schema is

@@ -1,0 +1,68 @@
+"""The claim of a due run by a worker's activation, with a gated waiter's re-check decided in
+it when the store can (``stores.base.ClaimsGated``): a denied re-check then costs one
+transaction that reads no history and writes the waiter's next ``wake_at`` only, instead of
+a claim, a history read, ``try_admit_singleton`` and the commit that parks it again; an
+admitted one is claimed with its admission, and across processes a hand-over takes two
+commits (the release, this claim) instead of three. The gate's rules are unchanged
+(``flowkit.singleton``; docs/singleton.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from . import _gate as gate
+from ._run import Run
+from .stores.base import ClaimsByVersion, ClaimsGated, GateCheck, claims_gated
+
+if TYPE_CHECKING:
+    from ._drive import Drive
+
+
+def gate_check(drive: Drive, now: float) -> GateCheck:
+    """What the store needs to decide a re-check for this worker: the ``limit`` of each
+    ``(workflow, version)`` registered (1 where the version declares no singleton, as the
+    worker-side gate takes it), the jittered retry from ``now`` (the injected RNG, one draw
+    per decision as the worker-side gate's), and whether every waiter keeps a re-check
+    (notify-on-release off)."""
+    cfg = drive.config
+    reg = cfg.registry
+    limits: dict[tuple[str, str], int] = {}
+    for name, version in reg.pairs():
+        entry = reg.get(name, version)
+        if entry is not None:
+            sg = entry[0].singleton
+            limits[(name, version)] = sg.limit if sg is not None else 1
+    rng = cfg.rng
+    return GateCheck(
+        limits,
+        lambda deadline: gate.retry_wake_at(now, rng, deadline),
+        drive.clock.now,
+        every_waiter_rechecks=not cfg.notify_on_release,
+    )
+
+
+async def claim(drive: Drive, run_id: str, now: float) -> Run | None:
+    """Claim ``run_id`` for ``drive``'s worker: the run leased here, or ``None``. A gated
+    waiter the store denied comes back parked (not leased): the worker's poller is told of
+    its next re-check (``Drive._follow``) and ``None`` returned."""
+    cfg = drive.config
+    store = drive.store
+    until = now + cfg.lease_ttl
+    versions = cfg.registry.pairs() if drive.by_version else None
+    if claims_gated(store):
+        check = gate_check(drive, now)
+        got = await cast(ClaimsGated, store).claim_gated(
+            run_id, drive.owner, now, until, check, versions=versions
+        )
+        if got is None or got.lease_owner == drive.owner:
+            return got
+        drive._follow(got)  # denied: parked until its next re-check
+        return None
+    if versions is not None:  # (only a run of a version registered here)
+        return await cast(ClaimsByVersion, store).claim(
+            run_id, drive.owner, now, until, versions=versions
+        )
+    return await store.claim(run_id, drive.owner, now, until)
+
+
+__all__ = ["claim", "gate_check"]
