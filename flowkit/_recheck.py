@@ -8,11 +8,11 @@ commits (the release, this claim) instead of three. The gate's rules are unchang
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _gate as gate
 from ._run import Run
-from .stores.base import ClaimsByVersion, ClaimsGated, GateCheck, claims_gated
+from .stores.base import ClaimsGated, GateCheck, claims_gated
 
 if TYPE_CHECKING:
     from ._drive import Drive
@@ -49,20 +49,16 @@ async def claim(drive: Drive, run_id: str, now: float) -> Run | None:
     store = drive.store
     until = now + cfg.lease_ttl
     versions = cfg.registry.pairs() if drive.by_version else None
+    kw: dict[str, Any] = {} if versions is None else {"versions": versions}
     if claims_gated(store):
-        check = gate_check(drive, now)
-        got = await cast(ClaimsGated, store).claim_gated(
-            run_id, drive.owner, now, until, check, versions=versions
-        )
-        if got is None or got.lease_owner == drive.owner:
-            return got
-        drive._follow(got)  # denied: parked until its next re-check
+        kw["gate"] = gate_check(drive, now)
+    if not kw:
+        return await store.claim(run_id, drive.owner, now, until)
+    got = await cast(ClaimsGated, store).claim(run_id, drive.owner, now, until, **kw)
+    if got is not None and got.lease_owner != drive.owner:
+        drive._follow(got)  # a denied re-check: parked until its next one
         return None
-    if versions is not None:  # (only a run of a version registered here)
-        return await cast(ClaimsByVersion, store).claim(
-            run_id, drive.owner, now, until, versions=versions
-        )
-    return await store.claim(run_id, drive.owner, now, until)
+    return got
 
 
 __all__ = ["claim", "gate_check"]

@@ -24,7 +24,7 @@ from flowkit.events import (
     UpdateReceived,
     UpdateReplied,
 )
-from flowkit.stores.base import Update, claims_by_version, records_admission
+from flowkit.stores.base import Update, claims_by_version, claims_gated, records_admission
 
 Phase = Literal["before", "after"]
 
@@ -303,6 +303,12 @@ class InstanceStore:
         """The shared store's, judged on the store itself (this proxy's ``claim`` and
         ``due_runs`` take any keyword)."""
         return claims_by_version(self._inner)
+
+    @property
+    def claims_gated(self) -> bool:
+        """The shared store's, judged on the store itself (this proxy's ``claim`` takes any
+        keyword)."""
+        return claims_gated(self._inner)
 
     def __getattr__(self, name: str) -> Any:
         if name in HIDDEN:

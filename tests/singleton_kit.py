@@ -120,8 +120,9 @@ class AdmissionCall(NamedTuple):
 
 
 def spy_admissions(env: TestEnv) -> list[AdmissionCall]:
-    """Record every admission the store decides: each ``try_admit_singleton`` call and each
-    ``create_run`` with an ``admission`` that created its run."""
+    """Record every admission the store decides: each ``try_admit_singleton`` call, each
+    ``create_run`` with an ``admission`` that created its run, and each gated waiter's
+    re-check decided by a ``claim`` with ``gate`` (admitted or parked again)."""
     calls: list[AdmissionCall] = []
     store = env.store
     real = store.try_admit_singleton
@@ -140,8 +141,21 @@ def spy_admissions(env: TestEnv) -> list[AdmissionCall]:
             calls.append(AdmissionCall("create_run", run.id, stored.admitted, before))
         return stored, created
 
+    real_claim = store.claim
+
+    async def spy_claim(run_id: str, *args: Any, **kwargs: Any) -> Any:
+        before = {r.id: r for r in await store.list_runs()}
+        got = await real_claim(run_id, *args, **kwargs)
+        was = before.get(run_id)
+        if kwargs.get("gate") is not None and was is not None and got is not None:
+            # a gated re-check decided in the claim (``ClaimsGated``): admitted, or parked
+            if was.singleton_key is not None and not was.admitted:
+                calls.append(AdmissionCall("claim", run_id, got.admitted, before))
+        return got
+
     store.try_admit_singleton = spy
     store.create_run = spy_create
+    store.claim = spy_claim
     return calls
 
 

@@ -187,6 +187,16 @@ async def test_gated_is_recorded_once_per_episode_and_body_never_runs_while_gate
             return await real(*args, **kwargs)
 
         env.store.try_admit_singleton = counting  # type: ignore[method-assign]
+        real_claim = env.store.claim
+
+        async def counting_claims(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal store_calls
+            got = await real_claim(*args, **kwargs)
+            # (a re-check decided in the claim: ``ClaimsGated``)
+            store_calls += got is not None and got.lease_owner is None  # (denied, parked)
+            return got
+
+        env.store.claim = counting_claims  # type: ignore[method-assign]
         await env.start("lane", inp("A", "signal"), "h")
         await env.start("lane", inp("A"), "w")
         before = store_calls

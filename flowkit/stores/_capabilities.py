@@ -298,44 +298,47 @@ class GateCheck:
 
 class ClaimsGated(Protocol):
     """The optional capability ``claims_gated`` (``MemoryStore``, ``SqlStore``; ``CodecStore``
-    when the store it wraps has it): the re-check of a gated waiter (``suspended``, tagged
-    ``singleton:<key>``, not admitted, its deadline not passed, its re-check due) decided in
-    the claim, under the key's serialization, so a denied re-check reads no history and
-    writes only the waiter's next re-check: one transaction instead of four store calls
-    (claim, history, ``try_admit_singleton``, the commit that parks it again). Without it
-    (absent or false) the worker claims, then admits (docs/singleton.md)."""
+    when the store it wraps has it): ``claim`` takes a keyword ``gate`` (``GateCheck``) and
+    decides the re-check of a gated waiter in the claim itself, under the key's
+    serialization, so a denied re-check reads no history and writes only the waiter's next
+    re-check: one transaction instead of four store calls (claim, history,
+    ``try_admit_singleton``, the commit that parks it again), and an admitted one is claimed
+    with its admission. Without it (absent or false, or a ``claim`` that does not take
+    ``gate``) the worker claims, then admits (docs/singleton.md)."""
 
     claims_gated: bool
 
-    async def claim_gated(
+    async def claim(
         self,
         run_id: str,
         owner: str,
         now: float,
         lease_expires: float,
-        gate: GateCheck,
         *,
         versions: WorkflowVersions | None = None,
+        gate: GateCheck | None = None,
     ) -> Run | None:
-        """``claim`` (with ``versions`` as ``ClaimsByVersion``'s), except for a due gated
-        waiter of a pair in ``gate.limits``: atomically, under the key's serialization,
-        ``singleton.admission_tags`` decides. Admitted: claimed as ``claim`` would, with the
-        admission marker and ``singleton_admitted`` (at ``gate.admitted_at()``) appended, and
-        the key's next heads armed (``heads_to_arm``); the claimed run is returned. Denied:
-        nothing is claimed; the run stays ``suspended`` with ``wake_at`` per
-        ``singleton.denial_patch`` (the key's ``limit``; without it when
-        ``every_waiter_rechecks``) at ``gate.retry_wake_at(deadline_at)``, no event is
-        written, the heads without a timer are armed as ``try_admit_singleton`` does, and the
-        run is returned as parked, not leased and without payloads (``input``, ``output``,
-        ``error`` are ``None``), so the worker knows its next re-check. ``None``: nothing
-        was claimable."""
+        """``Store.claim`` (``versions`` as ``ClaimsByVersion``'s); with ``gate``, a due gated
+        waiter (``suspended``, tagged ``singleton:<key>``, not admitted, its deadline not
+        passed) of a pair in ``gate.limits`` is decided atomically, under the key's
+        serialization, by ``singleton.admission_tags``. Admitted: claimed as without ``gate``,
+        with the admission marker and ``singleton_admitted`` (at ``gate.admitted_at()``)
+        appended and the key's next heads armed (``heads_to_arm``). Denied: nothing is
+        claimed; the run stays ``suspended`` with ``wake_at`` per ``singleton.denial_patch``
+        (the key's ``limit``; without it when ``every_waiter_rechecks``) at
+        ``gate.retry_wake_at(deadline_at)``, no event is written, the heads without a timer
+        are armed as ``try_admit_singleton`` does, and the run is returned as parked: not
+        leased, without payloads (``input``, ``output``, ``error`` are ``None``), so the worker
+        knows its next re-check. Any other run is claimed as without ``gate``."""
         ...
 
 
 def claims_gated(store: Any) -> bool:
-    """Whether ``store`` decides a gated waiter's re-check in its claim (``ClaimsGated``)."""
-    return bool(getattr(store, "claims_gated", False)) and callable(
-        getattr(store, "claim_gated", None)
+    """Whether ``store`` decides a gated waiter's re-check in its claim (``ClaimsGated``): it
+    says so, and its ``claim`` takes ``gate`` (a subclass that overrides it with an older
+    signature does not: the worker then claims, then admits)."""
+    return bool(getattr(store, "claims_gated", False)) and takes(
+        getattr(store, "claim", None), "gate"
     )
 
 

@@ -122,8 +122,8 @@ class CodecStore(CodecFields, CodecSchedules):
     like every other event), and ``appends_events`` only when ``inner``'s is:
     ``append_events`` then forwards a step's record, its events encoded as ``commit`` encodes
     ``Update.events``. ``claims_by_version`` (``claim``/``due_runs`` with ``versions``) and
-    ``records_workers`` (no payload either) and ``claims_gated`` (``claim_gated``: the run it
-    claims decoded) are forwarded likewise, and ``continues_as_new``
+    ``records_workers`` (no payload either) and ``claims_gated`` (``claim`` with ``gate``: a denied
+    waiter comes back as it is, without payloads) are forwarded likewise, and ``continues_as_new``
     (``Update.successor``'s run and events encoded as a new run's), and ``publishes_events``
     (``publish_event``'s payload encoded, at rest in the buffer too; ``take_event``'s decoded;
     the digests of ``keys`` and ``match`` keyed with the codec's ``keyed_digest`` when it has
@@ -344,31 +344,18 @@ class CodecStore(CodecFields, CodecSchedules):
         lease_expires: float,
         *,
         versions: WorkflowVersions | None = None,
+        gate: GateCheck | None = None,
     ) -> Run | None:
-        if versions is None:
-            got = await self.inner.claim(run_id, owner, now, lease_expires)
-        elif not self.claims_by_version:  # only to an inner store that has it
-            raise TypeError(f"{self.inner!r} does not claim by version (claims_by_version)")
-        else:
-            got = await self.inner.claim(run_id, owner, now, lease_expires, versions=versions)
-        return self._maybe_run_out(got)
-
-    async def claim_gated(
-        self,
-        run_id: str,
-        owner: str,
-        now: float,
-        lease_expires: float,
-        gate: GateCheck,
-        *,
-        versions: WorkflowVersions | None = None,
-    ) -> Run | None:
-        """``ClaimsGated``, forwarded (the decision reads and writes no payload); the run it
-        claims is decoded as ``claim``'s (a denied waiter comes without payloads)."""
-        if not self.claims_gated:  # only to an inner store that has it
-            raise TypeError(f"{self.inner!r} does not claim gated waiters (claims_gated)")
-        kw = {} if versions is None else {"versions": versions}
-        got = await self.inner.claim_gated(run_id, owner, now, lease_expires, gate, **kw)
+        kw: dict[str, Any] = {}
+        if versions is not None:
+            if not self.claims_by_version:  # only to an inner store that has it
+                raise TypeError(f"{self.inner!r} does not claim by version (claims_by_version)")
+            kw["versions"] = versions
+        if gate is not None:  # (the decision reads and writes no payload)
+            if not self.claims_gated:
+                raise TypeError(f"{self.inner!r} does not claim gated waiters (claims_gated)")
+            kw["gate"] = gate
+        got = await self.inner.claim(run_id, owner, now, lease_expires, **kw)
         if got is not None and got.lease_owner != owner:
             return cast(Run, got)  # (a denied waiter, parked: it carries no payloads)
         return self._maybe_run_out(got)

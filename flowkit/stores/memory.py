@@ -95,7 +95,7 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
     """``commit`` creates ``Update.successor`` (``flowkit.stores.base.ContinuesAsNew``)."""
     publishes_events = True
     """``publish_event``/``take_event`` (``flowkit.stores.base.PublishesEvents``)."""
-    claims_gated = True  # (``claim_gated`` decides a re-check in the claim: ``ClaimsGated``)
+    claims_gated = True  # (``claim(gate=)`` decides a re-check: ``base.ClaimsGated``)
 
     def __init__(
         self,
@@ -339,6 +339,7 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         lease_expires: float,
         *,
         versions: WorkflowVersions | None = None,
+        gate: GateCheck | None = None,
     ) -> Run | None:
         if not self._mark.settled and (found := self._guard()) is not None:
             raise refuse(found, f"claim run {run_id!r} (running it needs its payloads)")
@@ -350,6 +351,22 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
             or not of_versions(run, versions)
         ):
             return None
+        limit = None if gate is None else gated_limit(run, now, gate)
+        if gate is not None and limit is not None:  # a gated re-check (``ClaimsGated``)
+            tag = run.singleton_tag or ""
+            d = decide(
+                run,
+                self._deciding(run.workflow, tag, limit, run),
+                limit,
+                gate,
+                owner,
+                now,
+                lease_expires,
+            )
+            self._put(d.run)
+            self._append(run_id, d.events)
+            self._arm_heads(run.workflow, tag, limit, d.arm_at)
+            return d.run if d.admitted else parked(d.run)
         status = RunStatus.CANCELLING if run.status is RunStatus.CANCELLING else RunStatus.RUNNING
         new = dataclasses.replace(
             run,
@@ -362,33 +379,6 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         )
         self._put(new)
         return new
-
-    async def claim_gated(
-        self,
-        run_id: str,
-        owner: str,
-        now: float,
-        lease_expires: float,
-        gate: GateCheck,
-        *,
-        versions: WorkflowVersions | None = None,
-    ) -> Run | None:
-        run = self._d.runs.get(run_id)
-        limit = None
-        if run is not None and self._visible(run) and of_versions(run, versions):
-            limit = gated_limit(run, now, gate)
-        if run is None or limit is None:
-            return await self.claim(run_id, owner, now, lease_expires, versions=versions)
-        if not self._mark.settled and (found := self._guard()) is not None:
-            raise refuse(found, f"claim run {run_id!r} (running it needs its payloads)")
-        tag = run.singleton_tag or ""  # (a gated waiter: tagged)
-        sharing = self._deciding(run.workflow, tag, limit, run)
-        d = decide(run, sharing, limit, gate, owner, now, lease_expires)
-        self._put(d.run)
-        if d.events:
-            self._append(run_id, d.events)
-        self._arm_heads(run.workflow, tag, limit, d.arm_at)
-        return d.run if d.admitted else parked(d.run)
 
     async def release_leases(self, owner: str, now: float) -> list[str]:
         released = []

@@ -14,16 +14,14 @@ re-check decided in its claim, one transaction that reads no history.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ... import singleton as _sg
 from ..._run import Run
 from ...errors import RunNotFoundError
-from .._codec_mark import CodecMark
 from .._gated import decide, gated_limit, gated_waiter, parked
 from ..base import GateCheck, WorkflowVersions
-from ..rules import claimable, of_versions
+from ..rules import of_versions
 from . import _runs as runs
 from ._connection import RETURNING, ROWS, Conn
 from ._group_commit import GroupCommit, Op
@@ -46,17 +44,17 @@ def ungated(sql: Statements, claim: str) -> str:
 
 
 class GatedClaims:
-    """Mixed into ``SqlStore`` (which sets ``_gc`` and ``_sql`` and has ``claim``,
-    ``get_run`` and ``_mark``)."""
+    """Mixed into ``SqlStore`` (which sets ``_gc`` and ``_sql`` and has ``claim`` and
+    ``get_run``)."""
 
     _gc: GroupCommit
     _sql: Statements
     _ungated: dict[str, str]
 
     claims_gated = True
+    """``claim`` takes ``gate`` (``base.ClaimsGated``)."""
 
-    if TYPE_CHECKING:  # (``SqlStore``'s, ``Reads``' and ``CodecMarked``'s)
-        _mark: CodecMark
+    if TYPE_CHECKING:  # (``SqlStore``'s and ``Reads``')
 
         async def claim(
             self,
@@ -70,30 +68,20 @@ class GatedClaims:
 
         async def get_run(self, run_id: str) -> Run | None: ...
 
-        async def _plain(self, what: str, carries: Callable[..., bool], *args: Any) -> None: ...
-
-    async def claim_gated(
+    async def _claim_gated(
         self,
-        run_id: str,
-        owner: str,
-        now: float,
-        lease_expires: float,
+        q: str,
+        params: dict[str, Any],
         gate: GateCheck,
-        *,
-        versions: WorkflowVersions | None = None,
+        versions: WorkflowVersions | None,
     ) -> Run | None:
-        if not self._mark.settled:
-            await self._plain(f"claim run {run_id!r} (running it needs its payloads)", bool, True)
-        sql = self._sql
+        """``claim(gate=)``: ``q`` (the claim statement) and its ``params`` leaving the gated
+        waiters out (step 1), then a gated waiter's decision (steps 2 and 3)."""
+        run_id, owner, now, until = params["id"], params["owner"], params["now"], params["until"]
         cache = self.__dict__.setdefault("_ungated", {})
-        params = sql.params(id=run_id, owner=owner, until=lease_expires, now=now)
-        q = sql.claim
-        if versions is not None:
-            q = sql.claim_of
-            sql.versions_params(params, "vers", sorted(set(versions)))
         stmt = cache.get(q)
         if stmt is None:
-            stmt = cache[q] = ungated(sql, q)
+            stmt = cache[q] = ungated(self._sql, q)
 
         def claimed(c: Conn, row: Any) -> Run | None:
             return None if row is None else to_run(row)
@@ -103,16 +91,12 @@ class GatedClaims:
         if got is not None:
             return got
         run = await self.get_run(run_id)
-        if run is None or not claimable(run, now) or not of_versions(run, versions):
-            return None
+        if run is None or not of_versions(run, versions) or not gated_waiter(run, now):
+            return None  # (not claimable: changed since, the poller sees it again)
         limit = gated_limit(run, now, gate)
-        if limit is None:
-            # (a gated waiter of a pair this worker does not decide here: claimed as before;
-            # any other run changed since the claim above: the poller sees it again)
-            if not gated_waiter(run, now):
-                return None
-            return await self.claim(run_id, owner, now, lease_expires, versions=versions)
-        return await self._decide(run, limit, owner, now, lease_expires, gate, versions)
+        if limit is None:  # (a gated waiter of a pair not decided here: claimed as before)
+            return await self.claim(run_id, owner, now, until, versions=versions)
+        return await self._decide(run, limit, owner, now, until, gate, versions)
 
     async def _decide(
         self,

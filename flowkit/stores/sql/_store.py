@@ -27,6 +27,7 @@ from ..base import (
     Admission,
     AdmittedAt,
     CommitResult,
+    GateCheck,
     QueueCap,
     Update,
     WorkflowVersions,
@@ -306,6 +307,7 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
         lease_expires: float,
         *,
         versions: WorkflowVersions | None = None,
+        gate: GateCheck | None = None,
     ) -> Run | None:
         if not self._mark.settled:
             await self._plain(f"claim run {run_id!r} (running it needs its payloads)", bool, True)
@@ -314,6 +316,8 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
         if versions is not None:
             q = self._sql.claim_of
             self._sql.versions_params(params, "vers", sorted(set(versions)))
+        if gate is not None:  # (a gated waiter's re-check decided in the claim: ``_gated_sql``)
+            return await self._claim_gated(q, params, gate, versions)
         first = (q, params, RETURNING)
         return await self._gc.write(Op(self._run_or_none, first, run_id, single=_always))
 
