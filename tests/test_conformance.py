@@ -182,6 +182,10 @@ def test_registry_covers_every_check_function() -> None:
         "hand_over_only_to_a_version_of_the_releaser",
     }
     assert {n for n, c in CHECKS.items() if "records_workers" in c.requires} == {"record_worker"}
+    assert {n for n, c in CHECKS.items() if "claims_gated" in c.requires} == {
+        "gated_claim_denied_writes_only_the_next_recheck",
+        "gated_claim_admits_and_claims",
+    }
     assert {n for n, c in CHECKS.items() if "continues_as_new" in c.requires} == {
         "continue_as_new_creates_the_successor",
         "continue_as_new_is_all_or_nothing",

@@ -83,6 +83,10 @@ from ._on_create import (
     check_create_gates_behind_holders,
 )
 from ._published import check_latest_event_finds_the_newest_match
+from ._recheck import (
+    check_gated_claim_admits_and_claims,
+    check_gated_claim_denied_writes_only_the_next_recheck,
+)
 from ._recoveries import (
     check_claim_counts_lost_activations,
     check_dead_is_terminal,
@@ -254,6 +258,8 @@ __all__ = [
     "check_due_schedules",
     "check_event_seqs_gap_free",
     "check_expect_status_conflict_writes_nothing",
+    "check_gated_claim_admits_and_claims",
+    "check_gated_claim_denied_writes_only_the_next_recheck",
     "check_hand_over_only_to_a_version_of_the_releaser",
     "check_id_ties_by_code_point",
     "check_identifier_limits",

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
-from flowkit.stores.base import claims_by_version, records_admission
+from flowkit.stores.base import claims_by_version, claims_gated, records_admission
 
 from ._support import (
     ConformanceError,
@@ -36,6 +36,7 @@ OPTIONAL_CAPABILITIES = (
     "appends_events",
     "records_admission",
     "claims_by_version",
+    "claims_gated",
     "records_workers",
     "continues_as_new",
     "keeps_schedules",
@@ -44,7 +45,8 @@ OPTIONAL_CAPABILITIES = (
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
 (``create_run`` takes an ``Admission``), ``appends_events`` (``append_events`` records a
 running step), ``claims_by_version`` (``claim``/``due_runs`` take ``versions``) and
-``records_workers`` (``record_worker``/``workers``), ``continues_as_new`` (``commit`` takes
+``records_workers`` (``record_worker``/``workers``), ``claims_gated`` (``claim`` takes
+``gate``: a gated waiter's re-check decided in the claim), ``continues_as_new`` (``commit`` takes
 ``Update.successor``), ``keeps_schedules`` (durable schedules: ``flowkit.stores.schedules``),
 ``publishes_events`` (``publish_event``/``take_event``)."""
 
@@ -131,4 +133,6 @@ async def optional_methods(factory: StoreFactory) -> set[str]:
         have.discard("records_admission")
     if not claims_by_version(store):  # (likewise its claim and due_runs)
         have.discard("claims_by_version")
+    if not claims_gated(store):  # (likewise its claim)
+        have.discard("claims_gated")
     return have
