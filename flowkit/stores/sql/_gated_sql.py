@@ -1,16 +1,18 @@
-"""``SqlStore.claim_gated`` (``base.ClaimsGated``, mixed into the store): a gated waiter's
+"""``SqlStore.claim(gate=)`` (``base.ClaimsGated``, mixed into the store): a gated waiter's
 re-check decided in its claim, one transaction that reads no history.
 
-1. The plain claim, one statement as ``claim``'s, except that it leaves gated waiters alone
-   (``_gated.gated_waiter`` in SQL): every other due run is claimed as before, at no cost.
-2. When it claimed nothing: the run's row (one read by id) says whether it is a gated
-   waiter of a pair the worker runs, and of which key.
-3. Then the admission's transaction, as ``try_admit_singleton``'s: the key's advisory lock
-   (PostgreSQL; SQLite's write lock holds everything already), the row locked with the key's
-   holders and ``limit + 1`` oldest waiters in one statement, the decision
-   (``_gated.decide``), and its writes with the ``COMMIT``: admitted, the claim, the marker
-   and ``singleton_admitted``; denied, the next ``wake_at`` only; the key's heads without a
-   timer armed in both cases."""
+* SQLite (its write lock serializes every key already): one transaction reads the run's row;
+  a gated waiter of a pair the worker runs is decided there (the key's holders and
+  ``limit + 1`` oldest waiters read, ``_gated.decide``, its writes), any other run claimed
+  by the plain claim statement.
+* PostgreSQL (a key is serialized by its advisory lock, taken first in a transaction): one
+  statement claims any run but a gated waiter, or else returns the gated waiter's row
+  (writing nothing); then the admission's transaction, as ``try_admit_singleton``'s: the
+  key's lock, the row locked with the key's runs in one statement, the decision, and its
+  writes with the ``COMMIT``.
+
+Admitted: the claim, the marker and ``singleton_admitted``; denied: the next ``wake_at`` only.
+The key's heads without a timer are armed in both cases."""
 
 from __future__ import annotations
 
@@ -19,28 +21,42 @@ from typing import TYPE_CHECKING, Any
 from ... import singleton as _sg
 from ..._run import Run
 from ...errors import RunNotFoundError
-from .._gated import decide, gated_limit, gated_waiter, parked
+from .._gated import decide, gated_limit, parked
 from ..base import GateCheck, WorkflowVersions
 from ..rules import of_versions
 from . import _runs as runs
-from ._connection import RETURNING, ROWS, Conn
+from ._connection import ROWS, Conn
 from ._group_commit import GroupCommit, Op
 from ._rows import LAST_SEQ, lock_name, to_run
-from ._statements import Statements
+from ._statements import Statements, claimable
 
 
 def _always(_result: Any) -> bool:
     return True
 
 
-def ungated(sql: Statements, claim: str) -> str:
-    """The claim statement ``claim`` (``Statements.claim`` or ``claim_of``) leaving out the
-    gated waiters (``_gated.gated_waiter``: the claim rule holds already)."""
-    gated = (
+def gated_sql(sql: Statements) -> str:
+    """``_gated.gated_waiter`` in SQL, but for the claim rule (the claim checks it)."""
+    return (
         f"status = 'suspended' AND singleton_key IS NOT NULL AND admitted = {sql.FALSE}"
         f" AND (deadline_at IS NULL OR deadline_at > {sql.p('now')})"
     )
-    return claim.replace(" RETURNING ", f" AND NOT ({gated}) RETURNING ", 1)
+
+
+def claim_or_gated(sql: Statements, claim: str) -> str:
+    """(PostgreSQL) one statement: the claim statement ``claim`` (``Statements.claim`` or
+    ``claim_of``) leaving the gated waiters out, its row as ``0``; else the row of the run
+    when it is a claimable gated waiter (of the same versions), as ``1``, nothing written."""
+    gated = gated_sql(sql)
+    upd = claim.replace(" RETURNING ", f" AND NOT ({gated}) RETURNING ", 1)
+    rule = claimable(sql.p("now"))
+    if claim == sql.claim_of:
+        rule += f" AND {sql.in_versions('vers')}"
+    return (
+        f"WITH u AS ({upd}) SELECT 0 AS k, u.* FROM u UNION ALL"
+        f" SELECT 1 AS k, r.* FROM ({sql.get_run} AND {gated} AND {rule}) AS r"
+        f" WHERE NOT EXISTS (SELECT 1 FROM u)"
+    )
 
 
 class GatedClaims:
@@ -75,28 +91,79 @@ class GatedClaims:
         gate: GateCheck,
         versions: WorkflowVersions | None,
     ) -> Run | None:
-        """``claim(gate=)``: ``q`` (the claim statement) and its ``params`` leaving the gated
-        waiters out (step 1), then a gated waiter's decision (steps 2 and 3)."""
+        """``claim(gate=)``: ``q`` (the claim statement) with its ``params``, but for a gated
+        waiter of a pair in ``gate.limits``, decided instead."""
+        sql = self._sql
         run_id, owner, now, until = params["id"], params["owner"], params["now"], params["until"]
+        if not sql.CTE_WRITES:  # SQLite: everything in one transaction
+
+            def lite(c: Conn, _: None) -> Run | None:
+                row = c.one(sql.get_run, sql.params(id=run_id))
+                seen = None if row is None else to_run(row)
+                limit = None
+                if seen is not None and of_versions(seen, versions):
+                    limit = gated_limit(seen, now, gate)
+                if seen is None or limit is None:
+                    claimed = c.returning(q, params)
+                    return None if claimed is None else to_run(claimed)
+                tag = seen.singleton_tag or ""
+                key = sql.locked_with_sharing(run_id, seen.workflow, tag, limit + 1)
+                return self._decided(c, c.all(*key), seen, limit, owner, now, until, gate, versions)
+
+            return await self._gc.write(Op(lite, None, run_id))
         cache = self.__dict__.setdefault("_ungated", {})
         stmt = cache.get(q)
         if stmt is None:
-            stmt = cache[q] = ungated(self._sql, q)
+            stmt = cache[q] = claim_or_gated(sql, q)
 
-        def claimed(c: Conn, row: Any) -> Run | None:
-            return None if row is None else to_run(row)
+        def first_rows(c: Conn, rows: Any) -> tuple[int, Run] | None:
+            return None if not rows else (int(rows[0][0]), to_run(tuple(rows[0][1:])))
 
-        first = (stmt, params, RETURNING)
-        got = await self._gc.write(Op(claimed, first, run_id, single=_always))
-        if got is not None:
-            return got
-        run = await self.get_run(run_id)
-        if run is None or not of_versions(run, versions) or not gated_waiter(run, now):
-            return None  # (not claimable: changed since, the poller sees it again)
+        got = await self._gc.write(Op(first_rows, (stmt, params, ROWS), run_id, single=_always))
+        if got is None:
+            return None
+        kind, run = got
+        if kind == 0:
+            return run
         limit = gated_limit(run, now, gate)
         if limit is None:  # (a gated waiter of a pair not decided here: claimed as before)
             return await self.claim(run_id, owner, now, until, versions=versions)
         return await self._decide(run, limit, owner, now, until, gate, versions)
+
+    def _decided(
+        self,
+        c: Conn,
+        found: Any,
+        seen: Run,
+        limit: int,
+        owner: str,
+        now: float,
+        until: float,
+        gate: GateCheck,
+        versions: WorkflowVersions | None,
+    ) -> Run | None:
+        """Decide ``seen``'s re-check over ``found`` (``Statements.locked_with_sharing``'s
+        rows, read under the key's serialization) and queue its writes."""
+        sql = self._sql
+        wf, tag, run_id = seen.workflow, seen.singleton_tag or "", seen.id
+        row, sharing = runs.split(found, tag)
+        if row is None:
+            raise RunNotFoundError(run_id)
+        run = to_run(row)
+        if not of_versions(run, versions) or gated_limit(run, now, gate) != limit:
+            return None  # (it changed since it was read: the poller sees it again)
+        d = decide(run, sharing, limit, gate, owner, now, until)
+        if d.events:  # its singleton_admitted, with the marker and the lease
+            seq = int(row[LAST_SEQ]) + 1
+            runs.write_changes(sql, c, run, d.run, later=True, last_seq=seq)
+            runs.append(sql, c, run_id, seq, d.events, later=True)
+        else:
+            runs.write_changes(sql, c, run, d.run, later=True)
+        after = [d.run if r.id == run_id else r for r in sharing]
+        for wid in _sg.heads_to_arm(after, tag, wf, limit, d.arm_at):
+            if wid != run_id:
+                c.later(sql.arm_head, {"id": wid, "at": d.arm_at})
+        return d.run if d.admitted else parked(d.run)
 
     async def _decide(
         self,
@@ -104,37 +171,19 @@ class GatedClaims:
         limit: int,
         owner: str,
         now: float,
-        lease_expires: float,
+        until: float,
         gate: GateCheck,
         versions: WorkflowVersions | None,
     ) -> Run | None:
-        """The admission's transaction for the gated waiter ``seen`` (step 3)."""
-        sql = self._sql
+        """(PostgreSQL) the admission's transaction for the gated waiter ``seen``."""
         wf, tag, run_id = seen.workflow, seen.singleton_tag or "", seen.id
 
         def op(c: Conn, found: Any) -> Run | None:
-            row, sharing = runs.split(found, tag)
-            if row is None:
-                raise RunNotFoundError(run_id)
-            run = to_run(row)
-            if not of_versions(run, versions) or gated_limit(run, now, gate) != limit:
-                return None  # (it changed since it was read: the poller sees it again)
-            d = decide(run, sharing, limit, gate, owner, now, lease_expires)
-            if d.events:  # its singleton_admitted, with the marker and the lease
-                seq = int(row[LAST_SEQ]) + 1
-                runs.write_changes(sql, c, run, d.run, later=True, last_seq=seq)
-                runs.append(sql, c, run_id, seq, d.events, later=True)
-            else:
-                runs.write_changes(sql, c, run, d.run, later=True)
-            after = [d.run if r.id == run_id else r for r in sharing]
-            for wid in _sg.heads_to_arm(after, tag, wf, limit, d.arm_at):
-                if wid != run_id:
-                    c.later(sql.arm_head, {"id": wid, "at": d.arm_at})
-            return d.run if d.admitted else parked(d.run)
+            return self._decided(c, found, seen, limit, owner, now, until, gate, versions)
 
         # (limit + 1 waiters: the heads once this run is admitted, as try_admit_singleton's)
-        first = (*sql.locked_with_sharing(run_id, wf, tag, limit + 1), ROWS)
+        first = (*self._sql.locked_with_sharing(run_id, wf, tag, limit + 1), ROWS)
         return await self._gc.write(Op(op, first, run_id, locks=(lock_name(wf, tag),)))
 
 
-__all__ = ["GatedClaims", "ungated"]
+__all__ = ["GatedClaims", "claim_or_gated", "gated_sql"]
