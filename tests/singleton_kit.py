@@ -147,10 +147,10 @@ def spy_admissions(env: TestEnv) -> list[AdmissionCall]:
         before = {r.id: r for r in await store.list_runs()}
         got = await real_claim(run_id, *args, **kwargs)
         was = before.get(run_id)
-        if kwargs.get("gate") is not None and was is not None and got is not None:
-            # a gated re-check decided in the claim (``ClaimsGated``): admitted, or parked
-            if was.singleton_key is not None and not was.admitted:
-                calls.append(AdmissionCall("claim", run_id, got.admitted, before))
+        # a gated waiter's re-check decided in the claim (``ClaimsGated``): admitted, or parked
+        gated = was is not None and was.singleton_key is not None and not was.admitted
+        if kwargs.get("gate") is not None and gated and got is not None:
+            calls.append(AdmissionCall("claim", run_id, got.admitted, before))
         return got
 
     store.try_admit_singleton = spy
