@@ -46,7 +46,8 @@ async def settle_dead(drive: Drive, run: Run, defn: WorkflowDefinition, bound: i
     )
     log.error("run %s is dead: %s", run.id, info.message)
     notify = None
-    if run.singleton_key is not None and drive.config.notify_on_release:
+    # (a waiter always notifies: the one behind it may be a head now, and need its timer)
+    if run.singleton_key is not None and (drive.config.notify_on_release or not run.admitted):
         notify = gate.release_notify(run, defn)
     t.op = "commit of the dead outcome"
     await drive._commit(
@@ -97,7 +98,7 @@ async def _deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: T
         if not _cancel.receives(run, events):
             limit = _cancel.limit_of(drive.config.registry, run)
             update = gate.cancel_at_once(run, limit, now, reason)
-            if not drive.config.notify_on_release:
+            if not drive.config.notify_on_release and run.admitted:  # (a waiter notifies)
                 update = dataclasses.replace(update, notify=None)
             await drive._commit(run, update, t)
             return None

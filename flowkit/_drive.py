@@ -300,7 +300,8 @@ class Drive:
                 if not proof.live():
                     raise LeaseLostError(run.id)
                 t.op = "singleton admission"
-                passed = await self.gate.admit(run, events, defn, notify, self._committer(t))
+                # (a waiter settling here always notifies: the next one may need its timer)
+                passed = await self.gate.admit(run, events, defn, release, self._committer(t))
                 if passed is None:
                     return  # parked behind the key's holders, or cancelled
                 unwritten = passed

@@ -29,7 +29,6 @@ from .events import (
     SingletonReleased,
 )
 from .stores.base import (
-    UNSET,
     Admission,
     CommitResult,
     ConflictError,
@@ -38,6 +37,7 @@ from .stores.base import (
     RecordsAdmission,
     Store,
     Update,
+    rechecks_heads,
     records_admission,
 )
 
@@ -227,11 +227,20 @@ class Gate:
         self._notifies = notifies
         # the store writes ``singleton_admitted`` with the admission marker (RecordsAdmission)
         self.records_admission = records_admission(store)
+        # a re-check behind the heads of the queue parks without a timer (rechecks_heads)
+        self._heads_only = rechecks_heads(store)
 
     @property
     def notify_on_release(self) -> bool:
         """Whether releases notify the key's waiters (``Engine(notify_on_release=)``)."""
         return self._notifies is None or self._notifies()
+
+    def _rechecks(self, events: Sequence[Event]) -> bool:
+        """Whether a denial of a run with ``events`` may park it without a timer behind the
+        heads of the queue: it was gated before (a first denial keeps its ~1 s re-check,
+        DESIGN §4 clause 4), this engine's releases arm the next heads, and the store
+        decides so (``rechecks_heads``)."""
+        return self.notify_on_release and self._heads_only and not needs_gated_event(events)
 
     # -- at creation -------------------------------------------------------------------------
     def admission(
@@ -255,7 +264,6 @@ class Gate:
             (SingletonGated(key=key, retry_at=retry_at, at=now),),
             (SingletonAdmitted(key=key, at=now),),
             self.clock.now,  # (dates the admission inside the insert's transaction)
-            every_waiter_rechecks=not self.notify_on_release,
         )
 
     @staticmethod
@@ -308,8 +316,11 @@ class Gate:
         retry_at = retry_wake_at(now, self.rng, run.deadline_at)
         limit = _limit(defn)
         if self.records_admission:  # the store writes singleton_admitted with the marker
+            # (a re-check of a waiter gated before: behind the heads it parks without a
+            # timer, unless no release of this engine would make it a head)
+            kw = {"recheck": True} if self._rechecks(events) else {}
             ok = await cast(RecordsAdmission, self.store).try_admit_singleton(
-                run.id, tag, run.workflow, limit, retry_at, admitted_at=self.clock.now
+                run.id, tag, run.workflow, limit, retry_at, admitted_at=self.clock.now, **kw
             )
             if ok:
                 return []
@@ -335,10 +346,7 @@ class Gate:
         evs: list[Event] = []
         if needs_gated_event(events):
             evs.append(SingletonGated(key=key, retry_at=retry_at, at=now))
-        # (the store parked it with a timer only at the head of the queue; without
-        # notify-on-release every waiter keeps one)
-        wake: Any = UNSET if self.notify_on_release else retry_at
-        park = Update(events=evs, release_lease=True, expect_status=_NOT_CANCELLING, wake_at=wake)
+        park = Update(events=evs, release_lease=True, expect_status=_NOT_CANCELLING)
         try:
             await commit(run, park)
         except ConflictError:

@@ -95,7 +95,8 @@ async def wake(env: TestEnv, run_id: str) -> float | None:
 async def test_a_retried_run_re_enters_a_deep_queue_in_its_place(store: Any) -> None:
     """``engine.retry`` keeps the run's ``(created_at, id)``: a retried run older than every
     waiter becomes the head (a timer; the displaced head loses its timer at its next
-    re-check), one behind the head parks without a timer, and the slot goes in FIFO order."""
+    re-check), one behind the head re-checks once (a first denial of its new episode) and
+    then parks without a timer, and the slot goes in FIFO order."""
     lane = make_lane()
     lane.fail.update({"a", "b"})
     async with TestEnv([lane], store=store) as env:
@@ -106,22 +107,24 @@ async def test_a_retried_run_re_enters_a_deep_queue_in_its_place(store: Any) -> 
         await env.start("lane", inp("A", "signal"), "h")  # holds the slot
         for w in ("w1", "w2"):
             await env.start("lane", inp("A"), w)
-        now = env.clock.now()
+        # first denials re-check wherever they stand (DESIGN §4 clause 4) ...
+        assert None not in [await wake(env, "w1"), await wake(env, "w2")]
+        await env.advance(1.5)  # ... and a re-check behind the head parks without a timer
         assert (await wake(env, "w1")) is not None and (await wake(env, "w2")) is None
         lane.fail.clear()
         await env.advance(5)
         await env.retry("a")  # older than w1: the new head
-        await env.retry("b")  # behind "a": no timer
+        await env.retry("b")  # behind "a": a timer until its first re-check
         now = env.clock.now()
         a_wake = await wake(env, "a")
         assert a_wake is not None and now < a_wake <= now + SOON
-        assert (await wake(env, "b")) is None
+        assert (await wake(env, "b")) is not None
         assert (await get(env, "b")).status is RunStatus.SUSPENDED
         # the displaced head w1 keeps its timer until its next re-check parks it without one
         w1_wake = await wake(env, "w1")
         assert w1_wake is not None
         await env.advance(2)
-        assert (await wake(env, "w1")) is None and (await wake(env, "w2")) is None
+        assert [await wake(env, r) for r in ("b", "w1", "w2")] == [None] * 3
         assert (await get(env, "a")).status is RunStatus.SUSPENDED
         await env.signal("h", "go")
         await env.run_until_idle()
@@ -280,8 +283,10 @@ async def test_each_namespace_has_heads_of_its_own(backend: Backend) -> None:
         for i in (1, 2, 3):
             await put(s, mk(f"{p}w{i}", key="k", t=T0 + dt + i))
         assert await s.try_admit_singleton(f"{p}h", TAG, "wf", 1, T0 + 20)
+        for i in (1, 2, 3):  # first denials, then re-checks (behind the head: no timer)
+            assert not await s.try_admit_singleton(f"{p}w{i}", TAG, "wf", 1, T0 + 20.5)
         for i in (1, 2, 3):
-            assert not await s.try_admit_singleton(f"{p}w{i}", TAG, "wf", 1, T0 + 21)
+            assert not await s.try_admit_singleton(f"{p}w{i}", TAG, "wf", 1, T0 + 21, recheck=True)
 
     async def wakes(ns: str) -> list[float | None]:
         s, p = views[ns], ns.lower()

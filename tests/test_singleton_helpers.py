@@ -203,8 +203,10 @@ async def test_memory_store_admits_as_the_helpers_over_the_whole_key(seed: int) 
         sharing = [x for x in sharing if x.status.active]
         me = store._d.runs[r.id]
         want_tags = admission_tags(sharing, r.id, TAG, WF, limit)
-        want_patch = None if want_tags else denial_patch(sharing, r.id, TAG, WF, 999.0, limit)
-        got = await store.try_admit_singleton(r.id, TAG, WF, limit, 999.0)
+        recheck = rng.random() < 0.5  # (a re-check parks behind the heads untimed)
+        heads = limit if recheck else None
+        want_patch = None if want_tags else denial_patch(sharing, r.id, TAG, WF, 999.0, heads)
+        got = await store.try_admit_singleton(r.id, TAG, WF, limit, 999.0, recheck=recheck)
         after = store._d.runs[r.id]
         assert got == (want_tags is not None)
         if want_tags is not None:

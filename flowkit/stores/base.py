@@ -84,8 +84,8 @@ class Admission:
     ``flowkit.singleton.admission_tags`` over the active runs of ``workflow`` carrying ``tag``
     (``"singleton:" + key``) plus the new run, with ``limit`` slots. Admitted: the run is
     stored with the admission marker, otherwise as passed. Denied: it is stored parked as
-    ``flowkit.singleton.denial_patch`` says with ``limit`` (``suspended``, ``wake_at`` the
-    ``retry_wake_at`` of a head of the queue, none behind it) and without a lease, and
+    ``flowkit.singleton.denial_patch`` says (``suspended``, ``wake_at=retry_wake_at``: a first
+    denial, DESIGN §4 clause 4) and without a lease, and
     ``gated`` (the engine's ``singleton_gated`` record) is appended after the run's events.
     Admitted, a store with ``records_admission`` appends ``admitted`` (the
     ``singleton_admitted`` record) after them: the history shows the slot from the instant
@@ -101,10 +101,6 @@ class Admission:
     # read inside the transaction, once the key is serialized, to date ``admitted``: an
     # admission is never dated before a release it had to wait for
     clock: Callable[[], float] | None = None
-    # every denied run re-checks at ``retry_wake_at`` (``denial_patch`` without the limit),
-    # not only the heads of the queue: for an engine without notify-on-release, where no
-    # release makes the next waiter a head
-    every_waiter_rechecks: bool = False
 
     def __post_init__(self) -> None:
         check_limit(self.limit)  # (ValueError: a key without a slot would park every run)
@@ -342,6 +338,11 @@ class RecordsAdmission(Protocol):
       when it sets the marker (not when the run already held it). ``T`` may be a clock
       (a callable): the store then reads it inside the transaction, once the key is
       serialized, so an admission is never dated before the release it waited for;
+    * ``try_admit_singleton(..., recheck=True)``: the run was gated before (a re-check, not
+      its first denial): denied behind the heads of the queue (``singleton.heads``), it
+      parks without a timer (``denial_patch`` with the limit) until whatever makes it a head
+      arms it. A first denial (``recheck=False``, the default) parks with
+      ``retry_wake_at`` as DESIGN §4 says, wherever the run stands in the queue;
     * a hand-off (``Notify.claim_owner``) appends ``SingletonAdmitted(key, at=now)`` to the
       waiter it admits, and the ``HandOff``'s events include it.
 
@@ -358,6 +359,7 @@ class RecordsAdmission(Protocol):
         retry_wake_at: float | None = None,
         *,
         admitted_at: AdmittedAt = None,
+        recheck: bool = False,
     ) -> bool: ...
 
 
@@ -376,6 +378,18 @@ def records_admission(store: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return "admitted_at" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def rechecks_heads(store: Any) -> bool:
+    """Whether ``store``'s ``try_admit_singleton`` takes ``recheck`` (``RecordsAdmission``):
+    a re-check behind the heads of the queue then parks without a timer."""
+    if not records_admission(store):
+        return False
+    try:
+        params = inspect.signature(store.try_admit_singleton).parameters
+    except (TypeError, ValueError):
+        return False
+    return "recheck" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 class ReleasesLeases(Protocol):

@@ -48,6 +48,7 @@ from .base import (
     continues_as_new,
     prunes_runs,
     publishes_events,
+    rechecks_heads,
     records_admission,
     records_workers,
 )
@@ -243,16 +244,18 @@ class CodecStore(CodecFields, CodecSchedules):
         retry_wake_at: float | None = None,
         *,
         admitted_at: AdmittedAt = None,
+        recheck: bool = False,
     ) -> bool:
         # no payload is read or written: the key and tags are in clear
-        if admitted_at is None:
+        if admitted_at is None and not recheck:
             return bool(
                 await self.inner.try_admit_singleton(run_id, tag, workflow, limit, retry_wake_at)
             )
+        kw: dict[str, Any] = {"admitted_at": admitted_at} if admitted_at is not None else {}
+        if recheck and rechecks_heads(self.inner):
+            kw["recheck"] = True
         return bool(
-            await self.inner.try_admit_singleton(
-                run_id, tag, workflow, limit, retry_wake_at, admitted_at=admitted_at
-            )
+            await self.inner.try_admit_singleton(run_id, tag, workflow, limit, retry_wake_at, **kw)
         )
 
     # -- the contract (see flowkit.stores.base.Store) --------------------------------------

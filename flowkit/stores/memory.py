@@ -556,6 +556,7 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         retry_wake_at: float | None = None,
         *,
         admitted_at: AdmittedAt = None,
+        recheck: bool = False,
     ) -> bool:
         _sg.check_limit(limit)  # (before anything: a limit of 0 would park the run for ever)
         run = self._get(run_id)
@@ -570,7 +571,9 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
                 if retry_wake_at is not None:  # the waiter behind it is a head now
                     self._arm_heads(workflow, tag, limit, retry_wake_at)
             return True
-        patch = _sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at, limit)
+        # (a re-check behind the heads parks without a timer; a first denial keeps one)
+        heads = limit if recheck else None
+        patch = _sg.denial_patch(runs, run_id, tag, workflow, retry_wake_at, heads)
         if patch:
             self._put(dataclasses.replace(run, **patch))
             if retry_wake_at is not None:

@@ -70,8 +70,8 @@ def admit_new(
     """Admission at creation, for every store: the new ``run`` as it must be stored and its
     events, decided over ``sharing`` (the active runs of the admission's workflow carrying its
     tag, read under the key's serialization) with the shared helpers. Admitted: the run with
-    the admission marker. Denied: parked as ``denial_patch`` says (a timer only at the
-    head of the queue), without a lease, with
+    the admission marker. Denied: parked as ``denial_patch`` says (a first denial: a timer
+    wherever it stands in the queue), without a lease, with
     ``admission.gated`` after ``events``. A run the helpers neither admit nor park (a
     cancelling or settled one) is stored as passed."""
     if run.workflow != admission.workflow or admission.tag not in run.tags:
@@ -89,8 +89,7 @@ def admit_new(
             at = admission.clock()
             admitted = tuple(e.model_copy(update={"at": at}) for e in admitted)
         return dataclasses.replace(run, tags=tuple(tags)), [*events, *admitted]
-    heads_only = None if admission.every_waiter_rechecks else admission.limit
-    patch = _sg.denial_patch(runs, run.id, tag, wf, admission.retry_wake_at, heads_only)
+    patch = _sg.denial_patch(runs, run.id, tag, wf, admission.retry_wake_at)
     if not patch:
         return run, list(events)
     parked = dataclasses.replace(run, **patch, lease_owner=None, lease_expires=None)

@@ -74,22 +74,15 @@ async def expect_admitted_at_creation(
 
 
 async def expect_gated_at_creation(
-    s: Store,
-    run: Run,
-    adm: Admission,
-    what: str,
-    cap: QueueCap | None = None,
-    behind: bool = False,
+    s: Store, run: Run, adm: Admission, what: str, cap: QueueCap | None = None
 ) -> Run:
-    """Create ``run`` deciding ``adm``: it must come back parked, with the gated events. A
-    head of the queue re-checks at ``retry_wake_at``; one ``behind`` the key's first
-    ``limit`` waiters holds no timer (``wake_at`` its deadline, ``None`` without one)."""
+    """Create ``run`` deciding ``adm``: it must come back parked, with the gated events."""
     stored, created = await create(s, run, adm, cap)
     expect(created, f"{what}: create_run of a new id returned created=False")
     want = dataclasses.replace(
         run,
         status=S.SUSPENDED,
-        wake_at=run.deadline_at if behind else adm.retry_wake_at,
+        wake_at=adm.retry_wake_at,
         lease_owner=None,
         lease_expires=None,
         updated_at=stored.updated_at,
@@ -145,8 +138,7 @@ async def check_create_admits_on_a_free_key(factory: StoreFactory) -> None:
 async def check_create_gates_behind_holders(factory: StoreFactory) -> None:
     """``create_run`` with an ``Admission`` on a held key stores the run gated: ``suspended``
     with ``wake_at=retry_wake_at``, no lease, no marker, and the history ``events`` followed by
-    ``Admission.gated`` (seq 1..n); behind an older waiter it holds no timer (``wake_at``
-    ``None``). It is not claimable before its wake time and is due then;
+    ``Admission.gated`` (seq 1..n). It is not claimable before its wake time and is due then;
     a cancelling holder keeps the slot; the slot still goes to it once the holder settles."""
     s = await make_store(factory)
     await expect_admitted_at_creation(s, claimed("h"), admission(T0 + 1), "the holder")
@@ -165,11 +157,7 @@ async def check_create_gates_behind_holders(factory: StoreFactory) -> None:
     # a cancelling holder keeps its slot; once it settles the gated waiter takes it
     await s.commit("h", "w1", T0 + 4, Update(status=S.CANCELLING))
     await expect_gated_at_creation(
-        s,
-        claimed("x", t=T0 + 4),
-        admission(T0 + 5, at=T0 + 4),
-        "x behind a cancelling holder",
-        behind=True,
+        s, claimed("x", t=T0 + 4), admission(T0 + 5, at=T0 + 4), "x behind a cancelling holder"
     )
     await s.commit("h", "w1", T0 + 6, Update(events=[RunCancelled(at=T0 + 6)], status=S.CANCELLED))
     expect(await s.try_admit_singleton("w", TAG, WF, 1, T0 + 7), "the oldest waiter denied")
@@ -188,11 +176,7 @@ async def check_create_admission_is_fifo_behind_waiters(factory: StoreFactory) -
     s = await make_store(factory)
     await put(s, mk("z", key="k", t=T0))  # an older waiter, never admitted
     await expect_gated_at_creation(
-        s,
-        claimed("a", t=T0 + 1),
-        admission(T0 + 2, at=T0 + 1),
-        "a behind the older waiter z",
-        behind=True,
+        s, claimed("a", t=T0 + 1), admission(T0 + 2, at=T0 + 1), "a behind the older waiter z"
     )
     expect_eq(await admitted_ids(s, "k"), [], "holders of k (the slot is still free)")
     expect(await s.try_admit_singleton("z", TAG, WF, 1, T0 + 2), "the oldest waiter z denied")
@@ -203,11 +187,7 @@ async def check_create_admission_is_fifo_behind_waiters(factory: StoreFactory) -
     )
     await s.commit("h", "w1", T0 + 3, Update(events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED))
     await expect_gated_at_creation(
-        s,
-        claimed("p2", key="p", t=T0 + 4),
-        admission(T0 + 5, key="p", at=T0 + 4),
-        "p2 behind p1",
-        behind=True,
+        s, claimed("p2", key="p", t=T0 + 4), admission(T0 + 5, key="p", at=T0 + 4), "p2 behind p1"
     )
     # same created_at: the smaller id is the older waiter
     await put(s, mk("m", key="i", t=T0))
@@ -285,12 +265,7 @@ async def check_create_admission_respects_the_queue_cap(factory: StoreFactory) -
     await s.commit("h", "w1", T0 + 3, Update(events=[RunCompleted(at=T0 + 3)], status=S.COMPLETED))
     # a place is free again; the slot is too, but the older waiter w is ahead of x
     await expect_gated_at_creation(
-        s,
-        claimed("x", t=T0 + 4),
-        admission(T0 + 5, at=T0 + 4),
-        "x behind the waiter w",
-        cap,
-        behind=True,
+        s, claimed("x", t=T0 + 4), admission(T0 + 5, at=T0 + 4), "x behind the waiter w", cap
     )
 
 

@@ -170,9 +170,9 @@ async def check_admission_skips_cancelling_and_terminal(factory: StoreFactory) -
 
 @check(requires=["try_admit_singleton"])
 async def check_denial_parks_waiter(factory: StoreFactory) -> None:
-    """A denied waiter becomes ``suspended`` with ``wake_at=retry_wake_at`` at the head of
-    the queue, without a timer behind it (nothing else changes, the lease included); without
-    ``retry_wake_at`` nothing changes; a holder is never parked."""
+    """A denied waiter becomes ``suspended`` with ``wake_at=retry_wake_at`` (nothing else
+    changes, the lease included); without ``retry_wake_at`` nothing changes; a holder is
+    never parked."""
     s = await make_store(factory)
     await put(s, mk("h", key="k", t=T0 - 1))
     expect(await s.try_admit_singleton("h", TAG, WF, 1, T0 + 1), "the only waiter 'h' denied")
@@ -190,8 +190,7 @@ async def check_denial_parks_waiter(factory: StoreFactory) -> None:
     expect_eq(await s.get_run("b"), b, "a denial without retry_wake_at must change nothing")
     expect(not await s.try_admit_singleton("l", TAG, WF, 1, T0 + 2), "'l' admitted twice")
     got = await get(s, "l")
-    # (behind the head 'a': no timer; its lease stays)
-    expect_eq(got, parked(leased, got, None), "a denied leased waiter parked (lease kept)")
+    expect_eq(got, parked(leased, got, T0 + 2), "a denied leased waiter parked (lease kept)")
     expect(not await s.try_admit_singleton("a", TAG, WF, 1, T0 + 3), "'a' admitted twice")
     got = await get(s, "a")
     expect_eq(got.wake_at, T0 + 3, "a new denial moves the retry wake time")
@@ -266,8 +265,8 @@ async def check_notify_wakes_oldest_waiters(factory: StoreFactory) -> None:
     expect_eq(woken, ("w3",), "woken by h1's release (one free slot; oldest waiter w3)")
     expect_eq(
         await wakes(),
-        # (the heads, w3 and w2, re-check; w1 and w4 behind them hold no timer)
-        {"w1": None, "w2": T0 + 3 + HEAD_RECHECK, "w3": T0 + 3, "w4": None},
+        # (the heads, w3 and w2, re-check: w2's timer is brought forward to HEAD_RECHECK)
+        {"w1": T0 + 50, "w2": T0 + 3 + HEAD_RECHECK, "w3": T0 + 3, "w4": T0 + 50},
         "waiters' wake times after h1's release",
     )
     expect(await s.try_admit_singleton("w3", TAG, WF, 2, T0 + 4), "woken 'w3' denied")
@@ -279,7 +278,7 @@ async def check_notify_wakes_oldest_waiters(factory: StoreFactory) -> None:
     expect_eq(woken, ("w2", "w1"), "woken with two free slots")
     expect_eq(
         await wakes(),
-        {"w1": T0 + 6, "w2": T0 + 6, "w3": None, "w4": None},
+        {"w1": T0 + 6, "w2": T0 + 6, "w3": None, "w4": T0 + 50},
         "waiters' wake times after the releases",
     )
     expect_eq(await s.due_runs(T0 + 6, 10), ["hk2", "w2", "w1"], "due_runs after the releases")

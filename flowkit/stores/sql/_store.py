@@ -419,6 +419,7 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
         retry_wake_at: float | None = None,
         *,
         admitted_at: AdmittedAt = None,
+        recheck: bool = False,
     ) -> bool:
         _sg.check_limit(limit)  # (before the transaction: a limit of 0 would park the run)
 
@@ -447,7 +448,9 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
                     after = [new if r.id == run_id else r for r in sharing]
                     arm(c, after)  # the waiter behind it is a head now
                 return True
-            patch = _sg.denial_patch(sharing, run_id, tag, workflow, retry_wake_at, limit)
+            # (a re-check behind the heads parks without a timer; a first denial keeps one)
+            heads = limit if recheck else None
+            patch = _sg.denial_patch(sharing, run_id, tag, workflow, retry_wake_at, heads)
             if patch:
                 new = dataclasses.replace(run, **patch)
                 runs.write_changes(self._sql, c, run, new, later=True)
