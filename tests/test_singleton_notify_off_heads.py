@@ -58,6 +58,18 @@ async def test_a_waiter_cancelled_during_its_check_on_a_notify_off_engine_strand
             return await real(run_id, *a, **kw)
 
         env.store.try_admit_singleton = cancel_during_check
+        real_claim = env.store.claim
+
+        @functools.wraps(real_claim)
+        async def cancel_during_claim(run_id: str, *a: Any, **kw: Any) -> Any:
+            # (a store that decides the re-check in the claim, ``ClaimsGated``: the check is
+            # the claim, and the cancellation lands just before it)
+            if run_id == "w1" and kw.get("gate") is not None and not cancelled:
+                cancelled.append(run_id)
+                await e1.cancel("w1")
+            return await real_claim(run_id, *a, **kw)
+
+        env.store.claim = cancel_during_claim
         await env.advance(2)  # w1's re-check: cancelled during it
         assert cancelled == ["w1"]
         assert (await get(env, "w1")).status is RunStatus.CANCELLED
