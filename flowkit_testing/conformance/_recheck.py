@@ -33,6 +33,9 @@ async def _queue(s: Store, deadline: float | None = None) -> None:
     for i in (1, 2):
         await put(s, mk(f"w{i}", key="k", t=T0 + i, deadline_at=deadline if i == 1 else None))
         expect(not await s.try_admit_singleton(f"w{i}", TAG, WF, 1, T0 + 2), f"w{i} admitted")
+    # (a first denial keeps its re-check wherever it stands; a later one behind the head
+    # holds none: w2 as a re-check left it)
+    await s.commit("w2", None, T0 + 2, Update(wake_at=None))
 
 
 @check(requires=["try_admit_singleton", "claims_gated"])
