@@ -127,7 +127,14 @@ async def test_the_poll_reads_go_through_indexes(sql_backend: Backend) -> None:
         "next_due": (sql.next_due, sql.params()),
         "next_due_skip": (sql.next_due_skip, sql.params(skip=skip)),
         "due_runs": (sql.due_runs, sql.params(now=T0, limit=100)),
+        "due_runs_of": (
+            sql.due_runs_of,
+            sql.params(now=T0, limit=100, wfs=sql.in_list_param(["wf"])),
+        ),
     }
+    vers = sql.params(now=T0, limit=100)
+    sql.versions_params(vers, "vers", [("wf", "1")])
+    cases["due_runs_vers"] = (sql.due_runs_vers, vers)
     dialect = store._db.dialect
     for name, (q, params) in cases.items():
         text = _plan(store, q, params)
@@ -143,3 +150,5 @@ async def test_the_poll_reads_go_through_indexes(sql_backend: Backend) -> None:
     # (the leases of the runs in flight expired at T0 + 30: due before the sleepers)
     expired = [f"r{2 * PARKED + i:06d}" for i in range(20)]
     assert due == [*expired, "r000000", "r000001", "r000002"]
+    assert await store.due_runs(T0 + 10_002, 100, versions=[("wf", "1")]) == due
+    assert await store.due_runs(T0 + 10_002, 100, ["wf"]) == due

@@ -214,6 +214,7 @@ class SqliteStatements(Statements):
     VERSION_INDEX = " INDEXED BY ix_flowkit_runs_version"
     # (without statistics SQLite would read the leased runs by status: every parked run too)
     LEASED_INDEX = " INDEXED BY ix_flowkit_runs_leased"
+    DUE_INDEX = " INDEXED BY ix_flowkit_runs_due"
 
     def p(self, name: str) -> str:
         return f":{name}"

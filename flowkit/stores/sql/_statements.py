@@ -81,6 +81,7 @@ class Statements:
     WAITING_INDEX = ""  # the index a key's first waiters are read through
     VERSION_INDEX = ""  # the index the due runs of some versions are read through
     LEASED_INDEX = ""  # the index the leased runs are read through (``_next_due``)
+    DUE_INDEX = ""  # the index the parked due runs are read through (``due_runs``)
     # one statement writes what depends on its write too (a data-modifying WITH): a commit or
     # a creation with its events, a signal with its delivery
     CTE_WRITES = False
@@ -172,9 +173,11 @@ class Statements:
         due_tail = f" ORDER BY {DUE}, created_at, {self.BY_ID} LIMIT {p('limit')}"
 
         def due(extra: str = "", table: str = "flowkit_runs") -> str:
-            part = f"SELECT {NAMES} FROM {table} WHERE {due_where}{extra}"
-            both = f"{part} AND {moving} UNION ALL {part} AND {parked}"
-            return f"SELECT {cols} FROM ({both}) AS due{due_tail}"
+            # (the parked part by wake time whatever else filters it: the index of a
+            # workflow or a version would walk every parked run of it)
+            one = f"SELECT {NAMES} FROM {table} WHERE {due_where}{extra} AND {moving}"
+            two = f"SELECT {NAMES} FROM flowkit_runs{self.DUE_INDEX} WHERE {due_where}{extra}"
+            return f"SELECT {cols} FROM ({one} UNION ALL {two} AND {parked}) AS due{due_tail}"
 
         self.due_runs = due()
         self.due_runs_of = due(f" AND {self.in_list('workflow', 'wfs')}")
