@@ -24,6 +24,7 @@ import browse_bench
 import child_bench
 import dbos_bench
 import deepq_bench
+import idle_bench
 import events_bench
 import handover_bench
 import latency_bench
@@ -73,6 +74,7 @@ def main() -> int:
             "otel": lambda: otel_bench.main(args.smoke, Path(tmp)),
             "ui_ttfb": lambda: ui_bench.main(args.smoke, pg_url, Path(tmp)),
             "deep_queues": lambda: deepq_bench.main(args.smoke, pg_url, Path(tmp)),
+            "idle_engine": lambda: idle_bench.main(args.smoke, pg_url, Path(tmp)),
             "scaling_model": lambda: scaling_model.main(args.smoke),
             "workers": lambda: workers_bench.main(args.smoke, pg_url, Path(tmp)),
             "million_runs": lambda: million_bench.main(args.smoke, pg_url, Path(tmp)),

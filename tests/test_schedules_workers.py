@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from search_kit import plan
 from store_kit import Backend
 
 from flowkit import Engine, RunStatus, Schedule, workflow
@@ -91,7 +90,11 @@ async def test_a_workers_due_schedules_are_read_by_index(sql_backend: Backend) -
             conn.execution_options(isolation_level="AUTOCOMMIT").execute(
                 sa.text("ANALYZE flowkit_schedules")
             )
-    got = plan(s, s._due(t0 + 5000, DUE_BATCH, ["report"]))
+    q, params = s.due_query(t0 + 5000, DUE_BATCH, ["report"])
+    prefix = "EXPLAIN QUERY PLAN " if s._db.dialect == "sqlite" else "EXPLAIN "
+    with s._db.engine.connect() as conn:
+        rows = conn.exec_driver_sql(prefix + q, params).fetchall()
+    got = "\n".join(str(r[-1]) if s._db.dialect == "sqlite" else str(r[0]) for r in rows)
     assert "ix_flowkit_schedules_workflow" in got, got
     due = await s.due_schedules(t0 + 5000, DUE_BATCH, ["report"])
     assert [r.id for r in due] == ["mine-0", "mine-1", "mine-2"]

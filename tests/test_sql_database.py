@@ -196,6 +196,7 @@ def test_processes_opening_a_fresh_sqlite_file_at_once_all_succeed(tmp_path: Pat
         "ix_flowkit_runs_waiting",
         "ix_flowkit_runs_version",
         "ix_flowkit_runs_parent",
+        "ix_flowkit_runs_leased",
     ],
 )
 async def test_an_index_added_later_is_created_on_an_existing_database(

@@ -237,6 +237,35 @@ async def test_a_watcher_sees_the_wake_ups_of_other_store_objects(
     assert a._db.hub() is None  # the last watcher gone: stopped
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify: Linux only")
+async def test_an_idle_sqlite_watcher_waits_for_a_file_event(tmp_path: Path) -> None:
+    """At rest the SQLite watcher checks ``data_version`` about once a second (its safety
+    net), not every ``SQLITE_CHECK_INTERVAL``: it waits for ``inotify`` to say that a file of
+    the database's directory was written. A commit by another process (a plain ``sqlite3``
+    connection emitting the wake-up) still fires the callback."""
+    path = tmp_path / "db.sqlite"
+    a = SqlStore(f"sqlite:///{path}")
+    seen = Counter()
+    unwatch = a.watch(seen)
+    try:
+        hub = await listening(a)
+        await seen.next()  # the catch-up call after connecting
+        assert isinstance(hub, _wakeup.SqliteHub) and hub._fd is not None
+        checks = hub.stats["checks"]
+        await asyncio.sleep(0.5)  # (measuring idleness: 50 checks if it polled every 10 ms)
+        assert hub.stats["checks"] - checks <= 3
+        code = (
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
+            f" c.execute({_wakeup.SQLITE_EMIT!r}); c.close()"
+        )
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(path))
+        assert await proc.wait() == 0
+        await seen.next()
+    finally:
+        unwatch()
+        a.close()
+
+
 @pytest.mark.postgres
 async def test_scoped_watchers_see_only_their_namespace(request: pytest.FixtureRequest) -> None:
     url = fresh_database(request.getfixturevalue("pg_server"))

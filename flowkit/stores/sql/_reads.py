@@ -137,7 +137,7 @@ class Reads:
             return c.one(q, params)
 
         row = await self._gc.read(op)
-        return None if row is None else due_time(to_run(row))
+        return None if row is None or row[0] is None else float(row[0])
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
         if not (_limits.storable(run_id) and _limits.storable(name)):

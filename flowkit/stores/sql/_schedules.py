@@ -13,9 +13,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..schedules import ScheduleRecord
+from ._connection import Conn
 from ._database import Database
 from ._group_commit import GroupCommit
+from ._rows import loads
 from ._schema import schedules as table
+from ._statements import Statements
+
+_COLS = [c.name for c in table.columns]
 
 
 def _record(row: Any) -> ScheduleRecord:
@@ -36,12 +41,28 @@ def _record(row: Any) -> ScheduleRecord:
     )
 
 
+def _from_tuple(row: Any) -> ScheduleRecord:
+    """A row of ``_poll_sql``'s columns (a raw cursor's tuple), JSON input as text."""
+    rec = dict(zip(_COLS, row, strict=True))
+    raw = rec["input"]
+    rec["input"] = loads(raw) if isinstance(raw, str | bytes) else raw
+    return _record(_Rec(rec))
+
+
+class _Rec:
+    """Attribute access over a dict (what ``_record`` reads)."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+
+
 class Schedules:
-    """Mixed into ``SqlStore`` (which sets ``namespace``, ``_db`` and ``_gc``)."""
+    """Mixed into ``SqlStore`` (which sets ``namespace``, ``_db``, ``_gc`` and ``_sql``)."""
 
     namespace: str | None
     _db: Database
     _gc: GroupCommit
+    _sql: Statements
 
     keeps_schedules = True
     """It keeps durable schedules (``flowkit.stores.schedules.KeepsSchedules``)."""
@@ -166,46 +187,64 @@ class Schedules:
         moved: bool = await self._write(lambda conn: conn.execute(stmt).rowcount == 1)
         return moved
 
-    def _live(self, workflows: Sequence[str] | None) -> list[Any]:
-        """The terms of the schedules not paused (of ``workflows`` when given)."""
-        t = table
-        terms = [t.c.namespace == self._ns(), t.c.paused.is_(False)]
-        if workflows is not None:
-            terms.append(t.c.workflow.in_(sorted(set(workflows))))
-        return terms
-
-    def _due(self, now: float, limit: int, workflows: Sequence[str] | None) -> Any:
-        """The query of ``due_schedules``."""
-        t = table
-        q = sa.select(t)
+    def _poll_sql(self, cmp: str, workflows: Sequence[str] | None) -> tuple[str, str]:
+        """``FROM ... WHERE`` of the worker's two schedule reads and their columns, in the
+        dialect's raw SQL: read once a poll interval by every worker, so they take the read
+        lane like the run reads (no SQLAlchemy compile or pooled transaction each time)."""
+        sql = self._sql
+        hint = ""
         if workflows is not None and self._db.dialect == "sqlite":
             # (without statistics SQLite takes ix_flowkit_schedules_due for its order, and
             # walks every due schedule of the other workflows to find this worker's)
-            q = q.with_hint(t, "INDEXED BY ix_flowkit_schedules_workflow", "sqlite")
-        return (
-            q.where(*self._live(workflows), t.c.next_fire <= now)
-            .order_by(t.c.next_fire, t.c.schedule_id)
-            .limit(max(limit, 0))
+            hint = " INDEXED BY ix_flowkit_schedules_workflow"
+        where = (
+            f"flowkit_schedules{hint} WHERE namespace = {sql.p('sns')}"
+            f" AND paused = {sql.FALSE} AND next_fire {cmp} {sql.p('now')}"
         )
+        if workflows is not None:
+            where += f" AND {sql.in_list('workflow', 'wfs')}"
+        cols = ", ".join(f"{c}{sql.TEXT}" if c == "input" else c for c in _COLS)
+        return where, cols
+
+    def _poll_params(self, now: float, workflows: Sequence[str] | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"sns": self._ns(), "now": now}
+        if workflows is not None:
+            params["wfs"] = self._sql.in_list_param(sorted(set(workflows)))
+        return params
+
+    def due_query(
+        self, now: float, limit: int, workflows: Sequence[str] | None
+    ) -> tuple[str, dict[str, Any]]:
+        """The statement of ``due_schedules`` and its parameters."""
+        where, cols = self._poll_sql("<=", workflows)
+        order = f" ORDER BY next_fire, schedule_id LIMIT {self._sql.p('limit')}"
+        return f"SELECT {cols} FROM {where}{order}", {
+            **self._poll_params(now, workflows),
+            "limit": max(limit, 0),
+        }
 
     async def due_schedules(
         self, now: float, limit: int, workflows: Sequence[str] | None = None
     ) -> list[ScheduleRecord]:
-        return await self._read(self._due(now, limit, workflows))
+        q, params = self.due_query(now, limit, workflows)
+
+        def op(c: Conn) -> list[ScheduleRecord]:
+            return [_from_tuple(r) for r in c.all(q, params)]
+
+        return await self._gc.read(op)
 
     async def next_schedule_after(
         self, now: float, workflows: Sequence[str] | None = None
     ) -> float | None:
-        t = table
-        q = sa.select(sa.func.min(t.c.next_fire)).where(*self._live(workflows), t.c.next_fire > now)
-        db = self._db
+        where, _ = self._poll_sql(">", workflows)
+        q = f"SELECT MIN(next_fire) FROM {where}"
+        params = self._poll_params(now, workflows)
 
-        def read() -> float | None:
-            with db.tx(write=False) as conn:
-                got = conn.execute(q).scalar()
-                return None if got is None else float(got)
+        def op(c: Conn) -> float | None:
+            row = c.one(q, params)
+            return None if row is None or row[0] is None else float(row[0])
 
-        return await self._gc.call(read)
+        return await self._gc.read(op)
 
 
 __all__ = ["Schedules"]

@@ -125,6 +125,14 @@ runs = sa.Table(
         postgresql_where=sa.text(f"admitted = false AND {WAITING_SQL}"),
         sqlite_where=sa.text(f"admitted = 0 AND {WAITING_SQL}"),
     ),
+    # the leased runs (those in flight): the poller's next due instant reads them apart from
+    # the parked ones (``Statements._next_due``). Partial: a parked run is not in it
+    sa.Index(
+        "ix_flowkit_runs_leased",
+        "lease_expires",
+        postgresql_where=sa.text("lease_owner IS NOT NULL"),
+        sqlite_where=sa.text("lease_owner IS NOT NULL"),
+    ),
     # list_runs order
     sa.Index("ix_flowkit_runs_created", "created_at", "id"),
     # a version's runs (the claim of a worker that has some versions only, ``flowkit runs``)
@@ -292,6 +300,7 @@ _ADDED_INDEXES = [
         "ix_flowkit_runs_version",
         "ix_flowkit_runs_parent",
         "ix_flowkit_runs_settled",
+        "ix_flowkit_runs_leased",
     )
 ] + [ix for ix in schedules.indexes if ix.name == "ix_flowkit_schedules_workflow"]
 

@@ -212,6 +212,9 @@ class SqliteStatements(Statements):
     WAITING_INDEX = " INDEXED BY ix_flowkit_runs_waiting"  # (else it picks the queue index)
     # (else it may pick ix_flowkit_runs_due and read every due run of every version)
     VERSION_INDEX = " INDEXED BY ix_flowkit_runs_version"
+    # (without statistics SQLite would read the leased runs by status: every parked run too)
+    LEASED_INDEX = " INDEXED BY ix_flowkit_runs_leased"
+    DUE_INDEX = " INDEXED BY ix_flowkit_runs_due"
 
     def p(self, name: str) -> str:
         return f":{name}"

@@ -17,6 +17,8 @@ from ._schema import WAITING_SQL
 NAMES = ", ".join(RUN_COLS)
 ACTIVE = ", ".join(f"'{s}'" for s in sorted(s.value for s in ACTIVE_STATUSES))
 HANDABLE = "'pending', 'running', 'suspended'"  # rules.hand_off_ok
+MOVING = "'cancelling', 'pending', 'running'"  # due by creation/update unless leased
+PARKED_OR_CANCELLING = "'blocked', 'cancelling', 'suspended'"  # due by wake time
 
 
 # -- the claim rule in SQL: mirrors of ``flowkit.stores.rules`` -----------------------------
@@ -78,6 +80,8 @@ class Statements:
     EMPTY_LIST = "'[]'"
     WAITING_INDEX = ""  # the index a key's first waiters are read through
     VERSION_INDEX = ""  # the index the due runs of some versions are read through
+    LEASED_INDEX = ""  # the index the leased runs are read through (``_next_due``)
+    DUE_INDEX = ""  # the index the parked due runs are read through (``due_runs``)
     # one statement writes what depends on its write too (a data-modifying WITH): a commit or
     # a creation with its events, a signal with its delivery
     CTE_WRITES = False
@@ -159,27 +163,35 @@ class Statements:
             f"SELECT DISTINCT name FROM flowkit_signals"
             f" WHERE run_id = {p('id')} AND {self.in_list('name', 'names')}"
         )
-        due_where = f"{claimable(p('now'))}{ns}"
+        # What is due, read through indexes only (never every active run): the runs that
+        # move (pending, running, cancelling: in flight or a backlog) by ``status`` and the
+        # parked ones (suspended, blocked) by ``ix_flowkit_runs_due`` up to ``now``; the
+        # union is ordered by ``DUE`` (its rows are claimable, so few beyond the batch).
+        due_where = f"NOT {leased(p('now'))}{ns}"
+        moving = f"status IN ({MOVING}) AND (status <> 'cancelling' OR wake_at IS NULL)"
+        parked = f"status IN ({PARKED_OR_CANCELLING}) AND wake_at <= {p('now')}"
         due_tail = f" ORDER BY {DUE}, created_at, {self.BY_ID} LIMIT {p('limit')}"
-        self.due_runs = f"SELECT {cols} FROM flowkit_runs WHERE {due_where}{due_tail}"
-        self.due_runs_of = (
-            f"SELECT {cols} FROM flowkit_runs WHERE {due_where}"
-            f" AND {self.in_list('workflow', 'wfs')}{due_tail}"
-        )
+
+        def due(extra: str = "", table: str = "flowkit_runs") -> str:
+            # (the parked part by wake time whatever else filters it: the index of a
+            # workflow or a version would walk every parked run of it)
+            one = f"SELECT {NAMES} FROM {table} WHERE {due_where}{extra} AND {moving}"
+            two = f"SELECT {NAMES} FROM flowkit_runs{self.DUE_INDEX} WHERE {due_where}{extra}"
+            return f"SELECT {cols} FROM ({one} UNION ALL {two} AND {parked}) AS due{due_tail}"
+
+        self.due_runs = due()
+        self.due_runs_of = due(f" AND {self.in_list('workflow', 'wfs')}")
         # (by ``ix_flowkit_runs_version``: a fleet of old and new workers reads only its own)
-        self.due_runs_vers = (
-            f"SELECT {cols} FROM flowkit_runs{self.VERSION_INDEX} WHERE {due_where}"
-            f" AND {self.in_versions('vers')}{due_tail}"
+        self.due_runs_vers = due(
+            f" AND {self.in_versions('vers')}", f"flowkit_runs{self.VERSION_INDEX}"
         )
-        nda = f"SELECT {cols} FROM flowkit_runs WHERE status IN ({ACTIVE}){ns}"
-        nda += f" AND ({DUE}) IS NOT NULL"
-        self.next_due = f"{nda} ORDER BY {DUE} LIMIT 1"
         skip = f" AND (lease_owner IS NULL OR NOT {self.in_list('lease_owner', 'skip')})"
-        self.next_due_skip = f"{nda}{skip} ORDER BY {DUE} LIMIT 1"
+        self.next_due = self._next_due(" IS NOT NULL", "")
+        self.next_due_skip = self._next_due(" IS NOT NULL", skip)
         # next_due_after: only instants later than `now` (what is due already is not a deadline)
-        later = f" AND ({DUE}) > {p('now')}"
-        self.next_due_after = f"{nda}{later} ORDER BY {DUE} LIMIT 1"
-        self.next_due_after_skip = f"{nda}{later}{skip} ORDER BY {DUE} LIMIT 1"
+        later = f" > {p('now')}"
+        self.next_due_after = self._next_due(later, "")
+        self.next_due_after_skip = self._next_due(later, skip)
         sharing = f"SELECT {cols} FROM flowkit_runs WHERE workflow = {p('wf')}"
         sharing += f" AND status IN ({ACTIVE}){ns}"
         self.sharing_key = f"{sharing} AND singleton_key = {p('key')}"
@@ -238,6 +250,29 @@ class Statements:
     def j(self, name: str) -> str:
         """A JSON parameter (bound as text)."""
         raise NotImplementedError
+
+    def _next_due(self, cmp: str, skip: str) -> str:
+        """The first ``DUE`` instant that is ``cmp`` (``" > :now"`` or ``" IS NOT NULL"``), as
+        the minimum of index-served parts (``rules.due_time`` term by term), never a scan of
+        every active run: the leased runs (``ix_flowkit_runs_leased``: those in flight), the
+        unleased parked runs by wake time (``ix_flowkit_runs_due``, one ``LIMIT 1`` per
+        status), and the unleased pending/running/cancelling runs by status (in flight or a
+        backlog: their instant is their creation or their last update)."""
+        ns = self.ns
+        free = "(lease_owner IS NULL OR lease_expires IS NULL)"
+        parts = [
+            f"SELECT MIN({DUE}) FROM flowkit_runs{self.LEASED_INDEX} WHERE lease_owner IS NOT NULL"
+            f" AND lease_expires IS NOT NULL AND status IN ({ACTIVE}){ns}{skip}"
+            f" AND ({DUE}){cmp}",
+            f"SELECT MIN({DUE}) FROM flowkit_runs WHERE status IN ({MOVING}) AND {free}"
+            f"{ns}{skip} AND ({DUE}){cmp}",
+        ] + [
+            f"SELECT wake_at FROM flowkit_runs WHERE status = '{s}' AND wake_at{cmp}"
+            f" AND {free}{ns}{skip} ORDER BY wake_at LIMIT 1"
+            for s in ("blocked", "cancelling", "suspended")
+        ]
+        union = " UNION ALL ".join(f"SELECT ({q}) AS d" for q in parts)
+        return f"SELECT MIN(d) FROM ({union}) AS due"
 
     def in_list(self, column: str, name: str) -> str:
         """``column`` is one of the strings of the list parameter ``name`` (``in_list_param``

@@ -9,12 +9,15 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import sqlite3
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
 import sqlalchemy as sa
+
+from ._inotify import drain, open_dir_watch
 
 log = logging.getLogger("flowkit")
 
@@ -23,7 +26,11 @@ CHANNEL = "flowkit_wakeup"
 SQLITE_COUNTER_KEY = "wakeups"
 """The ``flowkit_meta`` row that SQLite wake-ups increment."""
 SQLITE_CHECK_INTERVAL = 0.01
-"""Seconds between two ``PRAGMA data_version`` checks of a SQLite watcher."""
+"""Seconds between two ``PRAGMA data_version`` checks of a SQLite watcher (at least: with
+``inotify`` it checks only after a file of the database's directory was written)."""
+SQLITE_IDLE_CHECK = 1.0
+"""Seconds between two checks of a SQLite watcher that ``inotify`` told nothing (a safety net:
+a missed file event costs this much at most)."""
 PG_KEEPALIVE = 10.0
 """Seconds of silence after which a PostgreSQL watcher pings its connection."""
 PG_TIMEOUT = 5.0
@@ -142,7 +149,10 @@ class Hub:
 
 
 class SqliteHub(Hub):
-    """Checks ``PRAGMA data_version`` on a dedicated connection, on the event loop."""
+    """Checks ``PRAGMA data_version`` on a dedicated connection, on the event loop: at most
+    every ``interval``, and on Linux only once a file of the database's directory was written
+    (``_inotify``; else every ``SQLITE_IDLE_CHECK``), so an idle engine is not woken a hundred
+    times a second."""
 
     def __init__(self, db: Source, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(db, loop)
@@ -152,6 +162,9 @@ class SqliteHub(Hub):
         self._count: Any = None
         self._delay = RECONNECT_MIN
         self.interval = SQLITE_CHECK_INTERVAL
+        self._fd: int | None = None  # the inotify descriptor (None: poll every interval)
+        self._armed = False
+        self.stats["checks"] = 0
 
     def start(self) -> None:
         self._handle = self.loop.call_soon(self._tick)
@@ -161,6 +174,11 @@ class SqliteHub(Hub):
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._disarm()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self._close()
 
     def _close(self) -> None:
@@ -181,6 +199,9 @@ class SqliteHub(Hub):
         except BaseException:
             conn.close()
             raise
+        if self._fd is None:
+            path = str(cargs[0]).removeprefix("file:").split("?", 1)[0]
+            self._fd = open_dir_watch(os.path.dirname(os.path.abspath(path)))
         return conn
 
     @staticmethod
@@ -188,10 +209,33 @@ class SqliteHub(Hub):
         row = conn.execute(_SQLITE_READ).fetchone()
         return None if row is None else row[0]
 
+    def _arm(self) -> None:
+        """Wait for a file event (or ``SQLITE_IDLE_CHECK``), then check."""
+        if self.stopped or self._fd is None:
+            return
+        self.loop.add_reader(self._fd, self._event)
+        self._armed = True
+        self._handle = self.loop.call_later(SQLITE_IDLE_CHECK, self._event)
+
+    def _disarm(self) -> None:
+        if self._armed and self._fd is not None:
+            self.loop.remove_reader(self._fd)
+        self._armed = False
+
+    def _event(self) -> None:
+        self._disarm()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._fd is not None:
+            drain(self._fd)
+        self._tick()
+
     def _tick(self) -> None:
         if self.stopped:
             return
         delay = self.interval
+        self.stats["checks"] += 1
         try:
             conn = self._conn
             if conn is None:
@@ -220,7 +264,10 @@ class SqliteHub(Hub):
             self._delay = min(self._delay * 2, RECONNECT_MAX)
             self._failed("checking the database", exc, delay)
         if not self.stopped:
-            self._handle = self.loop.call_later(delay, self._tick)
+            # (with inotify: not before ``delay`` either, so a busy database costs no more
+            # checks than polling did)
+            healthy = self._fd is not None and self._conn is not None
+            self._handle = self.loop.call_later(delay, self._arm if healthy else self._tick)
 
 
 def _pg_connect_params(db: Source) -> dict[str, Any]:
@@ -319,6 +366,7 @@ __all__ = [
     "SQLITE_CHECK_INTERVAL",
     "SQLITE_COUNTER_KEY",
     "SQLITE_EMIT",
+    "SQLITE_IDLE_CHECK",
     "Hub",
     "PgHub",
     "SqliteHub",
