@@ -60,6 +60,7 @@ __all__ = [
     "collated_database",
     "database_url",
     "delta",
+    "drop_database",
     "fired",
     "first_events",
     "fresh_database",
