@@ -24,9 +24,9 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 try:
-    from pg import fresh_database, socket_of
+    from pg import GIB, fresh_database, memory_dir, socket_of
 except ImportError:  # tests/ imported as a package
-    from tests.pg import fresh_database, socket_of
+    from tests.pg import GIB, fresh_database, memory_dir, socket_of
 try:
     from search_kit import FILLED, fill
 except ImportError:  # tests/ imported as a package
@@ -35,6 +35,18 @@ try:
     from store_kit import PG, Backend, PostgresUnavailable, make_backend, start_postgres
 except ImportError:  # tests/ imported as a package
     from tests.store_kit import PG, Backend, PostgresUnavailable, make_backend, start_postgres
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``tmp_path`` directories go to a file system in memory (``pg.memory_dir``) unless
+    ``--basetemp`` or ``PYTEST_DEBUG_TEMPROOT`` says where: the SQLite stores of the tests
+    live there, and every commit's fsync on a disk makes them take twice as long. (The
+    ``tmp_path_retention_policy`` of pyproject.toml keeps only failed tests' directories.)"""
+    if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
+        return
+    root = memory_dir(2 * GIB)
+    if root is not None:
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = root
 
 
 @pytest.fixture(scope="session")

@@ -56,20 +56,31 @@ def _runner() -> tuple[list[str], int | None, int | None]:
 
 
 MEMORY_DIR = "/dev/shm"
+GIB = 1 << 30
+
+
+def memory_dir(free: int) -> str | None:
+    """``/dev/shm`` (a file system in memory) when it is a writable directory with at least
+    ``free`` bytes free, else ``None``. (A container's is often 64 MB: too small.)"""
+    try:
+        if not os.access(MEMORY_DIR, os.W_OK | os.X_OK):
+            return None
+        st = os.statvfs(MEMORY_DIR)
+    except OSError:
+        return None
+    return MEMORY_DIR if st.f_bavail * st.f_frsize >= free else None
 
 
 def _parent_dir(durable: bool) -> str:
     """Where a server's directory goes: ``FLOWKIT_TEST_PG_DIR`` when set; else, for a server
-    without durability, the memory file system ``/dev/shm`` when there is one (a test server
-    writes gigabytes over a run: every fresh database copies its template, and on a disk that
-    costs ~3x the time of the copy in memory); else (and for a durable server, whose fsyncs
-    must reach a disk) ``/tmp``."""
+    without durability, ``memory_dir`` when it has room for a run's server (its WAL alone
+    grows to a GiB): a test server writes gigabytes over a run (every fresh database copies
+    its template), which in memory takes a third of the time it takes on a disk; else (and
+    for a durable server, whose fsyncs must reach a disk) ``/tmp``."""
     chosen = os.environ.get("FLOWKIT_TEST_PG_DIR")
     if chosen:
         return chosen
-    if not durable and os.path.isdir(MEMORY_DIR) and os.access(MEMORY_DIR, os.W_OK | os.X_OK):
-        return MEMORY_DIR
-    return "/tmp"
+    return (None if durable else memory_dir(3 * GIB)) or "/tmp"
 
 
 class PgServer:
