@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from flowkit.stores import SqlStore
 from flowkit_testing._netproxy import NetProxy
 
 # Hypothesis profiles: "dev" (the default) explores new examples on every run; "ci" (set by
@@ -23,13 +24,29 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 try:
-    from pg import fresh_database, socket_of
+    from pg import GIB, fresh_database, memory_dir, socket_of
 except ImportError:  # tests/ imported as a package
-    from tests.pg import fresh_database, socket_of
+    from tests.pg import GIB, fresh_database, memory_dir, socket_of
+try:
+    from search_kit import FILLED, fill
+except ImportError:  # tests/ imported as a package
+    from tests.search_kit import FILLED, fill
 try:
     from store_kit import PG, Backend, PostgresUnavailable, make_backend, start_postgres
 except ImportError:  # tests/ imported as a package
     from tests.store_kit import PG, Backend, PostgresUnavailable, make_backend, start_postgres
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``tmp_path`` directories go to a file system in memory (``pg.memory_dir``) unless
+    ``--basetemp`` or ``PYTEST_DEBUG_TEMPROOT`` says where: the SQLite stores of the tests
+    live there, and every commit's fsync on a disk makes them take twice as long. (The
+    ``tmp_path_retention_policy`` of pyproject.toml keeps only failed tests' directories.)"""
+    if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
+        return
+    root = memory_dir(2 * GIB)
+    if root is not None:
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = root
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +92,39 @@ def gc_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backe
     b = make_backend(request.param, request, tmp_path, group_commit=True)
     yield b
     b.close()
+
+
+@pytest.fixture(scope="session")
+def filled_urls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The databases ``filled_store`` fills, by kind (filled once per session)."""
+    return {}
+
+
+@pytest.fixture(params=["sqlite", PG])
+def filled_store(
+    request: pytest.FixtureRequest,
+    filled_urls: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SqlStore]:
+    """SqlStore on a SQLite file, then on PostgreSQL, holding ``FILLED`` completed runs
+    with their search rows (``search_kit.fill``), for the plan tests that READ many runs. The
+    fill takes seconds, so each database is filled once per session and shared: a test
+    using this fixture must not write to it. Each test gets its own store object."""
+    kind = request.param
+    if kind not in filled_urls:
+        if kind == "sqlite":
+            url = f"sqlite:///{tmp_path_factory.mktemp('filled') / 'flowkit.db'}"
+        else:
+            url = fresh_database(request.getfixturevalue("pg_server"), "flowkit_filled")
+        first = SqlStore(url)
+        try:
+            fill(first, FILLED)
+        finally:
+            first.close()
+        filled_urls[kind] = url
+    store = SqlStore(filled_urls[kind])
+    yield store
+    store.close()
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ from flowkit.stores.sql._schema import runs, search
 T0 = 1_767_225_600.0
 CUSTOMERS = 1000
 AMOUNTS = 5000
+FILLED = 100_000
+"""How many runs the ``filled_store`` fixture (``conftest.py``) holds."""
 
 
 def run_row(i: int) -> dict[str, Any]:

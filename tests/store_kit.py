@@ -21,9 +21,21 @@ from flowkit.stores.sql._postgres import PgStatements
 from flowkit.stores.sql._sqlite import SqliteStatements
 
 try:
-    from pg import PostgresUnavailable, collated_database, fresh_database, start_postgres
+    from pg import (
+        PostgresUnavailable,
+        collated_database,
+        drop_database,
+        fresh_database,
+        start_postgres,
+    )
 except ImportError:  # tests/ imported as a package
-    from tests.pg import PostgresUnavailable, collated_database, fresh_database, start_postgres
+    from tests.pg import (
+        PostgresUnavailable,
+        collated_database,
+        drop_database,
+        fresh_database,
+        start_postgres,
+    )
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 S = RunStatus
@@ -48,6 +60,7 @@ __all__ = [
     "collated_database",
     "database_url",
     "delta",
+    "drop_database",
     "fired",
     "first_events",
     "fresh_database",
@@ -86,9 +99,12 @@ class Backend:
         return self.store.scoped(namespace)
 
     def close(self) -> None:
+        """Close the stores; drop a PostgreSQL database (the test is done with it)."""
         for s in [self.store, *self._opened]:
             if isinstance(s, SqlStore):
                 s.close()
+        if self.name == "postgres" and self.url is not None:
+            drop_database(self.url)
 
 
 def database_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:

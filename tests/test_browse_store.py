@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from search_kit import fill, plan
-from store_kit import Backend
+from search_kit import FILLED, plan
 
 from flowkit import _browse
 from flowkit._run import ADMITTED_TAG, Run, RunStatus
 from flowkit.events import RunStarted
-from flowkit.stores import MemoryStore
+from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.base import browses_runs, changes_stamped, parse_filter
 from flowkit.stores.codec import AESGCMCodec, CodecStore
 
@@ -131,7 +130,7 @@ async def test_without_the_capability_a_codec_store_falls_back() -> None:
     assert not browses_runs(codec) and not changes_stamped(codec)
 
 
-N = 100_000
+N = FILLED
 
 
 def _scans_every_run(dialect: str, text: str) -> bool:
@@ -143,12 +142,11 @@ def _scans_every_run(dialect: str, text: str) -> bool:
     return "Seq Scan on flowkit_runs" in text
 
 
-async def test_the_pages_and_lanes_seek_on_the_engines_indexes(sql_backend: Backend) -> None:
+async def test_the_pages_and_lanes_seek_on_the_engines_indexes(filled_store: SqlStore) -> None:
     """A page (first, or ``before`` a run deep down) walks ``ix_flowkit_runs_created``
     backwards; ``lane`` reads ``ix_flowkit_runs_queue``/``_waiting``/``_singleton``; the
     counts read an index only (no table rows)."""
-    store = sql_backend.store
-    fill(store, N)
+    store = filled_store
     pg = store._db.dialect == "postgresql"
     first = plan(store, store.browse_query(limit=50))
     assert "ix_flowkit_runs_created" in first, first

@@ -26,9 +26,9 @@ from flowkit.stores.rules import admit_new, admitted_event
 from flowkit_testing.conformance import CHECKS, ConformanceError, run_all
 
 try:
-    from pg import fresh_database
+    from pg import drop_database, fresh_database
 except ImportError:  # tests/ imported as a package
-    from tests.pg import fresh_database
+    from tests.pg import drop_database, fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = pytest.param("postgres", marks=pytest.mark.postgres)
@@ -66,6 +66,9 @@ class Backend:
     def close(self) -> None:
         for store in self._opened:
             store.close()
+        if self.kind == "postgres":  # (the test is done with its databases)
+            for url in dict.fromkeys(str(store.url) for store in self._opened):
+                drop_database(url)
 
 
 @pytest.fixture(params=["memory", "sqlite", PG, "codec"])

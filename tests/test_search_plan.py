@@ -1,16 +1,17 @@
-"""``list_runs(search=...)`` on 100,000 runs goes through ``flowkit_search``'s indexes, not a
-scan of every run: the plans (``EXPLAIN QUERY PLAN`` on a SQLite file, ``EXPLAIN`` on
-PostgreSQL after ``ANALYZE``) name the search index and no full scan of ``flowkit_runs``; and
-the filtered pages are right. Times go into bench/search_bench.py."""
+"""``list_runs(search=...)`` on 100,000 runs (the ``filled_store`` fixture, shared) goes through
+``flowkit_search``'s indexes, not a scan of every run: the plans (``EXPLAIN QUERY PLAN`` on a
+SQLite file, ``EXPLAIN`` on PostgreSQL after ``ANALYZE``) name the search index and no full
+scan of ``flowkit_runs``; and the filtered pages are right. Times go into
+bench/search_bench.py."""
 
 from __future__ import annotations
 
-from search_kit import AMOUNTS, CUSTOMERS, fill, plan
-from store_kit import Backend
+from search_kit import AMOUNTS, CUSTOMERS, FILLED, plan
 
+from flowkit.stores import SqlStore
 from flowkit.stores.base import parse_filter
 
-N = 100_000
+N = FILLED
 
 
 def _full_scan(dialect: str, text: str) -> bool:
@@ -27,9 +28,8 @@ SPECS = [
 ]
 
 
-async def test_a_filtered_list_uses_the_search_index(sql_backend: Backend) -> None:
-    store = sql_backend.store
-    fill(store, N)
+async def test_a_filtered_list_uses_the_search_index(filled_store: SqlStore) -> None:
+    store = filled_store
     for spec, index, count in SPECS:
         terms = parse_filter(spec)
         text = plan(store, store.list_query(search=terms, limit=50))
@@ -45,11 +45,10 @@ async def test_a_filtered_list_uses_the_search_index(sql_backend: Backend) -> No
         assert [r.id for r in nxt] == [r.id for r in found[50:100]]
 
 
-async def test_a_page_after_another_seeks_instead_of_scanning(sql_backend: Backend) -> None:
+async def test_a_page_after_another_seeks_instead_of_scanning(filled_store: SqlStore) -> None:
     """Keyset paging: the page after run ``r050000`` starts with an index seek on
     ``ix_flowkit_runs_created`` (no OFFSET, no scan of the runs before it)."""
-    store = sql_backend.store
-    fill(store, N)
+    store = filled_store
     first = await store.list_runs(limit=1, after=None)
     assert [r.id for r in first] == ["r000000"]
     mid = (await store.list_runs(search=parse_filter({"customer": "c-0", "amount": 0})))[10]

@@ -56,11 +56,15 @@ class Watch:
         self.violations: list[tuple[str, list[str]]] = []
 
 
-def watch_heads(env: TestEnv, limit: int) -> Watch:
-    """Check ``unarmed_heads`` over all the store's runs after every store call any engine
-    makes (recorded, not raised: the engine would take an error for a store failure)."""
+def watch_heads(env: TestEnv, limit: int, tag: str | None = None) -> Watch:
+    """Check ``unarmed_heads`` over all the store's runs (those with ``tag`` if given) after
+    every store call any engine makes (recorded, not raised: the engine would take an error
+    for a store failure)."""
     store = env.store
-    read = store.list_runs
+
+    async def read() -> list[Run]:
+        return await store.list_runs(tag=tag)
+
     seen = Watch()
 
     def wrap(op: str) -> None:
@@ -238,7 +242,9 @@ async def test_a_release_racing_a_cancel_of_the_head_leaves_no_head_without_a_ti
         key = f"K{seed}"
         ids = {n: f"s{seed}.{n}" for n in ("h0", "h1", "w1", "w2", "w3", "w4", "w5")}
         async with TestEnv([lane], instances=2, seed=seed, store=store) as env:
-            checks = watch_heads(env, limit)
+            # (after each store call, the queue of this seed's key: the runs of the seeds
+            # before are settled, and their queues checked at the end of their seed)
+            checks = watch_heads(env, limit, f"singleton:{key}")
             for i in range(limit):
                 await env.start("lane", inp(key, "signal"), ids[f"h{i}"])
             for n in ("w1", "w2", "w3", "w4", "w5"):
