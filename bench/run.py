@@ -24,9 +24,9 @@ import browse_bench
 import child_bench
 import dbos_bench
 import deepq_bench
-import idle_bench
 import events_bench
 import handover_bench
+import idle_bench
 import latency_bench
 import lock_bench
 import million_bench

@@ -11,14 +11,13 @@ from typing import Any
 
 from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, RunStatus
 from ..base import UNSET, Notify, Update
+from . import _due_sql as _due
 from ._rows import JSON_COLS, RUN_COLS, dumps, event_params
 from ._schema import WAITING_SQL
 
 NAMES = ", ".join(RUN_COLS)
 ACTIVE = ", ".join(f"'{s}'" for s in sorted(s.value for s in ACTIVE_STATUSES))
 HANDABLE = "'pending', 'running', 'suspended'"  # rules.hand_off_ok
-MOVING = "'cancelling', 'pending', 'running'"  # due by creation/update unless leased
-PARKED_OR_CANCELLING = "'blocked', 'cancelling', 'suspended'"  # due by wake time
 
 
 # -- the claim rule in SQL: mirrors of ``flowkit.stores.rules`` -----------------------------
@@ -163,21 +162,12 @@ class Statements:
             f"SELECT DISTINCT name FROM flowkit_signals"
             f" WHERE run_id = {p('id')} AND {self.in_list('name', 'names')}"
         )
-        # What is due, read through indexes only (never every active run): the runs that
-        # move (pending, running, cancelling: in flight or a backlog) by ``status`` and the
-        # parked ones (suspended, blocked) by ``ix_flowkit_runs_due`` up to ``now``; the
-        # union is ordered by ``DUE`` (its rows are claimable, so few beyond the batch).
+        # what is due, read through indexes only (``_due_sql``: never every active run)
         due_where = f"NOT {leased(p('now'))}{ns}"
-        moving = f"status IN ({MOVING}) AND (status <> 'cancelling' OR wake_at IS NULL)"
-        parked = f"status IN ({PARKED_OR_CANCELLING}) AND wake_at <= {p('now')}"
         due_tail = f" ORDER BY {DUE}, created_at, {self.BY_ID} LIMIT {p('limit')}"
 
         def due(extra: str = "", table: str = "flowkit_runs") -> str:
-            # (the parked part by wake time whatever else filters it: the index of a
-            # workflow or a version would walk every parked run of it)
-            one = f"SELECT {NAMES} FROM {table} WHERE {due_where}{extra} AND {moving}"
-            two = f"SELECT {NAMES} FROM flowkit_runs{self.DUE_INDEX} WHERE {due_where}{extra}"
-            return f"SELECT {cols} FROM ({one} UNION ALL {two} AND {parked}) AS due{due_tail}"
+            return _due.due_runs(self, cols, NAMES, due_where, extra, table, due_tail)
 
         self.due_runs = due()
         self.due_runs_of = due(f" AND {self.in_list('workflow', 'wfs')}")
@@ -186,12 +176,12 @@ class Statements:
             f" AND {self.in_versions('vers')}", f"flowkit_runs{self.VERSION_INDEX}"
         )
         skip = f" AND (lease_owner IS NULL OR NOT {self.in_list('lease_owner', 'skip')})"
-        self.next_due = self._next_due(" IS NOT NULL", "")
-        self.next_due_skip = self._next_due(" IS NOT NULL", skip)
+        self.next_due = _due.next_due(self, DUE, ACTIVE, " IS NOT NULL", "")
+        self.next_due_skip = _due.next_due(self, DUE, ACTIVE, " IS NOT NULL", skip)
         # next_due_after: only instants later than `now` (what is due already is not a deadline)
         later = f" > {p('now')}"
-        self.next_due_after = self._next_due(later, "")
-        self.next_due_after_skip = self._next_due(later, skip)
+        self.next_due_after = _due.next_due(self, DUE, ACTIVE, later, "")
+        self.next_due_after_skip = _due.next_due(self, DUE, ACTIVE, later, skip)
         sharing = f"SELECT {cols} FROM flowkit_runs WHERE workflow = {p('wf')}"
         sharing += f" AND status IN ({ACTIVE}){ns}"
         self.sharing_key = f"{sharing} AND singleton_key = {p('key')}"
@@ -250,29 +240,6 @@ class Statements:
     def j(self, name: str) -> str:
         """A JSON parameter (bound as text)."""
         raise NotImplementedError
-
-    def _next_due(self, cmp: str, skip: str) -> str:
-        """The first ``DUE`` instant that is ``cmp`` (``" > :now"`` or ``" IS NOT NULL"``), as
-        the minimum of index-served parts (``rules.due_time`` term by term), never a scan of
-        every active run: the leased runs (``ix_flowkit_runs_leased``: those in flight), the
-        unleased parked runs by wake time (``ix_flowkit_runs_due``, one ``LIMIT 1`` per
-        status), and the unleased pending/running/cancelling runs by status (in flight or a
-        backlog: their instant is their creation or their last update)."""
-        ns = self.ns
-        free = "(lease_owner IS NULL OR lease_expires IS NULL)"
-        parts = [
-            f"SELECT MIN({DUE}) FROM flowkit_runs{self.LEASED_INDEX} WHERE lease_owner IS NOT NULL"
-            f" AND lease_expires IS NOT NULL AND status IN ({ACTIVE}){ns}{skip}"
-            f" AND ({DUE}){cmp}",
-            f"SELECT MIN({DUE}) FROM flowkit_runs WHERE status IN ({MOVING}) AND {free}"
-            f"{ns}{skip} AND ({DUE}){cmp}",
-        ] + [
-            f"SELECT wake_at FROM flowkit_runs WHERE status = '{s}' AND wake_at{cmp}"
-            f" AND {free}{ns}{skip} ORDER BY wake_at LIMIT 1"
-            for s in ("blocked", "cancelling", "suspended")
-        ]
-        union = " UNION ALL ".join(f"SELECT ({q}) AS d" for q in parts)
-        return f"SELECT MIN(d) FROM ({union}) AS due"
 
     def in_list(self, column: str, name: str) -> str:
         """``column`` is one of the strings of the list parameter ``name`` (``in_list_param``
