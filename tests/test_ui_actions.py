@@ -154,3 +154,21 @@ async def test_cancel_of_a_running_holder_is_finished_by_its_worker(store: Any) 
             return await status_of(store, "holder") == "cancelled"
 
         await until(cancelled, "the holder to settle cancelled")
+
+
+async def test_a_live_refresh_between_the_redirect_and_the_page_leaves_the_flash(
+    store: Any,
+) -> None:
+    """The page's live refresh (``app.js``: a fetch of the page with ``X-Flowkit-Refresh``)
+    may land between an action's redirect and the page load: it must neither show nor take
+    the flash, which the page load then shows (a browser test saw the flash vanish)."""
+    await seed(store)
+    async with client(store) as c:
+        csrf = csrf_of((await c.get("/runs/waiter-2")).text)
+        r = await c.post("/runs/waiter-2/cancel", data={"csrf": csrf})
+        assert r.status_code == 303
+        live = await c.get(r.headers["location"], headers={"X-Flowkit-Refresh": "1"})
+        assert live.status_code == 200 and parse(live.text).by_id("flash") is None
+        page = await c.get(r.headers["location"])
+        flash = parse(page.text).by_id("flash")
+        assert flash is not None and flash.get("data-kind") == "ok"

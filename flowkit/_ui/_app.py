@@ -36,6 +36,7 @@ __all__ = ["create_app"]
 
 HERE = Path(__file__).resolve().parent
 FLASH_COOKIE = "flowkit_ui_flash"
+REFRESH_HEADER = "x-flowkit-refresh"  # sent by app.js's live refresh of a page
 
 
 class _Headers:
@@ -90,7 +91,10 @@ class Dashboard:
     def render(
         self, request: Request, name: str, ctx: dict[str, Any], status: int = 200
     ) -> Response:
-        flash = _read_flash(request)
+        # (a live refresh never takes the flash: it may run between an action's redirect
+        # and the page load that must show it, and it only swaps the live sections)
+        refresh = request.headers.get(REFRESH_HEADER) is not None
+        flash = None if refresh else _read_flash(request)
         html = self.env.get_template(name).render(
             **ctx,
             read_only=self.read_only,

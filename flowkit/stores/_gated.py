@@ -17,13 +17,16 @@ from .rules import admitted_event, claimable
 
 
 def gated_waiter(run: Run, now: float) -> bool:
-    """Whether ``run`` is a due gated waiter: ``suspended``, tagged, not admitted, claimable
-    at ``now``, its deadline not passed (a passed one is claimed, to be cancelled). A SQL
+    """Whether ``run`` is a due gated waiter: ``suspended``, tagged, not admitted, unleased,
+    claimable at ``now``, its deadline not passed (a passed one is claimed, to be cancelled). A SQL
     store's plain claim in ``claim_gated`` leaves these out, by the same rule in SQL."""
     return (
         run.status is RunStatus.SUSPENDED
         and run.singleton_tag is not None
         and ADMITTED_TAG not in run.tags
+        # (a lease left by a worker that died between its denial and the park that records
+        # ``singleton_gated``: the plain claim and the worker's gate finish that park)
+        and run.lease_owner is None
         and (run.deadline_at is None or run.deadline_at > now)
         and claimable(run, now)
     )

@@ -52,7 +52,7 @@
     if (inFlight) { pending = true; return; }
     inFlight = true;
     pending = false;
-    fetch(window.location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } })
+    fetch(window.location.href, { credentials: "same-origin", headers: { "Accept": "text/html", "X-Flowkit-Refresh": "1" } })
       .then(function (resp) {
         if (resp.status === 401) { setLive("closed"); return null; }
         return resp.text();

@@ -39,7 +39,7 @@ def gated_sql(sql: Statements) -> str:
     """``_gated.gated_waiter`` in SQL, but for the claim rule (the claim checks it)."""
     return (
         f"status = 'suspended' AND singleton_key IS NOT NULL AND admitted = {sql.FALSE}"
-        f" AND (deadline_at IS NULL OR deadline_at > {sql.p('now')})"
+        f" AND lease_owner IS NULL AND (deadline_at IS NULL OR deadline_at > {sql.p('now')})"
     )
 
 

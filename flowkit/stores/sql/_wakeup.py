@@ -201,7 +201,7 @@ class SqliteHub(Hub):
             raise
         if self._fd is None:
             path = str(cargs[0]).removeprefix("file:").split("?", 1)[0]
-            self._fd = open_dir_watch(os.path.dirname(os.path.abspath(path)))
+            self._fd = open_dir_watch(os.path.dirname(os.path.realpath(path)))
         return conn
 
     @staticmethod
