@@ -123,6 +123,7 @@ async def latency(url: str, waiters: int, rounds: int) -> dict[str, Any]:
     """Per key (``empty``: ``rounds`` runs queued; ``deep``: ``waiters``): ``engine.start`` of
     one more run (an admission decision: gated at creation behind the key's holder), and
     ``rounds`` hand-overs (the holder signalled -> the next waiter's first step)."""
+    STEP_AT.clear()  # (the run ids repeat on each database)
     store = SqlStore(url)
     out: dict[str, Any] = {}
     async with Engine(store, [Deep()]) as eng:
