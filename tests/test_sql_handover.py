@@ -441,3 +441,35 @@ async def test_a_one_statement_release_that_fails_after_writing_rolls_its_batch_
         assert [e.type for e in await s.load_events("h")].count("run_completed") == 1
     finally:
         s.close()
+
+
+async def test_an_admission_at_creation_reads_the_holders_and_the_first_waiters_only(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``create_run`` with an ``Admission`` behind a deep queue reads the key's holders and its
+    ``limit`` oldest waiters, not the whole queue (``engine.start`` on a key with 10,000
+    waiters costs what it costs on a short one), and decides exactly as before: gated, with
+    its re-check timer (a first denial); FIFO holds for a run created older than the queue."""
+    s = sql_backend.store
+    await put(s, mk("h", key="k", t=T0))
+    for i in range(1, 7):
+        await put(s, mk(f"w{i}", key="k", t=T0 + i))
+    assert await s.try_admit_singleton("h", TAG, "wf", 1, T0 + 1)
+    read: list[int] = []
+    real = _runs.split
+
+    def counting(found: Any, tag: str) -> Any:
+        read.append(len(found))
+        return real(found, tag)
+
+    monkeypatch.setattr(_runs, "split", counting)
+    adm = Admission("wf", TAG, 1, T0 + 60, ())
+    new = replace(mk("new", key="k", t=T0 + 50), status=S.PENDING)
+    stored, created = await s.create_run(new, [], admission=adm)
+    assert created and read == [2]  # the holder and the oldest waiter (not w2..w6)
+    assert (stored.status, stored.wake_at, stored.admitted) == (S.SUSPENDED, T0 + 60, False)
+    # the holder settles unnotified: a run created older than every waiter is admitted first
+    await s.commit("h", None, T0 + 51, Update(events=[], status=S.COMPLETED))
+    old = replace(mk("old", key="k", t=T0 - 5), status=S.PENDING)
+    stored, _ = await s.create_run(old, [], admission=Admission("wf", TAG, 1, T0 + 61, ()))
+    assert stored.admitted and read[-1] == 1  # (no holder: the oldest waiter, w1)

@@ -232,14 +232,22 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
         sql = self._sql
         keyed = [k for k in (cap, admission) if k is not None]
         locks = sorted({lock_name(k.workflow, k.tag) for k in keyed})
-        # the admission's read of the key's runs counts them for the cap too (same key)
-        counted = admission is not None and (
-            cap is None or (cap.workflow, cap.tag) == (admission.workflow, admission.tag)
+        # a singleton admission reads the key's holders and its ``limit`` oldest waiters
+        # only (``locked_with_sharing``: all that decides about a new run, however deep the
+        # queue); another tag's reads all its runs, and counts them for the cap too
+        short = admission is not None and admission.tag.startswith(SINGLETON_TAG_PREFIX)
+        counted = (
+            admission is not None
+            and not short
+            and (cap is None or (cap.workflow, cap.tag) == (admission.workflow, admission.tag))
         )
         stmts: list[tuple[str, Any]] = [(sql.get_any_run, {"id": run.id})]
         if cap is not None and not counted:
             stmts.append(self._count_stmt(cap))
-        if admission is not None:
+        if admission is not None and short:
+            wf, tag = admission.workflow, admission.tag
+            stmts.append(sql.locked_with_sharing(run.id, wf, tag, admission.limit))
+        elif admission is not None:
             stmts.append(sql.sharing(admission.workflow, admission.tag))
 
         def op(c: Conn, _: None) -> tuple[Run, bool]:
@@ -248,7 +256,9 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
             if got[0]:
                 return self._existing_row(got[0][0]), False
             sharing: list[Run] = []
-            if admission is not None:
+            if admission is not None and short:
+                sharing = runs.split(got[-1], admission.tag)[1]
+            elif admission is not None:
                 sharing = [r for r in map(to_run, got[-1]) if admission.tag in r.tags]
             if cap is not None:
                 n = len(sharing) if counted else self._count_of(cap, got[1])
