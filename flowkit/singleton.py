@@ -118,7 +118,7 @@ def heads_to_arm(
 ) -> list[str]:
     """The head waiters (``heads``) parked without a re-check due by ``at``: a store gives
     each ``wake_at=at`` in the transaction that made it a head (a release, an admission, a
-    cancelled waiter ahead of it), so that a lost notification delays a head by about
+    denial, a cancelled waiter ahead of it), so that a lost notification delays a head by about
     ``HEAD_RECHECK`` at most. Waiters behind the heads hold no timer."""
     out = []
     for r in heads(runs, tag, workflow, limit):
