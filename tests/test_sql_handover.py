@@ -237,13 +237,9 @@ async def test_a_release_shares_a_group_commit_and_its_key_lock_comes_first(
         s.close()
 
 
-async def test_admission_and_release_read_only_the_holders_and_the_first_waiters(
-    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An admission check or a release reads the key's holders and only as many of its oldest
-    waiters as slots can be free (a key with a deep queue costs what a short one does); a
-    waiter behind them still decides about itself: denied and parked with its new re-check."""
-    s = sql_backend.store
+async def _deep_key_counting_reads(s: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Key ``k`` held by ``h`` with six waiters ``w1``..``w6`` behind it; from here on, the
+    number of rows each ``_runs.split`` (a key's admission or release read) is given."""
     await put(s, mk("h", key="k", t=T0))
     for i in range(1, 7):
         await put(s, mk(f"w{i}", key="k", t=T0 + i))
@@ -256,6 +252,17 @@ async def test_admission_and_release_read_only_the_holders_and_the_first_waiters
         return real(found, tag)
 
     monkeypatch.setattr(_runs, "split", counting)
+    return read
+
+
+async def test_admission_and_release_read_only_the_holders_and_the_first_waiters(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admission check or a release reads the key's holders and only as many of its oldest
+    waiters as slots can be free (a key with a deep queue costs what a short one does); a
+    waiter behind them still decides about itself: denied and parked with its new re-check."""
+    s = sql_backend.store
+    read = await _deep_key_counting_reads(s, monkeypatch)
     assert not await s.try_admit_singleton("w6", TAG, "wf", 1, T0 + 50)
     # its own row, the holder and the limit + 1 oldest waiters (not w3..w5): the head, and
     # the waiter behind it, which becomes the head when the head is admitted and gets its
@@ -451,18 +458,7 @@ async def test_an_admission_at_creation_reads_the_holders_and_the_first_waiters_
     waiters costs what it costs on a short one), and decides exactly as before: gated, with
     its re-check timer (a first denial); FIFO holds for a run created older than the queue."""
     s = sql_backend.store
-    await put(s, mk("h", key="k", t=T0))
-    for i in range(1, 7):
-        await put(s, mk(f"w{i}", key="k", t=T0 + i))
-    assert await s.try_admit_singleton("h", TAG, "wf", 1, T0 + 1)
-    read: list[int] = []
-    real = _runs.split
-
-    def counting(found: Any, tag: str) -> Any:
-        read.append(len(found))
-        return real(found, tag)
-
-    monkeypatch.setattr(_runs, "split", counting)
+    read = await _deep_key_counting_reads(s, monkeypatch)
     adm = Admission("wf", TAG, 1, T0 + 60, ())
     new = replace(mk("new", key="k", t=T0 + 50), status=S.PENDING)
     stored, created = await s.create_run(new, [], admission=adm)
