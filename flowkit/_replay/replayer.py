@@ -83,6 +83,12 @@ class _ReplayHost:
     def drop_timer(self, token: object) -> None:
         raise AssertionError("replay-only activations run no step")  # pragma: no cover
 
+    def step_began(self) -> object:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
+    def step_ended(self, token: object) -> None:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
     def in_thread(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> asyncio.Future[Any]:
