@@ -118,6 +118,30 @@ async def test_advance_waits_for_a_step_in_flight_too(backend: Backend) -> None:
         assert (await env.get_run("r1")).status is RunStatus.SUSPENDED  # in its durable sleep
 
 
+@workflow(name="io-beside-a-sleep")
+class IoBesideASleep:
+    """A timed step doing real I/O side by side with a durable sleep of 10 s."""
+
+    def __init__(self, http: Http) -> None:
+        self.http = http
+
+    async def run(self, ctx: WorkflowCtx, key: str) -> str:
+        got, _ = await ctx.gather(ctx.step(self.http.get, key, timeout=5), ctx.sleep(10))
+        return str(got)
+
+
+async def test_a_sleep_beside_a_running_step_waits_for_it(backend: Backend) -> None:
+    """The sleep's due time and the step's deadline are both ahead: time skipping first lets
+    the step end (at the start instant), then jumps to the sleep's end."""
+    async with TestEnv([IoBesideASleep(Http())], store=backend.store) as env:
+        t0 = env.clock.now()
+        await env.start("io-beside-a-sleep", "k", "r1")
+        assert await env.result("r1") == "got k"
+        (done,) = _steps(await env.history("r1"))
+        assert isinstance(done, StepCompleted) and done.at == t0
+        assert env.clock.now() == t0 + 10
+
+
 @workflow(name="hangs-then-answers")
 class HangsThenAnswers:
     """A step that never answers, bounded by 30 s, then a step doing real I/O."""
