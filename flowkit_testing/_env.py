@@ -287,8 +287,9 @@ class TestEnv:
         attempt still running ``hung_step_after`` real seconds after time skipping first found
         it running counts as hung: time moves on without it (its timeout can then fire)."""
         loop = asyncio.get_running_loop()
-        live = [e for e, p in zip(self.engines, self._proxies, strict=True) if not p.crashed]
         while True:
+            # (the instances live now: a crash rule may fire while a step ends)
+            live = [e for e, p in zip(self.engines, self._proxies, strict=True) if not p.crashed]
             running: set[object] = set()
             for eng in live:
                 running |= eng.steps_in_flight()
