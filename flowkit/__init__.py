@@ -38,6 +38,7 @@ from .errors import (
     UnsupportedStoreError,
     UpdateNotRepliedError,
     UpdateRejectedError,
+    VersionMismatchError,
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "UpdateNotRepliedError",
     "UpdateRejectedError",
     "UpdateRequest",
+    "VersionMismatchError",
     "WorkflowCtx",
     "WorkflowDefinition",
     "WorkflowFailedError",

@@ -77,6 +77,11 @@ class Drive:
         # execution_timeout), by a token of their own: ``Worker.retry_due`` reports the
         # earliest, so that ``TestEnv``'s virtual clock jumps to it as to a timer
         self.timers: dict[object, float] = {}
+        # the step attempts running their function here now, by a token each
+        # (``Host.step_began``), and a future resolved when one of them ends: ``TestEnv``
+        # holds its virtual clock while some run (``Worker.steps_in_flight``)
+        self.in_flight: set[object] = set()
+        self.step_ended: asyncio.Future[None] | None = None
         # the threads sync steps run in (``_host.StepRunner``)
         self.steps = StepRunner(config)
 

@@ -246,6 +246,16 @@ class Engine:
         again (``None``: no activation waits to): a due time for ``TestEnv``'s clock."""
         return None if self._worker is None else self._worker.retry_due()
 
+    def steps_in_flight(self) -> frozenset[object]:
+        """The step attempts this engine's worker runs right now, by an opaque token each
+        (``TestEnv`` moves its virtual clock only once they have ended)."""
+        return frozenset() if self._worker is None else self._worker.steps_in_flight()
+
+    def step_ended(self) -> asyncio.Future[None] | None:
+        """A future resolved when the next step attempt of this engine's worker ends
+        (``None`` without a running worker)."""
+        return None if self._worker is None else self._worker.step_ended()
+
     def poke(self) -> None:
         """Have the worker poll the store now rather than at its next deadline (new work
         may be due); a no-op without a running worker."""

@@ -66,6 +66,18 @@ class Host:
     def drop_timer(self, token: object) -> None:
         self._d.timers.pop(token, None)
 
+    def step_began(self) -> object:
+        token = object()
+        self._d.in_flight.add(token)
+        return token
+
+    def step_ended(self, token: object) -> None:
+        d = self._d
+        d.in_flight.discard(token)
+        ended, d.step_ended = d.step_ended, None
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
     def in_thread(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> asyncio.Future[Any]:

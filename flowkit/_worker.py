@@ -272,6 +272,17 @@ class Worker:
         d = self._drive
         return min((*d.retry_at.values(), *d.timers.values()), default=None)
 
+    def steps_in_flight(self) -> frozenset[object]:
+        """The step attempts running their function here now (a token each)."""
+        return frozenset(self._drive.in_flight)
+
+    def step_ended(self) -> asyncio.Future[None]:
+        """A future resolved when the next step attempt running here ends."""
+        d = self._drive
+        if d.step_ended is None or d.step_ended.done():
+            d.step_ended = asyncio.get_running_loop().create_future()
+        return d.step_ended
+
     def holds(self, run_id: str) -> bool:
         """Whether an activation of ``run_id`` (claimed, past its gate) runs here: it ends by
         telling ``settled``, with the snapshot or ``None``."""

@@ -44,7 +44,13 @@ from ._definition import definition_of
 from ._engine import Engine
 from ._history import History
 from ._replay.children import WAKE_PREFIX as CHILD_WAKE
-from ._replay.replayer import ReplayResult, patches_taken, replay_async, replay_dir_async
+from ._replay.replayer import (
+    ReplayResult,
+    patches_taken,
+    pick_version,
+    replay_async,
+    replay_dir_async,
+)
 from ._run import Run, RunStatus
 from ._worker import WORKER_SEEN_WINDOW
 from .errors import FlowkitError, NonDeterminismError
@@ -343,8 +349,13 @@ async def _replay(args: argparse.Namespace, out: Out, store: Any) -> int:
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror}") from None
     hist = History.from_json(raw)
-    by_name = {d.name: wf for wf in workflows if (d := definition_of(wf)) is not None}
-    wf = by_name.get(hist.workflow or "", workflows[0])
+    by_name: dict[str, dict[str, Any]] = {}
+    for w in workflows:
+        if (d := definition_of(w)) is not None:
+            by_name.setdefault(d.name, {}).setdefault(d.version, w)
+    versions = by_name.get(hist.workflow or "")
+    # (the history's own version; one it lacks is a VersionMismatchError, exit 2)
+    wf = workflows[0] if versions is None else pick_version(hist, versions)
     try:
         await replay_async(hist, wf)
     except NonDeterminismError as exc:

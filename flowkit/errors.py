@@ -8,6 +8,7 @@
     ├── UnsupportedStoreError      start()/Engine(): the store lacks an operation the workflow needs
     ├── NonDeterminismError        replay: the body issued a different ctx call than the history
     ├── WorkflowNotFoundError      start()/replay: no workflow registered under that name
+    │   └── VersionMismatchError   replay: the history was recorded on a version the code lacks
     ├── RunNotFoundError           signal()/cancel()/result()/...: no run with that id
     ├── RunIdTakenError            start(): the run id belongs to another namespace
     ├── RunStateError              retry()/signal(): the run is in a status that forbids the call
@@ -118,6 +119,25 @@ class WorkflowNotFoundError(FlowkitError, LookupError):
         self.version = version
         at = "" if version is None else f" version {version!r}"
         super().__init__(f"unknown workflow {workflow!r}{at}")
+
+
+class VersionMismatchError(WorkflowNotFoundError):
+    """Raised by ``replay`` (and reported by ``replay_dir`` / ``flowkit replay``) before any
+    replay when the history was recorded on a version of its workflow that the code given
+    does not have: a run resumes only on the version it started on, so replaying it against
+    another version's body would report a divergence that can never happen. ``workflow`` and
+    ``version`` are the history's; ``available`` the versions of that workflow given."""
+
+    def __init__(self, workflow: str, version: str, available: tuple[str, ...]) -> None:
+        super().__init__(workflow, version)
+        self.available = available
+        given = ", ".join(repr(v) for v in available) or "none"
+        self.args = (
+            f"the history of workflow {workflow!r} was recorded on version {version!r}, and "
+            f"the code given has version{'s' if len(available) > 1 else ''} {given}: "
+            f"replay it against the class of version {version!r} (a run resumes only on "
+            "the version it started on)",
+        )
 
 
 class RunNotFoundError(FlowkitError, LookupError):
@@ -389,6 +409,7 @@ __all__ = [
     "UnsupportedStoreError",
     "UpdateNotRepliedError",
     "UpdateRejectedError",
+    "VersionMismatchError",
     "WorkflowFailedError",
     "WorkflowNotFoundError",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -19,6 +20,10 @@ from flowkit.stores.schedules import keeps_schedules
 
 from ._clock import DEFAULT_START, VirtualClock
 from ._faults import CRASH_SITES, CrashSite, FaultPlan, InstanceStore, Rule
+
+HUNG_STEP_AFTER = 1.0
+"""Real seconds time skipping waits for a step attempt in flight before it counts the attempt
+as hung and moves virtual time on (``TestEnv(hung_step_after=...)``)."""
 
 
 class TestEnv:
@@ -40,9 +45,16 @@ class TestEnv:
         max_yields: int = 2,
         faults: FaultPlan | None = None,
         retention: float | None = None,
+        hung_step_after: float = HUNG_STEP_AFTER,
     ) -> None:
         if instances < 1:
             raise ValueError("instances must be >= 1")
+        if (
+            isinstance(hung_step_after, bool)
+            or not isinstance(hung_step_after, int | float)
+            or not hung_step_after >= 0  # (NaN too)
+        ):
+            raise ValueError(f"hung_step_after takes seconds >= 0, got {hung_step_after!r}")
         self.workflows = list(workflows)
         self.seed = seed
         self.rng = random.Random(seed)
@@ -54,6 +66,10 @@ class TestEnv:
         self.max_yields = max_yields
         self.fault_plan = faults
         self.retention = retention  # (``Engine(retention=...)`` of every instance)
+        # time skipping waits this many real seconds for a step attempt in flight, then counts
+        # it as hung (``_hold``); when it first found each attempt running (``loop.time()``)
+        self.hung_step_after = float(hung_step_after)
+        self._in_flight_since: dict[object, float] = {}
         self.rules: list[Rule] = []
         self.fired: list[tuple[int, str, str, str, str | None]] = []
         self._pending: set[asyncio.Task[Any]] = set()
@@ -264,6 +280,31 @@ class TestEnv:
                     best = t
         return best
 
+    async def _hold(self) -> None:
+        """Wait, in real time, for the step attempts in flight on the live instances, so
+        that virtual time never jumps while a step runs its function (a step's ``timeout=``
+        measures the virtual time its attempt took: none, when time stands still). An
+        attempt still running ``hung_step_after`` real seconds after time skipping first found
+        it running counts as hung: time moves on without it (its timeout can then fire)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            # (the instances live now: a crash rule may fire while a step ends)
+            live = [e for e, p in zip(self.engines, self._proxies, strict=True) if not p.crashed]
+            running: set[object] = set()
+            for eng in live:
+                running |= eng.steps_in_flight()
+            now = loop.time()
+            since = {t: self._in_flight_since.get(t, now) for t in running}
+            self._in_flight_since = since  # (those that ended are forgotten)
+            waited = [t + self.hung_step_after for t in since.values()]
+            until = min((t for t in waited if t > now), default=None)
+            if until is None:  # (none in flight, or every one is hung)
+                return
+            ends = [f for eng in live if (f := eng.step_ended()) is not None]
+            timeout = None if until == math.inf else until - now
+            await asyncio.wait(ends, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await self.settle()  # (what the ended step let move runs, up to its next step)
+
     async def _jump(self, to: float) -> None:
         self.clock.jump(max(to, self.clock.now()))
         self._poke()
@@ -271,13 +312,16 @@ class TestEnv:
 
     async def advance(self, seconds: float) -> None:
         """Move virtual time ``seconds`` forward, firing due timers and the ticks of durable
-        schedules (``engine.schedules``) in order."""
+        schedules (``engine.schedules``) in order. Time never moves while a step attempt
+        runs its function: each jump first waits for those in flight, in real time (see
+        ``_hold``: one running ``hung_step_after`` real seconds counts as hung)."""
         if seconds < 0:
             raise ValueError("advance needs seconds >= 0")
         target = self.clock.now() + seconds
         self._poke()  # work made due by others (a client engine, a store) moves first
         await self.settle()
         while True:
+            await self._hold()  # (no jump while a step runs)
             nxt = _earliest(await self._next_time(), await self._next_schedule())
             if nxt is None or nxt > target:
                 break
@@ -285,12 +329,17 @@ class TestEnv:
         await self._jump(target)
 
     async def run_until_idle(self, max_jumps: int = 1_000_000) -> None:
-        """Time skipping: jump from due time to due time until nothing can move. A durable
-        schedule's ticks do not count as something that can move (it would never be idle):
-        those before the last due time fire on the way; ``advance`` fires the later ones."""
+        """Time skipping: jump from due time to due time until nothing can move. A step
+        attempt in flight can move: each jump first waits for those running their function,
+        in real time, as the clock stands still (a step's ``timeout=`` is not reached by a
+        jump while it does real I/O); one still running ``hung_step_after`` real seconds
+        counts as hung, and time skips on (its timeout fires). A durable schedule's ticks
+        do not count as something that can move (it would never be idle): those before the
+        last due time fire on the way; ``advance`` fires the later ones."""
         self._poke()
         await self.settle()
         for _ in range(max_jumps):
+            await self._hold()  # (no jump while a step runs)
             nxt = await self._next_time()
             if nxt is None:
                 return

@@ -134,6 +134,7 @@ FLOWKIT = [
     "UpdateNotRepliedError",
     "UpdateRejectedError",
     "UpdateRequest",
+    "VersionMismatchError",
     "WorkflowCtx",
     "WorkflowDefinition",
     "WorkflowFailedError",

@@ -37,6 +37,9 @@ except ImportError:  # tests/ imported as a package
     from tests.store_kit import Backend, make_backend
 
 HOUR = 3600.0
+# the steps that hang here hang on purpose: time skipping waits only this long (real seconds)
+# for one before it lets their timeout fire (docs/testing.md, "Steps that do real work")
+HUNG = 0.05
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -96,7 +99,7 @@ async def test_virtual_time_drives_an_hour_long_timeout_and_the_retry_succeeds(
     is cancelled and recorded as a ``StepTimeoutError``; the retry answers at once."""
     remote = Remote(hangs=1)
     wf = Fetcher(remote, RetryPolicy(max_attempts=3, initial_interval=10))
-    async with TestEnv([wf], store=backend.store) as env:
+    async with TestEnv([wf], store=backend.store, hung_step_after=HUNG) as env:
         t0 = env.clock.now()
         await env.start("fetcher", "k", "r1")
         run = await env.get_run("r1")
@@ -121,7 +124,7 @@ async def test_a_final_timeout_raises_step_failed_in_the_body_and_replays(
     backend: Backend,
 ) -> None:
     remote = Remote(hangs=99)
-    async with TestEnv([Fetcher(remote)], store=backend.store) as env:
+    async with TestEnv([Fetcher(remote)], store=backend.store, hung_step_after=HUNG) as env:
         await env.start("fetcher", "k", "r1")
         assert await env.result("r1") == {
             "fallback": True,
@@ -148,7 +151,9 @@ class BareFetch:
 
 
 async def test_engine_result_names_the_timeout_as_the_cause(backend: Backend) -> None:
-    async with TestEnv([BareFetch(Remote(hangs=99))], store=backend.store) as env:
+    async with TestEnv(
+        [BareFetch(Remote(hangs=99))], store=backend.store, hung_step_after=HUNG
+    ) as env:
         await env.start("bare-fetch", "k", "r1")
         with pytest.raises(WorkflowFailedError) as caught:
             await env.result("r1")
@@ -164,7 +169,7 @@ async def test_engine_result_names_the_timeout_as_the_cause(backend: Backend) ->
 async def test_non_retryable_timeouts_get_one_attempt(backend: Backend) -> None:
     remote = Remote(hangs=99)
     policy = RetryPolicy(max_attempts=5, non_retryable=(StepTimeoutError,))
-    async with TestEnv([Fetcher(remote, policy)], store=backend.store) as env:
+    async with TestEnv([Fetcher(remote, policy)], store=backend.store, hung_step_after=HUNG) as env:
         await env.start("fetcher", "k", "r1")
         assert (await env.result("r1"))["attempts"] == 1
         assert remote.calls == 1
@@ -174,7 +179,7 @@ async def test_every_attempt_has_its_own_deadline(backend: Backend) -> None:
     """Three attempts time out, each an hour after it started (after its backoff)."""
     remote = Remote(hangs=99)
     policy = RetryPolicy(max_attempts=3, initial_interval=60, backoff=1)
-    async with TestEnv([Fetcher(remote, policy)], store=backend.store) as env:
+    async with TestEnv([Fetcher(remote, policy)], store=backend.store, hung_step_after=HUNG) as env:
         t0 = env.clock.now()
         await env.start("fetcher", "k", "r1")
         assert (await env.result("r1"))["attempts"] == 3
@@ -213,7 +218,9 @@ class StubbornFlow:
 async def test_a_step_that_swallows_the_cancellation_still_timed_out(backend: Backend) -> None:
     """Past its deadline the attempt has failed, whatever the function makes of its
     cancellation; the run goes on normally (not blocked as by a foreign cancellation)."""
-    async with TestEnv([StubbornFlow(Stubborn())], store=backend.store) as env:
+    async with TestEnv(
+        [StubbornFlow(Stubborn())], store=backend.store, hung_step_after=HUNG
+    ) as env:
         await env.start("stubborn", None, "r1")
         assert await env.result("r1") == "StepTimeoutError"
 
@@ -236,7 +243,7 @@ class Quick:
 
 
 async def test_steps_that_answer_in_time_are_unaffected(backend: Backend) -> None:
-    async with TestEnv([Quick()], store=backend.store) as env:
+    async with TestEnv([Quick()], store=backend.store, hung_step_after=HUNG) as env:
         await env.start("quick", None, "r1")
         assert await env.result("r1") == [3, 12, 11]
         assert env.engines[0].retry_due() is None
@@ -248,7 +255,7 @@ async def test_the_runs_cancellation_during_a_timed_step_is_a_cancellation(
 ) -> None:
     """The run's cancellation and the timeout are told apart: cancelled, not timed out."""
     remote = Remote(hangs=99)
-    async with TestEnv([Fetcher(remote)], store=backend.store) as env:
+    async with TestEnv([Fetcher(remote)], store=backend.store, hung_step_after=HUNG) as env:
         await env.start("fetcher", "k", "r1")
         await env.advance(60)
         await env.cancel("r1")
@@ -278,7 +285,9 @@ class OuterTimeout:
 async def test_a_foreign_timeout_around_a_timed_step_still_blocks_the_run(
     backend: Backend,
 ) -> None:
-    async with TestEnv([OuterTimeout(Remote(hangs=99))], store=backend.store) as env:
+    async with TestEnv(
+        [OuterTimeout(Remote(hangs=99))], store=backend.store, hung_step_after=HUNG
+    ) as env:
         await env.start("outer-timeout", None, "r1")
         run = await env.get_run("r1")
         assert run.status is RunStatus.BLOCKED
@@ -307,7 +316,7 @@ async def test_a_bad_timeout_is_a_value_error_that_records_nothing(
                 seen.append(str(err))
             return await ctx.step(self.work)
 
-    async with TestEnv([BadTimeout()], store=backend.store) as env:
+    async with TestEnv([BadTimeout()], store=backend.store, hung_step_after=HUNG) as env:
         await env.start("bad-timeout", None, "r1")
         if bad is None:
             await env.run_until_idle()  # the unawaited call blocks the run: it was valid
@@ -342,7 +351,7 @@ async def test_a_crash_during_a_timed_attempt_restarts_it_with_a_fresh_deadline(
     recorded of the first one)."""
     remote = Remote(hangs=2)
     wf = Fetcher(remote, RetryPolicy(max_attempts=2, initial_interval=10))
-    async with TestEnv([wf], store=backend.store) as env:
+    async with TestEnv([wf], store=backend.store, hung_step_after=HUNG) as env:
         t0 = env.clock.now()
         await env.start("fetcher", "k", "r1")
         await env.advance(600)
@@ -365,7 +374,7 @@ async def test_a_crash_while_recording_the_timeout_times_the_attempt_out_again(
     recovered run runs the attempt again; its own timeout is recorded once."""
     remote = Remote(hangs=2)
     wf = Fetcher(remote, RetryPolicy(max_attempts=2, initial_interval=10))
-    async with TestEnv([wf], store=backend.store) as env:
+    async with TestEnv([wf], store=backend.store, hung_step_after=HUNG) as env:
         env.inject(
             Rule(
                 "append_events",

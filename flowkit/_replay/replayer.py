@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._definition import definition_of
 from .._history import History
 from .._run import InboxSignal, Run
-from ..errors import FlowkitError, HistoryError, NonDeterminismError, WorkflowNotFoundError
+from .._versions import natural_key
+from ..errors import (
+    FlowkitError,
+    HistoryError,
+    NonDeterminismError,
+    VersionMismatchError,
+    WorkflowNotFoundError,
+)
 from ..events import (
     Event,
     PatchMarker,
@@ -83,6 +90,12 @@ class _ReplayHost:
     def drop_timer(self, token: object) -> None:
         raise AssertionError("replay-only activations run no step")  # pragma: no cover
 
+    def step_began(self) -> object:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
+    def step_ended(self, token: object) -> None:
+        raise AssertionError("replay-only activations run no step")  # pragma: no cover
+
     def in_thread(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> asyncio.Future[Any]:
@@ -106,6 +119,8 @@ async def replay_async(history: History, workflow: Any) -> None:
         raise HistoryError("history must start with run_started")
     if first.workflow != defn.name:
         raise HistoryError(f"history is of workflow {first.workflow!r}, not {defn.name!r}")
+    if first.version != defn.version:  # (never a divergence: no worker would replay it so)
+        raise VersionMismatchError(defn.name, first.version, (defn.version,))
     instance = workflow if not isinstance(workflow, type) else _bare_instance(workflow)
     last = history.events[-1]
     act = Activation(
@@ -224,7 +239,9 @@ def _bare_instance(cls: type) -> Any:
 
 def replay(history: History | str, workflow: Any) -> None:
     """Re-run ``workflow``'s body against ``history``; raise ``NonDeterminismError`` at the
-    first divergence. Steps are never executed. Call ``replay_async`` inside an event loop."""
+    first divergence. Steps are never executed. A history recorded on another version of the
+    workflow than ``workflow``'s raises ``VersionMismatchError`` before anything replays.
+    Call ``replay_async`` inside an event loop."""
     if isinstance(history, str):
         history = History.from_json(history)
     _no_running_loop("replay")
@@ -248,8 +265,9 @@ class ReplayResult:
 
     ``status`` is ``"ok"`` (the history replays), ``"diverged"`` (``error`` is the
     ``NonDeterminismError``) or ``"error"`` (the file could not be replayed at all: not a
-    flowkit history, no workflow of its name was given, its input no longer validates...;
-    ``error`` says why)."""
+    flowkit history, no workflow of its name was given, none of its version (a
+    ``VersionMismatchError``), its input no longer validates...; ``error`` says why).
+    ``version`` is the workflow version the history was recorded on."""
 
     path: Path
     status: Literal["ok", "diverged", "error"]
@@ -259,6 +277,7 @@ class ReplayResult:
     error: Exception | None = None
     # the patches the history took (its ``patch_marker`` ids, in order)
     patches: tuple[str, ...] = ()
+    version: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -351,20 +370,37 @@ def _one_line(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _by_name(workflows: Any) -> dict[str, Any]:
+def _by_name(workflows: Any) -> dict[str, dict[str, Any]]:
+    """``workflows`` by name, then by version: several versions of one workflow may be given
+    (each history replays against its own), one ``(name, version)`` only once."""
     if definition_of(workflows) is not None:  # one class or instance
         workflows = [workflows]
     if isinstance(workflows, str | bytes) or not isinstance(workflows, Iterable):
         raise TypeError("workflows must be a sequence of @workflow classes or instances")
-    named: dict[str, Any] = {}
+    named: dict[str, dict[str, Any]] = {}
     for wf in workflows:
         defn = definition_of(wf)
         if defn is None:
             raise TypeError(f"{wf!r} is not a @workflow class or instance")
-        if defn.name in named:
-            raise ValueError(f"two workflows named {defn.name!r} given to replay_dir")
-        named[defn.name] = wf
+        versions = named.setdefault(defn.name, {})
+        if defn.version in versions:
+            raise ValueError(
+                f"two workflows named {defn.name!r} of version {defn.version!r} given to replay_dir"
+            )
+        versions[defn.version] = wf
     return named
+
+
+def pick_version(history: History, versions: dict[str, Any]) -> Any:
+    """The workflow of ``versions`` (one workflow's, by version) that ``history`` was recorded
+    on; ``VersionMismatchError`` naming the versions there are when none was."""
+    first = history.events[0] if history.events else None
+    if not isinstance(first, RunStarted):  # (not a run's history: ``replay`` says so)
+        return next(iter(versions.values()))
+    if first.version in versions:
+        return versions[first.version]
+    available = tuple(sorted(versions, key=natural_key))
+    raise VersionMismatchError(first.workflow, first.version, available)
 
 
 def _history_files(directory: Path, pattern: str) -> list[Path]:
@@ -380,24 +416,26 @@ def _load(path: Path) -> History | Exception:
         return exc
 
 
-async def _replay_file(path: Path, named: dict[str, Any]) -> ReplayResult:
+async def _replay_file(path: Path, named: dict[str, dict[str, Any]]) -> ReplayResult:
     history = _load(path)
     if isinstance(history, Exception):
         return ReplayResult(path, "error", error=history)
+    first = history.events[0] if history.events else None
     info: dict[str, Any] = {
         "run_id": history.run_id,
         "workflow": history.workflow,
         "events": len(history),
         "patches": patches_taken(history),
+        "version": first.version if isinstance(first, RunStarted) else None,
     }
-    wf = named.get(history.workflow or "")
-    if wf is None:
+    versions = named.get(history.workflow or "")
+    if versions is None:
         known = ", ".join(repr(n) for n in sorted(named)) or "none"
         err = WorkflowNotFoundError(str(history.workflow))
         err.args = (f"no workflow named {history.workflow!r} was given (given: {known})",)
         return ReplayResult(path, "error", error=err, **info)
     try:
-        await replay_async(history, wf)
+        await replay_async(history, pick_version(history, versions))
     except NonDeterminismError as exc:
         return ReplayResult(path, "diverged", error=exc, **info)
     except Exception as exc:  # e.g. the recorded input no longer validates
@@ -419,10 +457,11 @@ async def replay_dir_async(
 def replay_dir(path: str | Path, workflows: Any, *, pattern: str = "*.json") -> ReplayReport:
     """Replay every history file in ``path`` (``pattern``, default ``*.json``; ``"**/*.json"``
     descends into subdirectories) against the workflow of ``workflows`` (a sequence of
-    ``@workflow`` classes or instances, or just one) whose name is the history's
-    ``run_started.workflow``. Never raises for a bad file: each file gets a ``ReplayResult``
-    (``ok``, ``diverged`` with its ``NonDeterminismError``, or ``error``), and
-    ``report.raise_for_failures()`` turns failures into one ``ReplayFailedError``. Call
-    ``replay_dir_async`` inside an event loop."""
+    ``@workflow`` classes or instances, or just one) whose name and version are the history's
+    ``run_started.workflow`` and ``.version`` (give every version whose runs you recorded; a
+    history of a version not given is an ``error`` result, a ``VersionMismatchError``). Never
+    raises for a bad file: each file gets a ``ReplayResult`` (``ok``, ``diverged`` with its
+    ``NonDeterminismError``, or ``error``), and ``report.raise_for_failures()`` turns failures
+    into one ``ReplayFailedError``. Call ``replay_dir_async`` inside an event loop."""
     _no_running_loop("replay_dir")
     return asyncio.run(replay_dir_async(path, workflows, pattern=pattern))

@@ -51,6 +51,13 @@ class Host(Protocol):
 
     def drop_timer(self, token: object) -> None: ...
 
+    def step_began(self) -> object:
+        """A step attempt starts running its function here: a token for ``step_ended``. The
+        engine reports the attempts in flight (``TestEnv`` holds its clock while they run)."""
+        ...
+
+    def step_ended(self, token: object) -> None: ...
+
     def in_thread(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> asyncio.Future[Any]:

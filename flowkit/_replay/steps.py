@@ -271,48 +271,53 @@ async def _execute(
     kwargs: dict[str, Any],
     is_async: bool = True,
 ) -> Any:
-    """Call the step function; ``_StepCancelled`` when ``request_cancel`` cancelled it."""
-    value = fn(*args, **kwargs) if is_async else await _in_thread(st, fn, args, kwargs)
-    if type(value) is not CoroutineType and (
-        not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future)
-    ):
-        if isinstance(value, Awaitable):
-            value = _await(value)
-        else:
-            return value
-    if type(value) is not CoroutineType and not asyncio.iscoroutine(value):
-        fut = asyncio.ensure_future(value)
-        st.step_tasks.add(fut)
+    """Call the step function; ``_StepCancelled`` when ``request_cancel`` cancelled it. The
+    attempt is in flight (``Host.step_began``) until it ends, whichever way."""
+    token = st.host.step_began()
+    try:
+        value = fn(*args, **kwargs) if is_async else await _in_thread(st, fn, args, kwargs)
+        if type(value) is not CoroutineType and (
+            not asyncio.iscoroutine(value) and not isinstance(value, asyncio.Future)
+        ):
+            if isinstance(value, Awaitable):
+                value = _await(value)
+            else:
+                return value
+        if type(value) is not CoroutineType and not asyncio.iscoroutine(value):
+            fut = asyncio.ensure_future(value)
+            st.step_tasks.add(fut)
+            try:
+                return await fut
+            except asyncio.CancelledError:
+                if fut in st.cancelled_hosts:
+                    raise _StepCancelled() from None
+                raise
+            finally:
+                st.step_tasks.discard(fut)
+                st.cancelled_hosts.discard(fut)
+                del fut  # (it holds what the step raised, whose traceback holds this frame)
+        # a coroutine runs inline, in the task of the branch that awaits it (as a plain
+        # ``await`` would): no task of its own, no extra turn of the event loop per step.
+        # Cancelling the step cancels that task while it is inside the step (request_cancel)
+        host = asyncio.current_task()
+        assert host is not None
+        st.step_tasks.add(host)
         try:
-            return await fut
+            return await value
         except asyncio.CancelledError:
-            if fut in st.cancelled_hosts:
+            if host in st.cancelled_hosts:
                 raise _StepCancelled() from None
             raise
         finally:
-            st.step_tasks.discard(fut)
-            st.cancelled_hosts.discard(fut)
-            del fut  # (it holds what the step raised, whose traceback holds this frame)
-    # a coroutine runs inline, in the task of the branch that awaits it (as a plain
-    # ``await`` would): no task of its own, no extra turn of the event loop per step.
-    # Cancelling the step cancels that task while it is inside the step (request_cancel)
-    host = asyncio.current_task()
-    assert host is not None
-    st.step_tasks.add(host)
-    try:
-        return await value
-    except asyncio.CancelledError:
-        if host in st.cancelled_hosts:
-            raise _StepCancelled() from None
-        raise
+            st.step_tasks.discard(host)
+            if host in st.cancelled_hosts:
+                st.cancelled_hosts.discard(host)
+                host.uncancel()
+            # (this frame is in the traceback of what the step raised, which the task may keep
+            # as its outcome: no local may hold the task, a cycle only the cyclic GC would free)
+            del host
     finally:
-        st.step_tasks.discard(host)
-        if host in st.cancelled_hosts:
-            st.cancelled_hosts.discard(host)
-            host.uncancel()
-        # (this frame is in the traceback of what the step raised, which the task may keep
-        # as its outcome: no local may hold the task, a cycle only the cyclic GC would free)
-        del host
+        st.host.step_ended(token)
 
 
 async def _in_thread(
