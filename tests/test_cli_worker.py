@@ -87,8 +87,7 @@ def test_retry_with_a_new_input(failed: tuple[Path, str, str]) -> None:
     bad = flowkit(tmp, "--db", url, "retry", run_id, "--input", '"x"')
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == (
-        "flowkit: error: invalid input for workflow 'double': input: 'x' is not of type "
-        "'integer'\n"
+        "flowkit: error: invalid input for workflow 'double': input: 'x' is not of type 'integer'\n"
     )
     wrong = flowkit(
         tmp, "--db", url, "retry", run_id, "--input", '"x"', "--app", "retry_app:WORKFLOWS"
