@@ -14,8 +14,10 @@ from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
+import ui_kit
 from cli_kit import flowkit
 from pydantic import BaseModel
+from test_ui_actions import _post as _ui_post
 
 from flowkit import Engine, RunStatus, WorkflowCtx, _schemas, update_validator, workflow
 from flowkit._payloads import inbox_name
@@ -380,3 +382,34 @@ def test_flowkit_signal_validates_without_the_code(
             store.close()
 
     assert asyncio.run(finish()) == "3 x B-2 to Z by ups"
+
+
+# -- the dashboard, without the code -----------------------------------------------------
+async def test_dashboard_signal_and_retry_are_checked_without_the_code(store: Any) -> None:
+    """The dashboard (no ``--app``) refuses a signal or a retry input its run's recorded
+    schema refuses: an error flash, nothing written; a good one goes through."""
+    async with Engine(store, [Order(), Halver()], poll_interval=0.05) as engine:
+        await engine.start("order", {"sku": "C-3", "qty": 1}, "o8")
+        await engine.update("o8", "change_address", {"street": "W"}, timeout=30)
+        await engine.start("halver", 5, "h8")
+        with pytest.raises(WorkflowFailedError):
+            await engine.result("h8", timeout=30)
+    frozen = {rid: len(await store.load_events(rid)) for rid in ("o8", "h8")}
+    async with ui_kit.client(store) as c:
+        for run_id, action, form, says in (
+            (
+                "o8",
+                "signal",
+                {"name": "shipped", "payload": '{"carrier": 1, "tracking": 2}'},
+                "carrier",
+            ),
+            ("o8", "signal", {"name": "shiped", "payload": "{}"}, "declares no signal"),
+            ("h8", "retry", {"input": '"six"'}, "'six' is not of type 'integer'"),
+        ):
+            kind, text, _ = await _ui_post(c, run_id, action, **form)
+            assert kind == "error" and says in text, text
+        assert {rid: len(await store.load_events(rid)) for rid in frozen} == frozen
+        assert await store.peek_signal("o8", "shipped") is None
+        kind, text, _ = await _ui_post(c, "h8", "retry", input="6")
+        assert kind == "ok", text
+    assert (await store.get_run("h8")).status is RunStatus.PENDING
