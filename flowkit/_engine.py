@@ -11,18 +11,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
-from . import (
-    _cancel,
-    _publish,
-    _results,
-    _retention,
-    _retry,
-    _schemas,
-    _search,
-    _serde,
-    _serve,
-    _updates,
-)
+from . import _cancel, _publish, _results, _retention, _retry, _search, _serde, _serve, _updates
 from . import _gate as gate
 from ._bus import Bus
 from ._children import Kin
@@ -32,6 +21,7 @@ from ._drive import Registry
 from ._history import History
 from ._run import Run, RunStatus, run_tags
 from ._schedules import Schedule, Schedules
+from ._schemas import record as record_schemas
 from ._telemetry import carried
 from ._threads import DEFAULT_STEP_THREADS, check_size
 from ._worker import Worker, WorkerConfig
@@ -220,7 +210,7 @@ class Engine:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
         if self.is_worker and self._worker is None:
             await self.schedules.declare()  # (``Engine(schedules=...)``)
-            await _schemas.record(self.store, self.registry)  # (for callers without the code)
+            await record_schemas(self.store, self.registry)  # (for callers without the code)
             worker = Worker(self.config, self._settled)
             await worker.take_back_leases()  # (a restart under the same instance id)
             if self._worker is None:
