@@ -102,13 +102,16 @@ def add_parsers(sub: Any) -> None:
     r = sub.add_parser("retry", help="re-open a failed or dead run (Engine.retry)")
     r.add_argument("run")
     r.add_argument(
-        "--input", metavar="JSON", default=None, help="a new input (needs --app to validate it)"
+        "--input",
+        metavar="JSON",
+        default=None,
+        help="a new input, validated against the input schema the run's workers recorded",
     )
     r.add_argument(
         "--app",
         metavar="MODULE:ATTR",
         default=None,
-        help="the workflows (as for worker): required with --input, whose workflow validates it",
+        help="the workflows (as for worker): their code validates --input instead",
     )
 
 
@@ -137,8 +140,6 @@ def load_app(spec: str) -> list[Any]:
 def prepare(args: argparse.Namespace) -> None:
     """Checks and imports done before the event loop starts (``flowkit.cli._prepare``)."""
     if args.cmd == "retry":
-        if args.input is not None and args.app is None:
-            raise UsageError("--input needs --app MODULE:ATTR: its workflow validates the input")
         args.workflows = load_app(args.app) if args.app else []
         args.input_value = UNSET
         if args.input is not None:

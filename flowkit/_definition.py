@@ -261,6 +261,10 @@ def _declare(
         problem = _limits.identifier_problem(value, _limits.MAX_WORKFLOW_NAME_LENGTH)
         if problem is not None:  # (no store could keep its runs)
             raise ValueError(f"@workflow {what} {problem}")
+    for what, names in (("signals", signals), ("updates", updates)):
+        reserved = [n for n in names or () if isinstance(n, str) and n.startswith("flowkit:")]
+        if reserved:  # (such names are refused from every caller: docs/updates.md)
+            raise ValueError(f"@workflow {what}= name {reserved[0]!r}: 'flowkit:' is reserved")
     defn = WorkflowDefinition(
         cls=klass,
         name=name or klass.__name__,

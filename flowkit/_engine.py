@@ -21,6 +21,7 @@ from ._drive import Registry
 from ._history import History
 from ._run import Run, RunStatus, run_tags
 from ._schedules import Schedule, Schedules
+from ._schemas import record as record_schemas
 from ._telemetry import carried
 from ._threads import DEFAULT_STEP_THREADS, check_size
 from ._worker import Worker, WorkerConfig
@@ -209,6 +210,7 @@ class Engine:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
         if self.is_worker and self._worker is None:
             await self.schedules.declare()  # (``Engine(schedules=...)``)
+            await record_schemas(self.store, self.registry)  # (for callers without the code)
             worker = Worker(self.config, self._settled)
             await worker.take_back_leases()  # (a restart under the same instance id)
             if self._worker is None:
@@ -390,11 +392,13 @@ class Engine:
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it. A
         payload type the workflow declares (``@workflow(signals={name: T})``) validates it
-        first (``InvalidInputError``, nothing written)."""
+        first, and a workflow that declares its messages refuses other names
+        (``InvalidInputError``, nothing written; without the code here, by the schemas its
+        workers recorded: docs/updates.md)."""
         limits.check_identifier("signal name", name, limits.MAX_SIGNAL_NAME_LENGTH)
         run = await self._get(run_id)
-        # (validated against ``@workflow(signals=...)``'s type when declared: InvalidInputError)
-        data = _updates.signal_payload(self, run, name, payload)
+        # (name and payload checked: the code's declarations, else the recorded schemas)
+        data = await _updates.signal_payload(self, run, name, payload)
         if run.status.terminal:
             raise RunStateError(run_id, run.status, f"signal {name!r} cannot be delivered")
         now = self.clock.now()
@@ -472,8 +476,10 @@ class Engine:
         failed one (or the lost activation) again, with its recovery count reset and, when the
         workflow has an ``execution_timeout``, a fresh deadline from now. ``input`` replaces
         the run's input: validated as ``start`` validates it (``InvalidInputError``, nothing
-        written), recorded in ``run_retried``, and what the body gets from now on. A singleton
-        run keeps its key (the one its original input gave) and must claim a slot again."""
+        written; without the workflow's code here, against the input schema its workers
+        recorded, ``WorkflowNotFoundError`` when none did), recorded in ``run_retried``, and
+        what the body gets from now on. A singleton run keeps its key (the one its original
+        input gave) and must claim a slot again."""
         return await _retry.retry(self, run_id, input)
 
     # -- results and queries -----------------------------------------------------------

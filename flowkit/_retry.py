@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import _schemas
 from ._run import Run, RunStatus
-from .errors import RunStateError, WorkflowNotFoundError
+from .errors import RunStateError
 from .events import RunRetried
 from .stores.base import UNSET, ConflictError, Update
 
@@ -23,9 +24,12 @@ async def retry(engine: Engine, run_id: str, input: Any) -> Run:
     entry = engine.registry.get(run.workflow, run.workflow_version)
     new_input: Any = UNSET
     if input is not UNSET:
-        if entry is None:
-            raise WorkflowNotFoundError(run.workflow, run.workflow_version)
-        new_input = engine._validated_input(entry[0], input)
+        if entry is None:  # (no code here: the input schema a worker recorded, else none)
+            rec = await _schemas.recorded(engine.store, run)
+            cap = engine.max_payload_bytes
+            new_input = _schemas.input_json(run.workflow, rec, run.workflow_version, input, cap)
+        else:
+            new_input = engine._validated_input(entry[0], input)
     timeout = entry[0].execution_timeout if entry is not None else None
     # (registered here: its timeout now, none included; else the one it had)
     deadline: Any = None

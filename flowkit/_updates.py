@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from . import _serde
+from . import _schemas, _serde
 from ._history_wait import latest_event, wait_for_history
-from ._payloads import INBOX_PREFIX, inbox_name, payload_adapter, received
+from ._payloads import inbox_name, payload_adapter, received
 from ._run import Run
+from ._schemas import VALIDATOR_ATTR
 from .errors import (
     InvalidInputError,
     ResultTimeoutError,
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
     from ._engine import Engine
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-VALIDATOR_ATTR = "__flowkit_update_validator__"
-"""The attribute ``update_validator`` sets on a method: the update name it validates."""
 
 
 def update_validator(name: str) -> Callable[[F], F]:
@@ -78,14 +76,26 @@ def typed_payload(
         raise InvalidInputError(workflow, str(exc)) from None
 
 
-def signal_payload(engine: Engine, run: Run, name: str, payload: Any) -> Any:
-    """``Engine.signal``'s payload as stored: validated against the run's workflow's
-    ``signals[name]`` when this engine has that workflow registered (its version, else its
-    newest), else only checked to be storable. Reserved (update) names are refused."""
-    if name.startswith(INBOX_PREFIX):
-        raise InvalidInputError(
-            run.workflow, f"signal names starting {INBOX_PREFIX!r} are reserved"
+async def signal_payload(engine: Engine, run: Run, name: str, payload: Any) -> Any:
+    """``Engine.signal``'s payload as stored, checked before anything is written
+    (``InvalidInputError``): a reserved name (``flowkit:``) is refused; with the run's
+    workflow version registered here, a name it does not declare is refused and the payload
+    validated against its ``signals[name]``; without it, the same against the schemas a
+    worker recorded for that version (``_schemas``); with neither, the payload is validated
+    against the newest registered version's type, if any, else only checked to be storable."""
+    _schemas.check_reserved("signal", name)
+    entry = engine.registry.get(run.workflow, run.workflow_version)
+    rec = None if entry is not None else await _schemas.recorded(engine.store, run)
+    if entry is not None:
+        _schemas.refuse_signal(_schemas.messages_of(entry[0]), name)
+    elif rec is not None:
+        _schemas.refuse_signal(rec.messages, name)
+        data = typed_payload(
+            {}, name, "payload of signal", run.workflow, payload, engine.max_payload_bytes
         )
+        what = f"payload of signal {name!r}"
+        _schemas.validate(run.workflow, what, rec.schema("signals", name), data)
+        return data
     defn = _definition(engine, run)
     types = defn.signals if defn is not None else {}
     return typed_payload(
@@ -113,17 +123,41 @@ def _validator(instance: Any, name: str) -> Callable[[Any], Any] | None:
     return None
 
 
+async def _recorded_arg(engine: Engine, run: Run, name: str, arg: Any) -> Any:
+    """An update's argument as stored, checked by a caller without the run's workflow code
+    against the schemas a worker recorded for its version: an undeclared name is rejected
+    (``UpdateRejectedError``), an argument that does not validate refused
+    (``InvalidInputError``). ``WorkflowNotFoundError`` when nothing was recorded, or when the
+    update has an ``@update_validator``: only the code can run it."""
+    rec = await _schemas.recorded(engine.store, run)
+    if rec is None:
+        raise WorkflowNotFoundError(run.workflow, run.workflow_version)
+    _schemas.refuse_update(rec.messages, run.id, name)
+    validators = rec.doc.get("validators")
+    if isinstance(validators, list) and name in validators:
+        raise WorkflowNotFoundError(run.workflow, run.workflow_version)
+    what = "argument of update"
+    data = typed_payload({}, name, what, run.workflow, arg, engine.max_payload_bytes)
+    what = f"{what} {name!r}"
+    _schemas.validate(run.workflow, what, rec.schema("updates", name), data)
+    return data
+
+
 async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: float | None) -> Any:
     """``Engine.update``: check, validate and deliver the update, then wait for its reply.
 
-    In order, each failure writing nothing: the name (``InvalidInputError``), the run
-    (``RunNotFoundError``; terminal: ``RunStateError``), its workflow registered here
-    (``WorkflowNotFoundError``: its types and validator are needed), ``arg`` against
-    ``updates[name]`` (``InvalidInputError``), the ``@update_validator(name)`` method
-    (``UpdateRejectedError``). Then the update goes into the run's inbox with a fresh id from
+    In order, each failure writing nothing: the name (``InvalidInputError``; reserved
+    ``flowkit:`` names too), the run (``RunNotFoundError``; terminal: ``RunStateError``), a
+    name the run's workflow version does not declare when it declares its messages
+    (``UpdateRejectedError``), ``arg`` against ``updates[name]`` (``InvalidInputError``), the
+    ``@update_validator(name)`` method (``UpdateRejectedError``). Without the workflow's code
+    here, the name and ``arg`` are checked against the schemas a worker recorded
+    (``_recorded_arg``; ``WorkflowNotFoundError`` when there are none, or the update has a
+    validator). Then the update goes into the run's inbox with a fresh id from
     the engine's RNG, and the reply is awaited: ``UpdateNotRepliedError`` when the run
     settles without one, ``ResultTimeoutError`` after ``timeout`` real seconds."""
     limits.check_identifier("update name", name, limits.MAX_UPDATE_NAME_LENGTH)
+    _schemas.check_reserved("update", name)
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
     ):
@@ -132,16 +166,19 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
     if run.status.terminal:
         raise RunStateError(run_id, run.status, f"update {name!r} cannot be delivered")
     entry = engine.registry.get(run.workflow, run.workflow_version)
-    if entry is None:
-        raise WorkflowNotFoundError(run.workflow, run.workflow_version)
-    defn, instance = entry
-    data = typed_payload(
-        defn.updates, name, "argument of update", run.workflow, arg, engine.max_payload_bytes
-    )
-    check = _validator(instance, name)
-    if check is not None:
+    if entry is None:  # (no code here: the schemas a worker recorded, else nothing to go by)
+        data = await _recorded_arg(engine, run, name, arg)
+        check = None
+    else:
+        defn, instance = entry
+        _schemas.refuse_update(_schemas.messages_of(defn), run_id, name)
+        data = typed_payload(
+            defn.updates, name, "argument of update", run.workflow, arg, engine.max_payload_bytes
+        )
+        check = _validator(instance, name)
+    if check is not None and entry is not None:
         try:
-            got = check(received(defn.updates, name, data))
+            got = check(received(entry[0].updates, name, data))
             if inspect.isawaitable(got):
                 await got
         except Exception as exc:

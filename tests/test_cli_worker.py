@@ -1,6 +1,7 @@
-"""``flowkit retry`` (``Engine.retry`` from the command line: ``--input`` needs ``--app``,
-every error one line, exit 2, nothing written) and the checks ``flowkit worker`` makes of its
-options and app before it opens a store (DESIGN §12). The worker's drain:
+"""``flowkit retry`` (``Engine.retry`` from the command line: ``--input`` validated by the
+schema the run's workers recorded, or by ``--app``'s code; every error one line, exit 2,
+nothing written) and the checks ``flowkit worker`` makes of its options and app before it
+opens a store (DESIGN §12). The worker's drain:
 tests/test_worker_drain.py."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from cli_kit import flowkit
 
 from flowkit import Engine, WorkflowCtx, WorkflowFailedError, workflow
@@ -79,24 +81,24 @@ def _status(url: str, run_id: str) -> tuple[str, int]:
 
 
 def test_retry_with_a_new_input(failed: tuple[Path, str, str]) -> None:
+    """Without ``--app`` the input is validated against the schema the run's worker recorded
+    (docs/cli.md, "flowkit retry"); with it, by the workflow's code."""
     tmp, url, run_id = failed
-    bad = flowkit(tmp, "--db", url, "retry", run_id, "--input", "5")
+    bad = flowkit(tmp, "--db", url, "retry", run_id, "--input", '"x"')
     assert bad.returncode == 2 and bad.stdout == ""
-    assert (
-        bad.stderr == "flowkit: error: --input needs --app MODULE:ATTR: its workflow "
-        "validates the input\n"
+    assert bad.stderr == (
+        "flowkit: error: invalid input for workflow 'double': input: 'x' is not of type 'integer'\n"
     )
     wrong = flowkit(
         tmp, "--db", url, "retry", run_id, "--input", '"x"', "--app", "retry_app:WORKFLOWS"
     )
     assert wrong.returncode == 2 and len(wrong.stderr.splitlines()) == 1, wrong.stderr
     assert wrong.stderr.startswith("flowkit: error: ") and "double" in wrong.stderr
-    not_json = flowkit(
-        tmp, "--db", url, "retry", run_id, "--input", "x", "--app", "retry_app:WORKFLOWS"
-    )
+    not_json = flowkit(tmp, "--db", url, "retry", run_id, "--input", "x")
     assert not_json.returncode == 2 and "--input is not valid JSON" in not_json.stderr
     assert _status(url, run_id) == ("failed", 1)  # nothing written
-    ok = flowkit(tmp, "--db", url, "retry", run_id, "--input", "5", "--app", "retry_app:make")
+    assert _history(url, run_id) == ["run_started", "run_failed"]
+    ok = flowkit(tmp, "--db", url, "retry", run_id, "--input", "5")
     assert ok.returncode == 0, ok.stderr
     assert (
         ok.stdout == f"retried {run_id} with a new input: pending (attempt 2); "
@@ -117,6 +119,35 @@ def test_retry_with_a_new_input(failed: tuple[Path, str, str]) -> None:
     assert again.returncode == 2
     assert again.stderr.startswith("flowkit: error: ") and "completed" in again.stderr
     assert len(again.stderr.splitlines()) == 1
+
+
+def _history(url: str, run_id: str) -> list[str]:
+    async def read() -> list[str]:
+        store = SqlStore(url)
+        try:
+            return [e.type for e in await store.load_events(run_id)]
+        finally:
+            store.close()
+
+    return asyncio.run(read())
+
+
+def test_retry_input_without_recorded_schemas_needs_the_app(
+    failed: tuple[Path, str, str],
+) -> None:
+    """A database no worker of this flowkit recorded the version's schemas in: nothing to
+    validate ``--input`` by without ``--app``, so the workflow is reported unknown."""
+    tmp, url, run_id = failed
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM flowkit_workflow_schemas"))
+    engine.dispose()
+    bad = flowkit(tmp, "--db", url, "retry", run_id, "--input", "5")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == "flowkit: error: unknown workflow 'double' version '1'\n"
+    assert _status(url, run_id) == ("failed", 1)
+    ok = flowkit(tmp, "--db", url, "retry", run_id, "--input", "5", "--app", "retry_app:make")
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_retry_without_an_app(failed: tuple[Path, str, str]) -> None:

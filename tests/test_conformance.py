@@ -141,6 +141,7 @@ def test_registry_covers_every_check_function() -> None:
         "claim_by_version",
         "due_runs_by_version",
         "record_worker",
+        "workflow_schemas",
         "continue_as_new_creates_the_successor",
         "continue_as_new_is_all_or_nothing",
         "latest_event_finds_the_newest_match",
@@ -185,6 +186,8 @@ def test_registry_covers_every_check_function() -> None:
         "hand_over_only_to_a_version_of_the_releaser",
     }
     assert {n for n, c in CHECKS.items() if "records_workers" in c.requires} == {"record_worker"}
+    schemas = {n for n, c in CHECKS.items() if "records_schemas" in c.requires}
+    assert schemas == {"workflow_schemas"}
     assert {n for n, c in CHECKS.items() if "claims_gated" in c.requires} == {
         "gated_claim_denied_writes_only_the_next_recheck",
         "gated_claim_admits_and_claims",
@@ -234,6 +237,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "next_due_after",
         "claims_by_version",
         "records_workers",
+        "records_schemas",
         "continues_as_new",
         "latest_event",
         "keeps_schedules",

@@ -58,6 +58,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "flowkit._worker",
         "flowkit._history_wait",
         "flowkit._retry",
+        "flowkit._schemas",
     ),
     "client": (
         "flowkit._results",

@@ -29,7 +29,8 @@ class Change(BaseModel):
     amount: int
 
 
-@workflow(name="progress", updates={"change": Change})
+# (it declares its messages, so its signal too: a name left out would be refused)
+@workflow(name="progress", updates={"change": Change}, signals={"go": None})
 class Progress:
     async def run(self, ctx: WorkflowCtx, input: None) -> int:
         await ctx.wait_for_signal("go")

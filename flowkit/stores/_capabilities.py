@@ -378,6 +378,34 @@ def records_workers(store: Any) -> bool:
     return bool(getattr(store, "records_workers", False))
 
 
+class RecordsSchemas(Protocol):
+    """The optional capability ``records_schemas`` (``MemoryStore``, ``SqlStore``;
+    ``CodecStore`` when the store it wraps has it): each worker records, per ``(workflow,
+    version)`` it runs, the JSON schemas of its input and declared messages
+    (``flowkit._schemas``), so a process without the workflow's code (``flowkit signal``,
+    ``flowkit retry --input``, the dashboard, ``Engine(store, [])``) validates against them
+    before writing (docs/updates.md, "Callers without the code"). Without it such a caller
+    validates nothing, as before."""
+
+    records_schemas: bool
+
+    async def put_workflow_schemas(self, schemas: Mapping[tuple[str, str], Any]) -> None:
+        """Insert or replace, in one transaction, the document (a JSON object) of each
+        ``(workflow, version)`` in this store's namespace ('' for none)."""
+        ...
+
+    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
+        """The document recorded for ``(workflow, version)`` in this store's namespace, else
+        the one recorded by a store without a namespace (an unscoped worker runs every
+        namespace's runs), else ``None``. One read; writes nothing."""
+        ...
+
+
+def records_schemas(store: Any) -> bool:
+    """Whether ``store`` keeps workers' workflow schemas (``RecordsSchemas``)."""
+    return bool(getattr(store, "records_schemas", False))
+
+
 __all__ = [
     "BrowsesRuns",
     "ChangeStamp",
@@ -388,6 +416,7 @@ __all__ = [
     "PrunesRuns",
     "PublishedEvent",
     "PublishesEvents",
+    "RecordsSchemas",
     "RecordsWorkers",
     "WorkerSeen",
     "WorkflowVersions",
@@ -398,6 +427,7 @@ __all__ = [
     "lists_by_search",
     "prunes_runs",
     "publishes_events",
+    "records_schemas",
     "records_workers",
     "takes",
 ]

@@ -30,6 +30,7 @@ from ._capabilities import (
     PrunesRuns,
     PublishedEvent,
     PublishesEvents,
+    RecordsSchemas,
     RecordsWorkers,
     WorkerSeen,
     WorkflowVersions,
@@ -40,6 +41,7 @@ from ._capabilities import (
     lists_by_search,
     prunes_runs,
     publishes_events,
+    records_schemas,
     records_workers,
 )
 
@@ -550,6 +552,7 @@ __all__ = [
     "PublishesEvents",
     "QueueCap",
     "RecordsAdmission",
+    "RecordsSchemas",
     "RecordsWorkers",
     "ReleasesLeases",
     "Store",
@@ -572,5 +575,6 @@ __all__ = [
     "prunes_runs",
     "publishes_events",
     "records_admission",
+    "records_schemas",
     "records_workers",
 ]

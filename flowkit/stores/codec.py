@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
 import orjson as _json
@@ -50,6 +50,7 @@ from .base import (
     publishes_events,
     rechecks_heads,
     records_admission,
+    records_schemas,
     records_workers,
 )
 from .schedules import keeps_schedules
@@ -79,6 +80,11 @@ class Codec(Protocol):
     def decode(self, value: Any) -> Any:
         """The original JSON value of a stored form; ``CodecError`` when it cannot."""
         ...
+
+
+def _schema_ctx(workflow: str, version: str) -> tuple[str, ...]:
+    """The codec context of a workflow version's schemas (no run: the place of a run id)."""
+    return ("workflow-schema", workflow, version)
 
 
 # -- the store wrapper ----------------------------------------------------------------------
@@ -132,7 +138,8 @@ class CodecStore(CodecFields, CodecSchedules):
     wrapper whose ``inner`` lacks the capability, raises ``TypeError`` and sends nothing.
     ``records_admission`` (``singleton_admitted`` written with the marker) and
     ``release_leases`` are ``inner``'s too. ``keeps_schedules`` (``engine.schedules``) is
-    forwarded likewise, each schedule's input encoded (``_codec_schedules``).
+    forwarded likewise, each schedule's input encoded (``_codec_schedules``), and
+    ``records_schemas``, each workflow version's schema document encoded like a payload.
 
     When ``inner`` has ``bind_codec`` (``MemoryStore``, ``SqlStore``), the wrapper calls
     ``inner.bind_codec(marker)`` at construction: writes through that store object come
@@ -150,6 +157,7 @@ class CodecStore(CodecFields, CodecSchedules):
     claims_by_version: bool = False
     claims_gated: bool = False
     records_workers: bool = False
+    records_schemas: bool = False
     continues_as_new: bool = False
     keeps_schedules: bool = False
     publishes_events: bool = False
@@ -195,6 +203,8 @@ class CodecStore(CodecFields, CodecSchedules):
             self.claims_gated = True
         if records_workers(inner):
             self.records_workers = True
+        if records_schemas(inner):
+            self.records_schemas = True
         if continues_as_new(inner):
             self.continues_as_new = True
         if keeps_schedules(inner):
@@ -452,6 +462,21 @@ class CodecStore(CodecFields, CodecSchedules):
         if not self.records_workers:
             raise TypeError(f"{self.inner!r} does not record workers (records_workers)")
         return list(await self.inner.workers())
+
+    async def put_workflow_schemas(self, schemas: Mapping[tuple[str, str], Any]) -> None:
+        """``inner``'s, each document encoded like a payload (a schema's defaults, examples and
+        descriptions may hold values); ``TypeError`` without the capability."""
+        if not self.records_schemas:
+            raise TypeError(f"{self.inner!r} does not record schemas (records_schemas)")
+        encoded = {(w, v): self._enc(doc, _schema_ctx(w, v)) for (w, v), doc in schemas.items()}
+        await self.inner.put_workflow_schemas(encoded)
+
+    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
+        """``inner``'s, decoded; ``TypeError`` without the capability."""
+        if not self.records_schemas:
+            raise TypeError(f"{self.inner!r} does not record schemas (records_schemas)")
+        doc = await self.inner.workflow_schema(workflow, version)
+        return self._dec(doc, _schema_ctx(workflow, version))
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
         due: float | None = await self.inner.next_due_at(exclude_lease_owners)

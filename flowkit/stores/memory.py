@@ -6,10 +6,11 @@ namespace. The rules it applies are those of every store (``flowkit.stores.rules
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,8 @@ class _Data:
     meta: dict[str, str] = field(default_factory=dict)  # (the encryption marker)
     # (namespace, instance id) -> what that worker made known (``base.RecordsWorkers``)
     workers: dict[tuple[str | None, str], WorkerSeen] = field(default_factory=dict)
+    # (namespace or '', workflow, version) -> its schemas (``base.RecordsSchemas``)
+    schemas: dict[tuple[str, str, str], Any] = field(default_factory=dict)
     # (namespace, schedule id) -> its row (``schedules.KeepsSchedules``, ``MemorySchedules``)
     schedules: dict[tuple[str | None, str], ScheduleRecord] = field(default_factory=dict)
     signal_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -91,6 +94,8 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
     """``claim``/``due_runs`` take ``versions`` (``flowkit.stores.base.ClaimsByVersion``)."""
     records_workers = True
     """It keeps what workers make known (``flowkit.stores.base.RecordsWorkers``)."""
+    records_schemas = True
+    """It keeps workers' workflow schemas (``flowkit.stores.base.RecordsSchemas``)."""
     continues_as_new = True
     """``commit`` creates ``Update.successor`` (``flowkit.stores.base.ContinuesAsNew``)."""
     publishes_events = True
@@ -531,6 +536,19 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
             ),
             key=lambda w: w.instance_id,
         )
+
+    async def put_workflow_schemas(self, schemas: Mapping[tuple[str, str], Any]) -> None:
+        for doc in schemas.values():  # (all checked before any is kept)
+            _limits.check_json("a workflow schema", doc, self.max_payload_bytes)
+        for (workflow, version), doc in schemas.items():
+            self._d.schemas[(self.namespace or "", workflow, version)] = copy.deepcopy(doc)
+
+    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
+        for ns in dict.fromkeys((self.namespace or "", "")):
+            doc = self._d.schemas.get((ns, workflow, version))
+            if doc is not None:
+                return copy.deepcopy(doc)
+        return None
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
         if not self._mark.settled and (found := self._guard()) is not None and payload is not None:

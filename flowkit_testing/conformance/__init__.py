@@ -138,6 +138,7 @@ from ._versions import (
     check_due_runs_by_version,
     check_hand_over_only_to_a_version_of_the_releaser,
     check_record_worker,
+    check_workflow_schemas,
 )
 from ._waits import (
     check_deliver_signal_wakes_waiter,
@@ -295,5 +296,6 @@ __all__ = [
     "check_terminal_commit_clears_bookkeeping",
     "check_the_next_head_gets_a_timer",
     "check_unstorable_values_refused",
+    "check_workflow_schemas",
     "run_all",
 ]

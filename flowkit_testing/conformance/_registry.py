@@ -38,6 +38,7 @@ OPTIONAL_CAPABILITIES = (
     "claims_by_version",
     "claims_gated",
     "records_workers",
+    "records_schemas",
     "continues_as_new",
     "keeps_schedules",
     "publishes_events",
@@ -45,7 +46,8 @@ OPTIONAL_CAPABILITIES = (
 """Store flags the contract lets a store leave out (absent or false): ``admits_on_create``
 (``create_run`` takes an ``Admission``), ``appends_events`` (``append_events`` records a
 running step), ``claims_by_version`` (``claim``/``due_runs`` take ``versions``) and
-``records_workers`` (``record_worker``/``workers``), ``claims_gated`` (``claim`` takes
+``records_workers`` (``record_worker``/``workers``), ``records_schemas``
+(``put_workflow_schemas``/``workflow_schema``), ``claims_gated`` (``claim`` takes
 ``gate``: a gated waiter's re-check decided in the claim), ``continues_as_new`` (``commit`` takes
 ``Update.successor``), ``keeps_schedules`` (durable schedules: ``flowkit.stores.schedules``),
 ``publishes_events`` (``publish_event``/``take_event``)."""

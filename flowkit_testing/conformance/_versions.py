@@ -1,7 +1,8 @@
 """Checks of the optional capabilities of versioned fleets: claims and due runs by
 ``(workflow, version)`` (``claims_by_version``), a release that hands a slot over only to a
-waiter of a version the releasing worker has (``Notify.claim_versions``), and what workers
-make known of themselves (``records_workers``)."""
+waiter of a version the releasing worker has (``Notify.claim_versions``), what workers
+make known of themselves (``records_workers``) and the schemas they record
+(``records_schemas``)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,18 @@ async def check_record_worker(factory: StoreFactory) -> None:
         ],
         "workers after three records",
     )
+
+
+@check(requires=("records_schemas",))
+async def check_workflow_schemas(factory: StoreFactory) -> None:
+    """``put_workflow_schemas`` inserts or replaces the JSON document of each ``(workflow,
+    version)``; ``workflow_schema`` reads it back as written (``None`` for one never put)."""
+    s: Any = await make_store(factory)
+    expect(await s.workflow_schema(WF, "1") is None, "a schema in a fresh store")
+    first = {"format": 1, "input": {"type": "integer"}, "signals": {"go": None}}
+    await s.put_workflow_schemas({(WF, "1"): first, (WF, "2"): {"n": [1, 2.5, "é"]}})
+    expect_eq(await s.workflow_schema(WF, "1"), first, "the schema of version 1")
+    expect_eq(await s.workflow_schema(WF, "2"), {"n": [1, 2.5, "é"]}, "the schema of version 2")
+    await s.put_workflow_schemas({(WF, "1"): {"format": 1, "replaced": True}})
+    expect_eq(await s.workflow_schema(WF, "1"), {"format": 1, "replaced": True}, "replaced")
+    expect(await s.workflow_schema("other", "1") is None, "a schema of another workflow")

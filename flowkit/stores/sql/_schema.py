@@ -1,8 +1,9 @@
-"""The SQL schema of ``SqlStore``: seven tables (runs, events, signals, meta, workers, search,
-schedules) and those of published events (waits, buffer, published ids), indexes, the schema
-version, and the bootstrap that creates them once and migrates what an older flowkit left
-(indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so that ids order by code
-point, as Python compares them). The tables: docs/stores.md, "SqlStore"."""
+"""The SQL schema of ``SqlStore``: eight tables (runs, events, signals, meta, workers,
+workflow schemas, search, schedules) and those of published events (waits, buffer, published
+ids), indexes, the schema version, and the bootstrap that creates them once and migrates what
+an older flowkit left (indexes added since, PostgreSQL run ids declared ``COLLATE "C"``, so
+that ids order by code point, as Python compares them). The tables: docs/stores.md,
+"SqlStore"."""
 
 from __future__ import annotations
 
@@ -188,6 +189,20 @@ workers = sa.Table(
     sa.Column("instance_id", sa.String(255), primary_key=True),
     sa.Column("versions", _json(), nullable=False),
     sa.Column("last_seen", _TIME, nullable=False),
+)
+
+# the JSON schemas each worker records per ``(workflow, version)`` it runs
+# (``base.RecordsSchemas``): its input's and declared messages', which processes without the
+# code validate against (docs/updates.md). An additive table like ``flowkit_workers``, created
+# on existing databases by ``create_all`` (no new schema version: an older flowkit never reads
+# it); one row per workflow version, not per run. ``namespace`` is '' for a store without one.
+workflow_schemas = sa.Table(
+    "flowkit_workflow_schemas",
+    metadata,
+    sa.Column("namespace", sa.String(255), primary_key=True),
+    sa.Column("workflow", sa.String(255), primary_key=True),
+    sa.Column("version", sa.String(255), primary_key=True),
+    sa.Column("document", _json(), nullable=False),
 )
 
 # durable schedules (``stores.schedules.KeepsSchedules``, ``engine.schedules``): an additive

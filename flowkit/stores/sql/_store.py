@@ -89,6 +89,7 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
     appends_events = True
     claims_by_version = True
     records_workers = True
+    records_schemas = True  # (``put_workflow_schemas``: ``_workers.Workers``)
     continues_as_new = True  # (``Update.successor``: the general commit, ``Commits.locked``)
 
     def __init__(
