@@ -17,10 +17,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from flowkit import Engine, RunStatus, WorkflowCtx, workflow
-from flowkit.errors import RunStateError, UpdateNotRepliedError
+from flowkit import Engine, Run, RunStatus, WorkflowCtx, workflow
+from flowkit._payloads import inbox_name
+from flowkit._replay.children import WAKE_PREFIX, wake_signal
+from flowkit.errors import CodecError, RunStateError, UpdateNotRepliedError
 from flowkit.events import SignalReceived, UpdateReceived
 from flowkit.stores import CodecStore, MemoryStore
+from flowkit.stores.base import EVENT_MARK_PREFIX, STAYING_PREFIXES, moves_to_successor
 from flowkit_testing import TestEnv
 
 try:
@@ -31,6 +34,7 @@ except ImportError:  # tests/ imported as a package
     from tests.store_kit import codec as make_codec
 
 T = TypeVar("T")
+T0 = 1_700_000_000.0
 
 
 @workflow(name="relay")
@@ -242,3 +246,31 @@ async def test_signals_around_a_crashing_continuation_arrive_exactly_once(
         await env.run_until_idle()
         got = await eng1.result("s", timeout=30)
         assert sorted(got) == list(range(total))
+
+
+def test_the_signals_that_stay_with_their_run() -> None:
+    """A child's wake-up and an event's mark are the run's own: they never follow the chain."""
+    assert WAKE_PREFIX in STAYING_PREFIXES and EVENT_MARK_PREFIX in STAYING_PREFIXES
+    assert moves_to_successor("a") and moves_to_successor(inbox_name("change"))
+    assert not moves_to_successor(wake_signal("r.child.1"))
+
+
+async def test_a_codec_inbox_is_bound_to_its_chain_and_reads_older_bindings() -> None:
+    """``CodecStore`` binds an inbox payload to the chain's first id: it decodes in any run
+    of the chain, fails in another chain's run, and one written bound to its own run (before
+    this binding) still decodes there."""
+    inner = MemoryStore()
+    c = make_codec()
+    s = CodecStore(inner, c)
+    for rid in ("r", "r~2", "other~2"):
+        run = Run(rid, "wf", "1", RunStatus.PENDING, None, created_at=T0, updated_at=T0)
+        await inner.create_run(run, [])
+    await inner.deliver_signal("r~2", "a", c.encode({"n": 1}, context=("r", "signal", "a")), T0)
+    assert (await s.peek_signal("r~2", "a")).payload == {"n": 1}
+    old = c.encode({"n": 2}, context=("r~2", "signal", "b"))  # (the binding before)
+    await inner.deliver_signal("r~2", "b", old, T0)
+    assert (await s.peek_signal("r~2", "b")).payload == {"n": 2}
+    moved = c.encode({"n": 3}, context=("r", "signal", "c"))  # (pasted into another chain)
+    await inner.deliver_signal("other~2", "c", moved, T0)
+    with pytest.raises(CodecError):
+        await s.peek_signal("other~2", "c")

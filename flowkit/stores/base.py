@@ -296,7 +296,8 @@ class Store(Protocol):
         """Append to the run's inbox and, when the run is suspended waiting for ``name``,
         make it due now, atomically. ``RunNotFoundError`` for an unknown run. A run that
         continued as new (``Run.continued_as``) is followed to the last run of its chain in
-        the same transaction, and the run returned is the one that got the signal."""
+        the same transaction (for a name that ``moves_to_successor``), and the run returned
+        is the one that got the signal."""
         ...
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
@@ -445,8 +446,8 @@ class ContinuesAsNew(Protocol):
     this update leaves them) with ``successor.events`` (seq 1..n) and sets the run's
     ``continued_as`` to its id, and moves the signals and updates left in the run's inbox
     (``moves_to_successor``) to the successor's, keeping their ids (so their order). From then
-    on ``deliver_signal`` to the run delivers to the last run of its chain, in its own
-    transaction (docs/composing-workflows.md, "Signals and updates follow the chain").
+    on ``deliver_signal`` of such a name to the run delivers to the last run of its chain, in
+    its own transaction (docs/composing-workflows.md, "Signals and updates follow the chain").
     Every precondition is checked before anything is written:
     an existing successor id raises ``ConflictError`` (nothing written).
     A successor without a lease that is claimable now wakes the workers (``Watchable``); one
@@ -457,11 +458,19 @@ class ContinuesAsNew(Protocol):
     continues_as_new: bool
 
 
+STAYING_PREFIXES = (EVENT_MARK_PREFIX, "flowkit:child:")
+"""The inbox signals that belong to their run, not to its chain: the mark of an event
+delivered to one of the run's own waits, and the wake-up a child of the run sends it when it
+settles (``flowkit._replay.children.WAKE_PREFIX``: children stay with the run that started
+them)."""
+
+
 def moves_to_successor(name: str) -> bool:
-    """Whether an inbox signal named ``name`` that its run had not taken moves to the run's
-    continue-as-new successor (``ContinuesAsNew``): signals and updates do; the mark of an
-    event delivered to one of the run's own waits (``EVENT_MARK_PREFIX``) stays with it."""
-    return not name.startswith(EVENT_MARK_PREFIX)
+    """Whether an inbox signal named ``name`` follows a continue-as-new chain
+    (``ContinuesAsNew``): signals and updates do (moved to the successor when the run had not
+    taken them, delivered to the chain's last run when sent later); the names of
+    ``STAYING_PREFIXES`` stay with the run they were sent to."""
+    return not name.startswith(STAYING_PREFIXES)
 
 
 def continues_as_new(store: Any) -> bool:
@@ -540,6 +549,7 @@ class Watchable(Protocol):
 
 __all__ = [
     "EVENT_MARK_PREFIX",
+    "STAYING_PREFIXES",
     "UNSET",
     "Admission",
     "AdmitsOnCreate",

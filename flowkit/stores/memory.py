@@ -543,7 +543,7 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
             raise refuse(found, f"deliver signal {name!r} with a payload to run {run_id!r}")
         _limits.check_signal(name, payload, self.max_payload_bytes)
         run = self._get(run_id)
-        while run.status.terminal and run.continued_as is not None:  # (on along its chain)
+        while run.status.terminal and run.continued_as is not None and moves_to_successor(name):
             nxt = self._d.runs.get(run.continued_as)
             if nxt is None or not self._visible(nxt):
                 break  # (pruned: the signal stays with the last run there is)

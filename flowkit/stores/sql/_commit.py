@@ -14,7 +14,7 @@ from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..._search_terms import upserts
 from ...errors import ConflictError, RunNotFoundError
 from ...events import Event, EventSet, UpdateReplied
-from ..base import EVENT_MARK_PREFIX, CommitResult, HandOff, Notify, Update
+from ..base import STAYING_PREFIXES, CommitResult, HandOff, Notify, Update
 from ..rules import admitted_event, apply_update, check_commit, claimable, plan_release
 from . import _runs as runs
 from ._connection import RETURNING, ROWCOUNT, ROWS, SELECT, Conn
@@ -267,7 +267,8 @@ class Commits:
                 write_search(sql, c, succ.run.id, succ.run.search, replace=False)
             # the signals and updates it had not taken go on to the successor, by id (in
             # order); a delivery waiting on the run's row lock then follows the chain
-            moving = {"id": run_id, "new": succ.run.id, "marks": EVENT_MARK_PREFIX + "%"}
+            marks, wakes = (f"{prefix}%" for prefix in STAYING_PREFIXES)
+            moving = {"id": run_id, "new": succ.run.id, "marks": marks, "wakes": wakes}
             c.later(sql.move_inbox, moving)
             wake_if_free(c, succ.run, now)
             if succ.run.lease_owner is not None:

@@ -145,6 +145,7 @@ class Statements:
         self.move_inbox = (
             f"UPDATE flowkit_signals SET run_id = {p('new')}"
             f" WHERE run_id = {p('id')} AND name NOT LIKE {p('marks')}"
+            f" AND name NOT LIKE {p('wakes')}"
         )
         self.insert_signal = (
             f"INSERT INTO flowkit_signals (run_id, name, payload)"

@@ -32,6 +32,7 @@ from ..base import (
     Update,
     WorkflowVersions,
     admission_time,
+    moves_to_successor,
 )
 from ..rules import admit_new, admitted_event
 from . import _runs as runs
@@ -419,8 +420,10 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
                     c.write(sql.insert_signal, {**params, "id": prev.id})
                     return prev
                 prev = to_run(found)
-                if prev.continued_as is not None:
-                    target = {**params, "id": prev.continued_as}
+                if prev.continued_as is None or not moves_to_successor(name):
+                    c.write(sql.insert_signal, {**params, "id": prev.id})
+                    return prev  # (a signal that stays with its run: a child's wake-up)
+                target = {**params, "id": prev.continued_as}
                 row = c.first((stmt, target, RETURNING))
             if not both:
                 c.write(sql.insert_signal, target)
