@@ -28,7 +28,7 @@ from ._run import (
 from .errors import ConflictError, InvalidInputError, UnsupportedStoreError
 from .events import ErrorInfo, Event, RunCompleted, RunContinued, RunStarted, SingletonAdmitted
 from .stores import limits
-from .stores.base import Notify, Successor, Update, continues_as_new
+from .stores.base import Notify, Store, Successor, Update, continues_as_new
 
 if TYPE_CHECKING:
     from ._drive import Drive
@@ -60,6 +60,17 @@ def predecessor_id(run_id: str) -> str | None:
         return None
     base, n = run_id[: m.start()], int(m.group(1))
     return base if n == 1 else f"{base}~{n - 1}"
+
+
+async def chain_end(store: Store, run: Run) -> Run:
+    """The last run of ``run``'s continue-as-new chain (``run`` itself unless it continued
+    as new): where a signal or update sent to it goes (docs/composing-workflows.md)."""
+    while run.status.terminal and run.continued_as is not None:
+        nxt = await store.get_run(run.continued_as)
+        if nxt is None:
+            break  # (pruned: the last run there is)
+        run = nxt
+    return run
 
 
 async def settle(
@@ -200,4 +211,4 @@ async def adopt(drive: Drive, run: Run) -> None:
         seat.resume(sid)
 
 
-__all__ = ["adopt", "base_id", "predecessor_id", "settle", "successor_id"]
+__all__ = ["adopt", "base_id", "chain_end", "predecessor_id", "settle", "successor_id"]

@@ -16,6 +16,7 @@ from . import _gate as gate
 from ._bus import Bus
 from ._children import Kin
 from ._clock import Clock, SystemClock
+from ._continue import chain_end
 from ._definition import WorkflowDefinition, definition_of
 from ._drive import Registry
 from ._history import History
@@ -394,17 +395,20 @@ class Engine:
         payload type the workflow declares (``@workflow(signals={name: T})``) validates it
         first, and a workflow that declares its messages refuses other names
         (``InvalidInputError``, nothing written; without the code here, by the schemas its
-        workers recorded: docs/updates.md)."""
+        workers recorded: docs/updates.md). A run that continued as new
+        (``Run.continued_as``) passes it on to the last run of its chain."""
         limits.check_identifier("signal name", name, limits.MAX_SIGNAL_NAME_LENGTH)
-        run = await self._get(run_id)
+        # a run that continued as new passes it on to the last run of its chain (the store
+        # follows the chain too, should it continue meanwhile)
+        run = await chain_end(self.store, await self._get(run_id))
         # (name and payload checked: the code's declarations, else the recorded schemas)
         data = await _updates.signal_payload(self, run, name, payload)
         if run.status.terminal:
-            raise RunStateError(run_id, run.status, f"signal {name!r} cannot be delivered")
+            raise RunStateError(run.id, run.status, f"signal {name!r} cannot be delivered")
         now = self.clock.now()
-        run = await self.store.deliver_signal(run_id, name, data, now)
+        run = await self.store.deliver_signal(run.id, name, data, now)
         if run.wake_at is not None and run.wake_at <= now:
-            self._wake(run_id)
+            self._wake(run.id)
 
     async def signal_with_start(
         self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None

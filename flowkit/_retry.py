@@ -1,26 +1,66 @@
-"""``Engine.retry``: re-open a ``failed`` or ``dead`` run (DESIGN §9, "Dead letters")."""
+"""``Engine.retry``: re-open a ``failed`` or ``dead`` run (DESIGN §9, "Dead letters").
+
+A run whose compensations ran is never re-opened (docs/composing-workflows.md, "Retrying a
+compensated run"): its effects were undone, and running it again would either undo them a
+second time or complete it on top of what was undone."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _schemas
 from ._run import Run, RunStatus
 from .errors import RunStateError
-from .events import RunRetried
+from .events import CompensationCompleted, CompensationFailed, Event, RunRetried
 from .stores.base import UNSET, ConflictError, Update
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
+RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD})
+"""The statuses ``engine.retry`` re-opens."""
+
+_NOT_RETRYABLE = "only failed or dead runs can be retried"
+
+
+def compensations_ran(events: Sequence[Event]) -> list[str]:
+    """The names of the compensations recorded in a history (``compensation_completed`` or
+    ``compensation_failed``: an attempt ran), each once, in the order they first ran."""
+    names = (e.name for e in events if isinstance(e, CompensationCompleted | CompensationFailed))
+    return list(dict.fromkeys(names))
+
+
+def retry_refusal(run: Run, events: Sequence[Event]) -> str | None:
+    """Why ``engine.retry`` refuses ``run`` with history ``events``, or ``None`` when it
+    re-opens it: a status other than ``failed`` / ``dead``, or compensations that ran (at any
+    point of its history: their effects were undone, so a retry would undo them twice or
+    complete the run on top of them). The dashboard offers no retry where this says why."""
+    if run.status not in RETRYABLE:
+        return _NOT_RETRYABLE
+    names = compensations_ran(events)
+    if names:
+        return (
+            f"its compensations ran ({', '.join(names)}), so its effects were undone; "
+            "a retry would undo them again or complete the run on top of them: "
+            "start a new run instead (docs/composing-workflows.md)"
+        )
+    return None
+
 
 async def retry(engine: Engine, run_id: str, input: Any) -> Run:
     """``Engine.retry`` (its docstring says what it does)."""
     run = await engine._get(run_id)
-    retryable = frozenset({RunStatus.FAILED, RunStatus.DEAD})
-    why = "only failed or dead runs can be retried"
+    retryable = RETRYABLE
+    why = _NOT_RETRYABLE
     if run.status not in retryable:
         raise RunStateError(run_id, run.status, why)
+    # (a failed or dead run takes no event: the history read here is the one it keeps
+    # until the commit below, whose ``expect_status`` refuses any change in between)
+    history = await engine.store.load_events(run_id)
+    refused = retry_refusal(run, history)
+    if refused is not None:
+        raise RunStateError(run_id, run.status, refused)
     entry = engine.registry.get(run.workflow, run.workflow_version)
     new_input: Any = UNSET
     if input is not UNSET:
@@ -35,8 +75,7 @@ async def retry(engine: Engine, run_id: str, input: Any) -> Run:
     deadline: Any = None
     if entry is None and run.deadline_at is not None:
         # not registered here: the timeout its last (re)start gave it
-        events = await engine.store.load_events(run_id)
-        began = next(e.at for e in reversed(events) if e.type in ("run_started", "run_retried"))
+        began = next(e.at for e in reversed(history) if e.type in ("run_started", "run_retried"))
         timeout = run.deadline_at - began
     now = engine.clock.now()
     if timeout is not None:
@@ -71,4 +110,4 @@ async def retry(engine: Engine, run_id: str, input: Any) -> Run:
     return res.run
 
 
-__all__ = ["retry"]
+__all__ = ["RETRYABLE", "compensations_ran", "retry", "retry_refusal"]

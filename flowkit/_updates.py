@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from . import _schemas, _serde
+from . import _continue, _schemas, _serde
 from ._history_wait import latest_event, wait_for_history
 from ._payloads import inbox_name, payload_adapter, received
 from ._run import Run
@@ -155,16 +155,19 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
     (``_recorded_arg``; ``WorkflowNotFoundError`` when there are none, or the update has a
     validator). Then the update goes into the run's inbox with a fresh id from
     the engine's RNG, and the reply is awaited: ``UpdateNotRepliedError`` when the run
-    settles without one, ``ResultTimeoutError`` after ``timeout`` real seconds."""
+    settles without one, ``ResultTimeoutError`` after ``timeout`` real seconds. A run that
+    continued as new passes the update on to the last run of its chain, and one that
+    continues before taking it moves it to its successor: the reply comes from there."""
     limits.check_identifier("update name", name, limits.MAX_UPDATE_NAME_LENGTH)
     _schemas.check_reserved("update", name)
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
     ):
         raise InvalidInputError(None, f"update timeout= takes seconds >= 0, got {timeout!r}")
-    run = await engine._get(run_id)
+    # a run that continued as new passes it on to the last run of its chain
+    run = await _continue.chain_end(engine.store, await engine._get(run_id))
     if run.status.terminal:
-        raise RunStateError(run_id, run.status, f"update {name!r} cannot be delivered")
+        raise RunStateError(run.id, run.status, f"update {name!r} cannot be delivered")
     entry = engine.registry.get(run.workflow, run.workflow_version)
     if entry is None:  # (no code here: the schemas a worker recorded, else nothing to go by)
         data = await _recorded_arg(engine, run, name, arg)
@@ -186,29 +189,41 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
     update_id = f"{engine.config.rng.getrandbits(64):016x}"
     now = engine.clock.now()
     delivered = await engine.store.deliver_signal(
-        run_id, inbox_name(name), {"update_id": update_id, "arg": data}, now
+        run.id, inbox_name(name), {"update_id": update_id, "arg": data}, now
     )
     if delivered.wake_at is not None and delivered.wake_at <= now:
-        engine._wake(run_id)
+        engine._wake(delivered.id)
+    store = engine.store
 
-    async def pick(run: Run) -> tuple[Any] | None:
-        ev = await latest_event(engine.store, run_id, "update_replied", "update_id", update_id)
+    async def pick(run: Run) -> tuple[bool, Any] | None:
+        """``(True, reply)``; ``(False, successor id)`` when ``run`` continued as new without
+        taking the update, which went on to its successor with its inbox."""
+        ev = await latest_event(store, run.id, "update_replied", "update_id", update_id)
         if isinstance(ev, UpdateReplied):
-            return (ev.value,)
+            return (True, ev.value)
         if run.status.terminal:
-            raise UpdateNotRepliedError(run_id, name, run.status.value)
+            if run.continued_as is not None and (
+                await latest_event(store, run.id, "update_received", "update_id", update_id) is None
+            ):
+                return (False, run.continued_as)
+            raise UpdateNotRepliedError(run.id, name, run.status.value)
         return None
 
+    at = delivered.id  # (the run that has it: a continue-as-new moves it on)
     try:
         async with asyncio.timeout(timeout):
-            (value,) = await wait_for_history(engine.store, engine.bus, run_id, pick)
+            while True:
+                replied, value = await wait_for_history(store, engine.bus, at, pick)
+                if replied:
+                    break
+                at = value
     except TimeoutError as exc:
         if isinstance(exc, ResultTimeoutError) or timeout is None:
             raise
-        fresh = await engine.store.get_run(run_id)
+        fresh = await engine.store.get_run(at)
         status = fresh.status.value if fresh is not None else "gone"
         hint = f"update {name!r} ({update_id}) has no reply yet"
-        raise ResultTimeoutError(run_id, status, timeout, hint) from None
+        raise ResultTimeoutError(at, status, timeout, hint) from None
     return value
 
 

@@ -144,6 +144,7 @@ def test_registry_covers_every_check_function() -> None:
         "workflow_schemas",
         "continue_as_new_creates_the_successor",
         "continue_as_new_is_all_or_nothing",
+        "continue_as_new_keeps_the_inbox",
         "latest_event_finds_the_newest_match",
         "schedule_rows",
         "due_schedules",
@@ -195,6 +196,7 @@ def test_registry_covers_every_check_function() -> None:
     assert {n for n, c in CHECKS.items() if "continues_as_new" in c.requires} == {
         "continue_as_new_creates_the_successor",
         "continue_as_new_is_all_or_nothing",
+        "continue_as_new_keeps_the_inbox",
         "continue_as_new_passes_the_slot",
     }
     schedules = {n for n, c in CHECKS.items() if "keeps_schedules" in c.requires}

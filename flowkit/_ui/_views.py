@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote as _quote
 from urllib.parse import urlencode
 
-from .. import _browse
+from .. import _browse, _retry
 from .._cli_common import CliError
 from .._cli_search import search_terms
 from .._run import Run, RunStatus
@@ -198,6 +198,10 @@ async def run_context(store: Any, run: Run) -> dict[str, Any]:
         "children": children,
         "lane": lane,
         "members": _members(lane) if lane is not None else [],
+        # (no Retry for a run whose compensations ran: ``engine.retry`` refuses it)
+        "retry_refused": (
+            _retry.retry_refusal(run, events) if _retry.compensations_ran(events) else None
+        ),
     }
 
 

@@ -10,6 +10,7 @@ docs/stores.md, "CodecStore: encrypting payloads"."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,17 @@ _ERROR_TEXT_FIELDS = ("message", "cause_message")
 
 Ctx = tuple[str, ...]
 """A value's context: its run id, then the parts of its field."""
+
+_CHAIN_SUFFIX = re.compile(r"~([0-9]+)\Z")
+
+
+def inbox_context(run_id: str, name: str) -> Ctx:
+    """The context of an inbox signal's payload: bound to the first run of its
+    continue-as-new chain (``run_id`` without its ``~n`` suffix, as ``flowkit._continue.
+    base_id``), not to the run: a continuation moves what its run had not taken to its
+    successor, and a signal sent to an old id of the chain goes to its last run."""
+    m = _CHAIN_SUFFIX.search(run_id)
+    return (run_id if m is None else run_id[: m.start()], "signal", name)
 
 
 def _failed(ctx: Ctx, why: str) -> CodecError:
@@ -308,4 +320,4 @@ class CodecFields:
         return ev
 
 
-__all__ = ["STRING_PREFIX", "CodecFields", "Ctx"]
+__all__ = ["STRING_PREFIX", "CodecFields", "Ctx", "inbox_context"]

@@ -296,7 +296,10 @@ class Store(Protocol):
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
         """Append to the run's inbox and, when the run is suspended waiting for ``name``,
-        make it due now, atomically. ``RunNotFoundError`` for an unknown run."""
+        make it due now, atomically. ``RunNotFoundError`` for an unknown run. A run that
+        continued as new (``Run.continued_as``) is followed to the last run of its chain in
+        the same transaction (for a name that ``moves_to_successor``), and the run returned
+        is the one that got the signal."""
         ...
 
     async def peek_signal(self, run_id: str, name: str) -> InboxSignal | None:
@@ -443,7 +446,11 @@ class ContinuesAsNew(Protocol):
     Atomically with the run's update (a terminal one: ``ctx.continue_as_new``), the store
     inserts ``successor.run`` (its namespace: the run's; its search attributes: the run's as
     this update leaves them) with ``successor.events`` (seq 1..n) and sets the run's
-    ``continued_as`` to its id. Every precondition is checked before anything is written:
+    ``continued_as`` to its id, and moves the signals and updates left in the run's inbox
+    (``moves_to_successor``) to the successor's, keeping their ids (so their order). From then
+    on ``deliver_signal`` of such a name to the run delivers to the last run of its chain, in
+    its own transaction (docs/composing-workflows.md, "Signals and updates follow the chain").
+    Every precondition is checked before anything is written:
     an existing successor id raises ``ConflictError`` (nothing written).
     A successor without a lease that is claimable now wakes the workers (``Watchable``); one
     leased to the committing worker is returned in ``CommitResult.handed`` (with its events),
@@ -451,6 +458,21 @@ class ContinuesAsNew(Protocol):
     ``successor``: a ``continue_as_new`` fails its run with ``UnsupportedStoreError``."""
 
     continues_as_new: bool
+
+
+STAYING_PREFIXES = (EVENT_MARK_PREFIX, "flowkit:child:")
+"""The inbox signals that belong to their run, not to its chain: the mark of an event
+delivered to one of the run's own waits, and the wake-up a child of the run sends it when it
+settles (``flowkit._replay.children.WAKE_PREFIX``: children stay with the run that started
+them)."""
+
+
+def moves_to_successor(name: str) -> bool:
+    """Whether an inbox signal named ``name`` follows a continue-as-new chain
+    (``ContinuesAsNew``): signals and updates do (moved to the successor when the run had not
+    taken them, delivered to the chain's last run when sent later); the names of
+    ``STAYING_PREFIXES`` stay with the run they were sent to."""
+    return not name.startswith(STAYING_PREFIXES)
 
 
 def continues_as_new(store: Any) -> bool:
@@ -529,6 +551,7 @@ class Watchable(Protocol):
 
 __all__ = [
     "EVENT_MARK_PREFIX",
+    "STAYING_PREFIXES",
     "UNSET",
     "Admission",
     "AdmitsOnCreate",
@@ -571,6 +594,7 @@ __all__ = [
     "continues_as_new",
     "event_mark",
     "lists_by_search",
+    "moves_to_successor",
     "parse_filter",
     "prunes_runs",
     "publishes_events",

@@ -26,7 +26,7 @@ from ..events import (
 )
 from ._codec_aesgcm import AESGCMCodec
 from ._codec_browse import forward_browse
-from ._codec_fields import STRING_PREFIX, CodecFields
+from ._codec_fields import STRING_PREFIX, CodecFields, inbox_context
 from ._codec_schedules import CodecSchedules
 from .base import (
     UNSET,
@@ -483,7 +483,7 @@ class CodecStore(CodecFields, CodecSchedules):
         return due
 
     async def deliver_signal(self, run_id: str, name: str, payload: Any, now: float) -> Run:
-        encoded = self._enc(payload, (run_id, "signal", name))
+        encoded = self._enc(payload, inbox_context(run_id, name))
         run = await self.inner.deliver_signal(run_id, name, encoded, now)
         return self._run_out(run)
 
@@ -550,7 +550,15 @@ class CodecStore(CodecFields, CodecSchedules):
         sig = await self.inner.peek_signal(run_id, name)
         if sig is None:
             return None
-        return InboxSignal(sig.id, sig.name, self._dec(sig.payload, (run_id, "signal", sig.name)))
+        ctx = inbox_context(run_id, sig.name)
+        try:
+            payload = self._dec(sig.payload, ctx)
+        except CodecError:
+            if ctx[0] == run_id:
+                raise
+            # (delivered before inbox payloads were bound to their chain: bound to the run)
+            payload = self._dec(sig.payload, (run_id, "signal", sig.name))
+        return InboxSignal(sig.id, sig.name, payload)
 
 
 __all__ = [

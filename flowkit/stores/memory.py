@@ -45,6 +45,7 @@ from .base import (
     WorkerSeen,
     WorkflowVersions,
     admission_time,
+    moves_to_successor,
 )
 from .rules import (
     admit_new,
@@ -442,6 +443,11 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
             nxt = dataclasses.replace(succ.run, namespace=run.namespace, search=new.search)
             self._put(nxt)
             self._append(nxt.id, succ.events)
+            # the signals and updates it had not taken go on to the successor, in order
+            moved = [sig for sig in inbox if moves_to_successor(sig.name)]
+            if moved:
+                inbox[:] = [sig for sig in inbox if not moves_to_successor(sig.name)]
+                self._d.inbox[nxt.id] = moved + self._d.inbox.get(nxt.id, [])
             if nxt.lease_owner is not None:
                 handed.append(HandOff(nxt, tuple(self._d.events[nxt.id])))
         if update.notify is not None:
@@ -555,8 +561,13 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
             raise refuse(found, f"deliver signal {name!r} with a payload to run {run_id!r}")
         _limits.check_signal(name, payload, self.max_payload_bytes)
         run = self._get(run_id)
+        while run.status.terminal and run.continued_as is not None and moves_to_successor(name):
+            nxt = self._d.runs.get(run.continued_as)
+            if nxt is None or not self._visible(nxt):
+                break  # (pruned: the signal stays with the last run there is)
+            run = nxt
         sig = InboxSignal(next(self._d.signal_ids), name, payload)
-        self._d.inbox.setdefault(run_id, []).append(sig)
+        self._d.inbox.setdefault(run.id, []).append(sig)
         if run.status is RunStatus.SUSPENDED and name in run.waiting_signals:
             run = dataclasses.replace(run, wake_at=now, updated_at=now)
             self._put(run)

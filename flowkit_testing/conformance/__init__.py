@@ -49,6 +49,7 @@ from ._competing import (
 from ._continues import (
     check_continue_as_new_creates_the_successor,
     check_continue_as_new_is_all_or_nothing,
+    check_continue_as_new_keeps_the_inbox,
     check_continue_as_new_passes_the_slot,
 )
 from ._events import (
@@ -241,6 +242,7 @@ __all__ = [
     "check_consumed_signal_conflict_writes_nothing",
     "check_continue_as_new_creates_the_successor",
     "check_continue_as_new_is_all_or_nothing",
+    "check_continue_as_new_keeps_the_inbox",
     "check_continue_as_new_passes_the_slot",
     "check_count_runs_matches_list_runs",
     "check_create_admission_is_fifo_behind_waiters",

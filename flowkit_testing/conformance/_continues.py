@@ -15,7 +15,7 @@ from flowkit.events import (
     SingletonAdmitted,
     SingletonReleased,
 )
-from flowkit.stores.base import Successor, Update
+from flowkit.stores.base import EVENT_MARK_PREFIX, Successor, Update
 
 from ._registry import check
 from ._support import (
@@ -169,3 +169,49 @@ async def check_continue_as_new_passes_the_slot(make: StoreFactory) -> None:
     expect_eq((await get(s, "w")).wake_at, parked.wake_at, "the waiter's wake_at")
     types = [e.type for e in await s.load_events("h~1")]
     expect_eq(types, ["run_started", "singleton_admitted"], "the successor's history")
+
+
+@check(requires=("continues_as_new",))
+async def check_continue_as_new_keeps_the_inbox(make: StoreFactory) -> None:
+    """The continuation moves the signals and updates its run had not taken to the
+    successor, in order (``STAYING_PREFIXES``: the mark of an event delivered to one of the
+    run's own waits and a child's wake-up stay); ``deliver_signal`` of a signal or update to
+    a run that continued as new delivers to the last run of its chain and returns that run
+    (docs/composing-workflows.md)."""
+    s = await make_store(make)
+    prev = await put(s, mk("i", status=S.RUNNING, lease_owner="w1", lease_expires=T0 + 30))
+    for n, name in enumerate(("a", "b", "a", "flowkit:update:change")):
+        await s.deliver_signal("i", name, {"n": n}, T0)
+    await s.deliver_signal("i", EVENT_MARK_PREFIX + "3", None, T0)
+    await s.deliver_signal("i", "flowkit:child:i.child.1", None, T0)
+    succ = successor(prev, "i~1", t=T0 + 1, owner="w1")
+    await s.commit("i", "w1", T0 + 1, continuation(prev, succ, T0 + 1))
+    for name in ("a", "b", "flowkit:update:change"):
+        expect(await s.peek_signal("i", name) is None, f"signal {name!r} left behind")
+    mark = await s.peek_signal("i", EVENT_MARK_PREFIX + "3")
+    expect(mark is not None, "an event's mark moved with the inbox")
+    for child in ("i.child.1", "i.child.2"):  # (a child's wake-up stays with its parent)
+        if child == "i.child.2":
+            got = await s.deliver_signal("i", f"flowkit:child:{child}", None, T0 + 1)
+            expect_eq(got.id, "i", "the run a child's wake-up went to")
+        woke = await s.peek_signal("i", f"flowkit:child:{child}")
+        expect(woke is not None, "a child's wake-up moved to the parent's successor")
+        gone = await s.peek_signal("i~1", f"flowkit:child:{child}")
+        expect(gone is None, "a child's wake-up moved to the parent's successor")
+    expect(
+        await s.peek_signal("i~1", EVENT_MARK_PREFIX + "3") is None,
+        "an event's mark moved with the inbox",
+    )
+    first = await s.peek_signal("i~1", "a")
+    expect(first is not None and first.payload == {"n": 0}, "the successor's first 'a'")
+    assert first is not None
+    await s.commit("i~1", "w1", T0 + 2, Update(consume_signal=first.id))
+    second = await s.peek_signal("i~1", "a")
+    expect(second is not None and second.payload == {"n": 2}, "the successor's second 'a'")
+    upd = await s.peek_signal("i~1", "flowkit:update:change")
+    expect(upd is not None and upd.payload == {"n": 3}, "the successor's update")
+    got = await s.deliver_signal("i", "late", {"n": 4}, T0 + 3)
+    expect_eq(got.id, "i~1", "the run a signal to a continued run went to")
+    late = await s.peek_signal("i~1", "late")
+    expect(late is not None and late.payload == {"n": 4}, "a signal to a continued run")
+    expect(await s.peek_signal("i", "late") is None, "a signal left with a continued run")

@@ -14,7 +14,7 @@ from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ..._search_terms import upserts
 from ...errors import ConflictError, RunNotFoundError
 from ...events import Event, EventSet, UpdateReplied
-from ..base import CommitResult, HandOff, Notify, Update
+from ..base import STAYING_PREFIXES, CommitResult, HandOff, Notify, Update
 from ..rules import admitted_event, apply_update, check_commit, claimable, plan_release
 from . import _runs as runs
 from ._connection import RETURNING, ROWCOUNT, ROWS, SELECT, Conn
@@ -265,6 +265,11 @@ class Commits:
             runs.append(sql, c, succ.run.id, 1, succ.events, later=True)
             if succ.run.search:
                 write_search(sql, c, succ.run.id, succ.run.search, replace=False)
+            # the signals and updates it had not taken go on to the successor, by id (in
+            # order); a delivery waiting on the run's row lock then follows the chain
+            marks, wakes = (f"{prefix}%" for prefix in STAYING_PREFIXES)
+            moving = {"id": run_id, "new": succ.run.id, "marks": marks, "wakes": wakes}
+            c.later(sql.move_inbox, moving)
             wake_if_free(c, succ.run, now)
             if succ.run.lease_owner is not None:
                 planned.append(HandOff(succ.run, succ.events))

@@ -139,7 +139,13 @@ class Statements:
             f"UPDATE flowkit_runs SET"
             f" wake_at = CASE WHEN {wakes} THEN {p('now')} ELSE wake_at END,"
             f" updated_at = CASE WHEN {wakes} THEN {p('now')} ELSE updated_at END"
-            f" WHERE id = {p('id')}{ns} RETURNING {cols}"
+            f" WHERE id = {p('id')}{ns} AND continued_as IS NULL RETURNING {cols}"
+        )
+        # (continue-as-new: what the run had not taken goes on to its successor, by id)
+        self.move_inbox = (
+            f"UPDATE flowkit_signals SET run_id = {p('new')}"
+            f" WHERE run_id = {p('id')} AND name NOT LIKE {p('marks')}"
+            f" AND name NOT LIKE {p('wakes')}"
         )
         self.insert_signal = (
             f"INSERT INTO flowkit_signals (run_id, name, payload)"

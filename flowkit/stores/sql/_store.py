@@ -32,6 +32,7 @@ from ..base import (
     Update,
     WorkflowVersions,
     admission_time,
+    moves_to_successor,
 )
 from ..rules import admit_new, admitted_event
 from . import _runs as runs
@@ -408,11 +409,25 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
 
         def rest(c: Conn, row: Any) -> Run:
             # the conditional UPDATE made it due now if suspended waiting for `name` (it also
-            # locks the row, ordering this with the run's commits)
-            if row is None:
-                raise RunNotFoundError(run_id)
+            # locks the row, ordering this with the run's commits); it misses a run that
+            # continued as new, whose signals go on to the last run of its chain
+            target, prev = params, None
+            while row is None:
+                found = c.one(sql.get_run_locked, sql.params(id=target["id"]))
+                if found is None:
+                    if prev is None:
+                        raise RunNotFoundError(run_id)
+                    # (its successor was pruned: the signal stays with the last run there is)
+                    c.write(sql.insert_signal, {**params, "id": prev.id})
+                    return prev
+                prev = to_run(found)
+                if prev.continued_as is None or not moves_to_successor(name):
+                    c.write(sql.insert_signal, {**params, "id": prev.id})
+                    return prev  # (a signal that stays with its run: a child's wake-up)
+                target = {**params, "id": prev.continued_as}
+                row = c.first((stmt, target, RETURNING))
             if not both:
-                c.write(sql.insert_signal, params)
+                c.write(sql.insert_signal, target)
             run = to_run(row)
             wake_if_free(c, run, now)  # it waited for this signal (or nobody holds it)
             return run
