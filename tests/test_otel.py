@@ -33,7 +33,7 @@ from flowkit import History, WorkflowFailedError
 from flowkit._cli_out import _describe
 from flowkit._telemetry import trace_of, trace_tags
 from flowkit.events import RunStarted
-from flowkit.otel import Instrumentation, instrument
+from flowkit.otel import OTHER_KEYS, STEP_BUCKETS, Instrumentation, instrument, worker_setup
 from flowkit_testing import TestEnv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,8 +232,9 @@ async def test_metrics(store: Any, otel: Otel) -> None:
         await env.start("otel-single", {"key": "k"}, "s1")
         await env.start("otel-single", {"key": "k"}, "s2")  # queued behind s1
         await inst.refresh_queue_depth()
+        # (no singleton key in any attribute: keys often name customers)
         assert otel.points("flowkit.singleton.queue_depth") == [
-            ({"flowkit.workflow": "otel-single", "flowkit.key": "k"}, 1)
+            ({"flowkit.workflow": "otel-single"}, 1)
         ]
         await env.advance(7)
         await env.signal("s1", "done")
@@ -242,7 +243,7 @@ async def test_metrics(store: Any, otel: Otel) -> None:
         await inst.refresh_queue_depth()
         # (an emptied lane reports 0 once)
         assert otel.points("flowkit.singleton.queue_depth") == [
-            ({"flowkit.workflow": "otel-single", "flowkit.key": "k"}, 0)
+            ({"flowkit.workflow": "otel-single"}, 0)
         ]
     started = dict((p[0]["flowkit.workflow"], p[1]) for p in otel.points("flowkit.runs.started"))
     assert started == {"otel-order": 1, "otel-fail": 1, "otel-single": 2}
@@ -265,8 +266,78 @@ async def test_metrics(store: Any, otel: Otel) -> None:
     assert len(durations) == 6
     # the singleton wait: s1 admitted at once, s2 after 7 s of the virtual clock
     ((attrs, (count, total)),) = otel.points("flowkit.singleton.wait")
-    assert attrs == {"flowkit.workflow": "otel-single", "flowkit.key": "k"}
+    assert attrs == {"flowkit.workflow": "otel-single"}
     assert count == 2 and total == pytest.approx(7.0, abs=0.5)
+    for metric in _METRICS:
+        for attrs, _ in otel.points(metric):
+            assert "flowkit.key" not in attrs and "k" not in attrs.values(), (metric, attrs)
+
+
+_METRICS = (
+    "flowkit.runs.started",
+    "flowkit.runs.settled",
+    "flowkit.step.duration",
+    "flowkit.singleton.wait",
+    "flowkit.singleton.queue_depth",
+    "flowkit.lease.lost",
+)
+
+
+async def test_per_key_metrics_are_opt_in_and_bounded(otel: Otel) -> None:
+    """With ``per_key_metrics``, the singleton metrics carry the key of the first
+    ``max_keys`` distinct keys; the others are folded into one ``OTHER_KEYS`` series."""
+    async with TestEnv(WORKFLOWS) as env:
+        inst = instrument(
+            env.engines[0],
+            tracer_provider=otel.tracer_provider,
+            meter_provider=otel.meter_provider,
+            per_key_metrics=True,
+            max_keys=2,
+        )
+        for key in ("a", "b", "c", "d"):
+            for n in (1, 2):  # (the second waits behind the first)
+                await env.start("otel-single", {"key": key}, f"{key}{n}")
+        await inst.refresh_queue_depth()
+        depths = {a["flowkit.key"]: v for a, v in otel.points("flowkit.singleton.queue_depth")}
+        assert len(depths) == 3 and depths[OTHER_KEYS] == 2, depths
+        assert sum(depths.values()) == 4
+        waits = {a["flowkit.key"]: v[0] for a, v in otel.points("flowkit.singleton.wait")}
+        assert waits == {**{k: 1 for k in depths if k != OTHER_KEYS}, OTHER_KEYS: 2}
+    with pytest.raises(ValueError, match="max_keys"):
+        instrument(env.engines[0], per_key_metrics=True, max_keys=-1)
+
+
+def test_the_step_duration_buckets_are_seconds() -> None:
+    """``flowkit.step.duration`` advises bucket edges from 1 ms to a minute: steps of 2 ms,
+    40 ms and 700 ms land in different buckets (the SDK's default edges put every one in
+    its first bucket above 0)."""
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    inst = Instrumentation(_FakeEngine(), None, mp, 15.0)  # type: ignore[arg-type]
+    for seconds in (0.002, 0.04, 0.7):
+        inst.step_duration.record(seconds, {"flowkit.step": "s"})
+    data = reader.get_metrics_data()
+    assert data is not None
+    [point] = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "flowkit.step.duration"
+        for p in m.data.data_points
+    ]
+    assert tuple(point.explicit_bounds) == STEP_BUCKETS
+    assert STEP_BUCKETS[0] == 0.001 and STEP_BUCKETS[-1] == 60.0
+    assert sum(1 for n in point.bucket_counts if n) == 3
+    mp.shutdown()
+
+
+class _FakeEngine:
+    """What ``Instrumentation`` reads of an engine: its config's clock."""
+
+    class config:
+        clock = None
+        telemetry = None
 
 
 async def test_uninstrument_stops_it(otel: Otel) -> None:
@@ -383,12 +454,52 @@ async def test_a_collection_reads_the_queue_depth_on_the_engines_loop(
         await env.start("otel-single", {"key": "q"}, "q1")
         await env.start("otel-single", {"key": "q"}, "q2")
         await env.start("otel-single", {"key": "q"}, "q3")
-        want = [({"flowkit.workflow": "otel-single", "flowkit.key": "q"}, 2)]
+        want = [({"flowkit.workflow": "otel-single"}, 2)]
         loop = asyncio.get_running_loop()
         end = loop.time() + 30
         while await asyncio.to_thread(otel.points, "flowkit.singleton.queue_depth") != want:
             assert loop.time() < end, "the depth was never read"
             await asyncio.sleep(0.01)
+
+
+def test_the_metrics_server_listens_on_this_host_only() -> None:
+    """``flowkit worker --metrics-port`` serves its metrics (no authentication) on 127.0.0.1
+    unless ``--metrics-host`` (or ``$FLOWKIT_METRICS_HOST``) says otherwise: the address of
+    the listening socket."""
+    from flowkit.cli import _prepare, build_parser
+
+    for argv, env, host in (
+        ([], {}, "127.0.0.1"),
+        (["--metrics-host", "0.0.0.0"], {}, "0.0.0.0"),
+        ([], {"FLOWKIT_METRICS_HOST": "0.0.0.0"}, "0.0.0.0"),
+    ):
+        args = build_parser().parse_args(
+            ["worker", "otel_app:WORKFLOWS", "--metrics-port", str(_free_port()), *argv]
+        )
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            _prepare(args)
+        setup = args.telemetry
+        try:
+            assert setup.server.socket.getsockname()[0] == host
+        finally:
+            setup.close()
+    setup = worker_setup(_free_port())
+    assert setup is not None
+    try:
+        assert setup.server.socket.getsockname()[0] == "127.0.0.1"
+    finally:
+        setup.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def test_metrics_port_is_checked_before_serving(tmp_path: Path) -> None:
