@@ -365,7 +365,8 @@ class RecordsWorkers(Protocol):
 
     async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
         """Insert or replace this store's namespace's entry of ``instance_id``: the pairs it
-        runs, seen at ``now``. A store may forget entries not seen for a long time (days)."""
+        runs, seen at ``now`` (none: it stopped cleanly). A store may forget entries not seen
+        for a long time (days)."""
         ...
 
     async def workers(self) -> list[WorkerSeen]:
