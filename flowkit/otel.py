@@ -411,6 +411,11 @@ class _Activation:
         token = _context.attach(_trace.set_span_in_context(span))
         return _Step(inst, span, token, self._workflow, name, inst.clock.now())
 
+    def context(self) -> dict[str, str] | None:
+        carrier: dict[str, str] = {}
+        _propagate.inject(carrier, context=self._ctx)
+        return carrier or None
+
     def end(self, status: str, error: Any = None) -> None:
         span = self._span
         span.set_attribute("flowkit.status", status)

@@ -29,9 +29,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from otel_app import WORKFLOWS
 
-from flowkit import History, WorkflowFailedError
+from flowkit import History, WorkflowCtx, WorkflowFailedError, workflow
 from flowkit._cli_out import _describe
-from flowkit._telemetry import trace_of, trace_tags
+from flowkit._telemetry import onward_tags, trace_of, trace_tags
 from flowkit.events import RunStarted
 from flowkit.otel import OTHER_KEYS, STEP_BUCKETS, Instrumentation, instrument, worker_setup
 from flowkit_testing import TestEnv
@@ -222,6 +222,68 @@ async def test_the_trace_continues_after_a_crash(store: Any, otel: Otel) -> None
     assert completed[0].parent is not None
     assert completed[0].parent.span_id == start.context.span_id
     assert "step ship" in [s.name for s in otel.finished("step")]
+
+
+def _bump(n: int) -> int:
+    return n + 1
+
+
+@workflow(name="otel-counter")
+class _Counter:
+    """Counts to 3, continuing as new after each step."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        n = await ctx.step(_bump, n, name="bump")
+        if n < 3:
+            ctx.continue_as_new(n)
+        return n
+
+
+@workflow(name="otel-parent")
+class _Parent:
+    """Awaits one child (which continues as new twice)."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        return int(await ctx.child(_Counter, n))
+
+
+async def test_children_and_successors_join_the_trace(store: Any, otel: Otel) -> None:
+    """A child run and each continue-as-new successor continue the trace of the run that
+    started them: every span shares the request's trace, a child's activations are children
+    of the parent's activation that started it, a successor's of its predecessor's."""
+    async with TestEnv([_Parent, _Counter], store=store) as env:
+        otel.instrument(env.engines[0])
+        with otel.tracer_provider.get_tracer("test").start_as_current_span("request") as req:
+            await env.start("otel-parent", 0, "tp")
+        assert await env.result("tp") == 3
+    trace_id = req.get_span_context().trace_id
+    runs = otel.finished("run")
+    by_run: dict[str, list[ReadableSpan]] = {}
+    for s in runs:
+        by_run.setdefault(_attrs(s)["flowkit.run_id"], []).append(s)
+    assert set(by_run) == {"tp", "tp.child.1", "tp.child.1~1", "tp.child.1~2"}
+    assert {_trace(s) for s in otel.finished()} == {trace_id}
+
+    def span_ids(run_id: str) -> set[int]:
+        return {s.context.span_id for s in by_run[run_id] if s.context is not None}
+
+    for run_id, starter in (
+        ("tp.child.1", "tp"),
+        ("tp.child.1~1", "tp.child.1"),
+        ("tp.child.1~2", "tp.child.1~1"),
+    ):
+        for s in by_run[run_id]:
+            assert s.parent is not None and s.parent.span_id in span_ids(starter), run_id
+        assert trace_of((await store.load_events(run_id))) is not None
+
+
+def test_a_run_started_by_an_unobserved_activation_keeps_its_starters_trace() -> None:
+    """A worker that is not instrumented still hands the trace its run carries on to the
+    runs it starts (``onward_tags``); with no trace, it hands none."""
+    carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    traced = RunStarted(seq=1, workflow="w", version="1", tags=trace_tags(carrier))
+    assert onward_tags(None, [traced]) == trace_tags(carrier)
+    assert onward_tags(None, [RunStarted(seq=1, workflow="w", version="1")]) == []
 
 
 async def test_metrics(store: Any, otel: Otel) -> None:
