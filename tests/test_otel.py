@@ -274,7 +274,7 @@ async def test_children_and_successors_join_the_trace(store: Any, otel: Otel) ->
     ):
         for s in by_run[run_id]:
             assert s.parent is not None and s.parent.span_id in span_ids(starter), run_id
-        assert trace_of((await store.load_events(run_id))) is not None
+        assert trace_of(await store.load_events(run_id)) is not None
 
 
 def test_a_run_started_by_an_unobserved_activation_keeps_its_starters_trace() -> None:
