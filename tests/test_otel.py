@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from otel_app import WORKFLOWS
 
-from flowkit import History, WorkflowCtx, WorkflowFailedError, workflow
+from flowkit import History, RunStatus, Singleton, WorkflowCtx, WorkflowFailedError, workflow
 from flowkit._cli_out import _describe
 from flowkit._telemetry import onward_tags, trace_of, trace_tags
 from flowkit.events import RunStarted
@@ -284,6 +284,53 @@ def test_a_run_started_by_an_unobserved_activation_keeps_its_starters_trace() ->
     traced = RunStarted(seq=1, workflow="w", version="1", tags=trace_tags(carrier))
     assert onward_tags(None, [traced]) == trace_tags(carrier)
     assert onward_tags(None, [RunStarted(seq=1, workflow="w", version="1")]) == []
+
+
+def _fragile(n: int) -> int:
+    return n
+
+
+@workflow(name="otel-fragile", max_recovery_attempts=0)
+class _Fragile:
+    """Dead at its first lost activation."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        return await ctx.step(_fragile, n, name="record")
+
+
+@workflow(name="otel-timed", singleton=Singleton(key=lambda _: "k"), execution_timeout=3600)
+class _Timed:
+    """Holds its key until signalled, for an hour at most."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        return int(await ctx.wait_for_signal("go"))
+
+
+async def test_runs_settled_without_an_activation_are_counted(store: Any, otel: Otel) -> None:
+    """``flowkit.runs.settled`` counts the runs that settle with no activation of theirs:
+    dead at a claim, cancelled at once at their deadline or by ``engine.cancel`` (a waiter
+    behind its key's holder)."""
+    async with TestEnv([_Fragile, _Timed], store=store, instances=2) as env:
+        otel.instrument(env.engines[0])
+        otel.instrument(env.engines[1])
+        env.crash_at(0, "before_step_record", times=None)
+        await env.start("otel-fragile", 1, "f")
+        assert env.crashed == [0]
+        await env.advance(31)  # (instance 0's lease expired: instance 1 claims the run)
+        assert (await env.get_run("f")).status is RunStatus.DEAD
+        await env.start("otel-timed", 1, "holder")
+        await env.start("otel-timed", 2, "late")  # (waits behind the holder)
+        await env.start("otel-timed", 3, "dropped")
+        await env.cancel("dropped")
+        await env.advance(3601)  # the holder is cancelled in its body, "late" at once
+        assert [(await env.get_run(r)).status for r in ("holder", "late", "dropped")] == [
+            RunStatus.CANCELLED
+        ] * 3
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-fragile", "dead"): 1, ("otel-timed", "cancelled"): 3}
 
 
 async def test_metrics(store: Any, otel: Otel) -> None:
