@@ -177,9 +177,10 @@ def prepare(args: argparse.Namespace) -> None:
         args.metrics_port = _env_number("FLOWKIT_METRICS_PORT", int, None)
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise UsageError(f"--metrics-port takes a port 1-65535, got {args.metrics_port}")
-    args.metrics_host = args.metrics_host or os.environ.get("FLOWKIT_METRICS_HOST") or None
     if args.metrics_host is not None and args.metrics_port is None:
         raise UsageError("--metrics-host needs --metrics-port")
+    # (the variable alone, without a port, says nothing: an image may set both, a run unset one)
+    args.metrics_host = args.metrics_host or os.environ.get("FLOWKIT_METRICS_HOST") or None
     args.workflows = load_app(args.app)
     args.telemetry = _telemetry_setup(args.metrics_port, args.metrics_host)
 

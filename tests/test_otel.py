@@ -575,6 +575,7 @@ def test_the_metrics_server_listens_on_this_host_only() -> None:
     """``flowkit worker --metrics-port`` serves its metrics (no authentication) on 127.0.0.1
     unless ``--metrics-host`` (or ``$FLOWKIT_METRICS_HOST``) says otherwise: the address of
     the listening socket."""
+    from flowkit._cli_common import CliError
     from flowkit.cli import _prepare, build_parser
 
     for argv, env, host in (
@@ -594,6 +595,16 @@ def test_the_metrics_server_listens_on_this_host_only() -> None:
             assert setup.server.socket.getsockname()[0] == host
         finally:
             setup.close()
+    # a host without a port: refused on the command line, ignored in the environment
+    args = build_parser().parse_args(["worker", "otel_app:WORKFLOWS", "--metrics-host", "::1"])
+    with pytest.raises(CliError, match="--metrics-host needs --metrics-port"):
+        _prepare(args)
+    args = build_parser().parse_args(["worker", "otel_app:WORKFLOWS"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLOWKIT_METRICS_HOST", "0.0.0.0")
+        mp.delenv("FLOWKIT_METRICS_PORT", raising=False)
+        _prepare(args)
+    assert args.metrics_port is None
     setup = worker_setup(_free_port())
     assert setup is not None
     try:
