@@ -197,11 +197,11 @@ class Worker:
         held += [r for r in self._orphans if r not in held]
         self._orphans.clear()
         self._handed_later.clear()
-        if graceful and held:
+        if graceful:  # (the leases back and this instance gone, at once: each is bounded)
             now = self.clock.now()
-            await asyncio.gather(*(self._give_back(run_id, now) for run_id in held))
-        if graceful:
-            await self._make_gone()
+            await asyncio.gather(
+                self._make_gone(), *(self._give_back(run_id, now) for run_id in held)
+            )
         self._drive.close()  # (its step threads: those busy are abandoned, not waited for)
         self._active.clear()
         self._leases.clear()

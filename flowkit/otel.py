@@ -141,9 +141,7 @@ def worker_setup(port: int | None, host: str = DEFAULT_METRICS_HOST) -> WorkerSe
         from prometheus_client import start_http_server
 
         meter_provider = SdkMeterProvider(metric_readers=[PrometheusMetricReader()])
-        # (prometheus_client answers (server, thread) since 0.17; older ones None)
-        started = start_http_server(port, addr=host)
-        server = started[0] if isinstance(started, tuple) else None
+        server, _thread = start_http_server(port, addr=host)
     elif isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
         return None  # (nothing configured: nothing to report to)
     return WorkerSetup(meter_provider, server)
