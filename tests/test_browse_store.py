@@ -194,3 +194,30 @@ async def test_the_counts_the_dashboard_asks_for_are_bounded(filled_store: SqlSt
     exact = await store.count_runs()
     assert sum(exact.values()) == N
     assert await store.count_runs(limit=10) == {s: min(n, 11) for s, n in exact.items()}
+
+
+def test_flowkit_runs_says_when_a_count_stopped_at_the_limit(
+    tmp_path: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    """``flowkit runs --limit N`` counts what it left out up to ``COUNT_LIMIT`` runs per
+    status: beyond, its caption says "more than"."""
+    import asyncio
+
+    from flowkit.cli import main
+
+    url = f"sqlite:///{tmp_path / 'counted.db'}"
+    store = SqlStore(url)
+
+    async def seed() -> None:
+        for i in range(6):
+            run = dataclasses.replace(_run(i), status=S.COMPLETED)
+            await store.create_run(run, [_started(run)])
+
+    asyncio.run(seed())
+    store.close()
+    monkeypatch.setenv("FORCE_COLOR", "1")  # (a terminal: the caption is printed)
+    monkeypatch.setenv("COLUMNS", "200")
+    for limit, want in ((10, "of 6 runs"), (3, "of more than 3 runs")):
+        monkeypatch.setattr(_browse, "COUNT_LIMIT", limit)
+        assert main(["--db", url, "runs", "--limit", "2"]) == 0
+        assert f"the 2 most recent {want}" in capsys.readouterr().out
