@@ -63,6 +63,8 @@ async def settle_dead(drive: Drive, run: Run, defn: WorkflowDefinition, bound: i
         ),
         t,
     )
+    if (tel := drive.config.telemetry) is not None:  # (no activation ran: none counted it)
+        tel.settled(run.workflow, RunStatus.DEAD.value)
 
 
 async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Try) -> Run | None:
@@ -83,6 +85,7 @@ async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Tr
             settled=drive._settled,
             wake=seat.dispatch,
             deliver=seat.cancel_local,
+            telemetry=drive.config.telemetry,
         )
     return fired
 
@@ -101,6 +104,8 @@ async def _deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: T
             if not drive.config.notify_on_release and run.admitted:  # (a waiter notifies)
                 update = dataclasses.replace(update, notify=None)
             await drive._commit(run, update, t)
+            if (tel := drive.config.telemetry) is not None:  # (settled with no activation)
+                tel.settled(run.workflow, RunStatus.CANCELLED.value)
             return None
         return await drive._commit(
             run,
@@ -173,6 +178,7 @@ async def _deadline_timer(
                 settled=drive._settled,
                 wake=seat.dispatch,
                 deliver=seat.cancel_local,
+                telemetry=drive.config.telemetry,
             )
             return
         except Exception:

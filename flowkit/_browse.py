@@ -12,12 +12,14 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ._browse_types import Lane, LaneSummary
+from ._browse_types import Lane, LaneSummary, capped
 from ._run import Run, RunStatus
 from .errors import UnsupportedStoreError
+from .stores._capabilities import takes
 from .stores.base import Store, Term, browses_runs, changes_stamped, lists_by_search
 
 __all__ = [
+    "COUNT_LIMIT",
     "Lane",
     "LaneSummary",
     "browses_runs",
@@ -27,6 +29,11 @@ __all__ = [
     "page_runs",
     "watch_changes",
 ]
+
+
+COUNT_LIMIT = 10_000
+"""How many runs per status the dashboard and ``flowkit runs`` count, at most (more shows as
+``10000+``): their counts cost the same however many runs the store holds."""
 
 
 async def page_runs(
@@ -59,17 +66,21 @@ async def count_runs(
     workflow: str | None = None,
     tag: str | None = None,
     search: Sequence[Term] = (),
+    limit: int | None = None,
 ) -> dict[RunStatus, int]:
-    """How many runs have each status (every status present, zeros included)."""
+    """How many runs have each status (every status present, zeros included). With
+    ``limit``, a status with more than ``limit`` runs counts ``limit + 1`` (read: more than
+    ``limit``), and a store that browses does work bounded by it (not a count of every run)."""
     if browses_runs(store):
-        counted: dict[RunStatus, int] = await store.count_runs(  # type: ignore[attr-defined]
-            workflow=workflow, tag=tag, search=search
-        )
-        return {s: counted.get(s, 0) for s in RunStatus}
-    counts = dict.fromkeys(RunStatus, 0)
-    for r in await _all(store, workflow=workflow, status=None, tag=tag, search=search):
-        counts[r.status] += 1
-    return counts
+        fn: Any = store.count_runs  # type: ignore[attr-defined]
+        more = {} if limit is None or not takes(fn, "limit") else {"limit": limit}
+        counted: dict[RunStatus, int] = await fn(workflow=workflow, tag=tag, search=search, **more)
+        counts = {s: counted.get(s, 0) for s in RunStatus}
+    else:
+        counts = dict.fromkeys(RunStatus, 0)
+        for r in await _all(store, workflow=workflow, status=None, tag=tag, search=search):
+            counts[r.status] += 1
+    return counts if limit is None else capped(counts, limit)
 
 
 async def lanes(store: Store, *, limit: int = 500) -> list[LaneSummary]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._run import Run
+from ._run import Run, RunStatus
 
 
 @dataclass(frozen=True)
@@ -34,4 +34,11 @@ class Lane:
     waiting: int
 
 
-__all__ = ["Lane", "LaneSummary"]
+def capped(counts: dict[RunStatus, int], limit: int) -> dict[RunStatus, int]:
+    """``counts`` as ``count_runs(limit=...)`` answers them: a count above ``limit`` is
+    ``limit + 1`` (read: more than ``limit``)."""
+    top = max(limit, 0) + 1
+    return {s: min(n, top) for s, n in counts.items()}
+
+
+__all__ = ["Lane", "LaneSummary", "capped"]

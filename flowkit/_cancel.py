@@ -16,6 +16,7 @@ from . import _gate as gate
 from ._clock import Clock
 from ._run import Run, RunStatus
 from ._seat import Settled
+from ._telemetry import Telemetry
 from ._versions import Registry
 from .events import CancelRequested, Event
 from .stores.base import ConflictError, Store, Update
@@ -72,6 +73,7 @@ async def request(
     settled: Settled,
     wake: Callable[[str], None],
     deliver: Callable[[str], bool],
+    telemetry: Telemetry | None = None,
 ) -> Run | None:
     """Request the cancellation of ``run_id`` (``None``: no such run). A settled or
     cancelling run is returned as it is. A run no body can receive it in (it never started,
@@ -81,7 +83,8 @@ async def request(
     here, so ``wake`` has a worker claim the run). ``compensate`` (recorded in the request):
     the body's compensations run once it let the cancellation out (``_replay/compensation.py``).
     Its unfinished children (DESIGN §10) are cancelled with it, recursively (``children``),
-    with the same ``compensate``."""
+    with the same ``compensate``. ``telemetry`` counts the runs settled at once here (the
+    others settle in an activation, which counts them)."""
     run = await _request(
         store,
         clock,
@@ -92,6 +95,7 @@ async def request(
         settled=settled,
         wake=wake,
         deliver=deliver,
+        telemetry=telemetry,
     )
     if run is not None and run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
         await children(
@@ -103,6 +107,7 @@ async def request(
             settled=settled,
             wake=wake,
             deliver=deliver,
+            telemetry=telemetry,
         )
     return run
 
@@ -117,6 +122,7 @@ async def children(
     settled: Settled,
     wake: Callable[[str], None],
     deliver: Callable[[str], bool],
+    telemetry: Telemetry | None = None,
 ) -> None:
     """Cancel the unfinished children of ``run_id`` (and theirs, through ``request``)."""
 
@@ -131,6 +137,7 @@ async def children(
             settled=settled,
             wake=wake,
             deliver=deliver,
+            telemetry=telemetry,
         )
 
     await _children.cancel_children(store, run_id, one)
@@ -147,6 +154,7 @@ async def _request(
     settled: Settled,
     wake: Callable[[str], None],
     deliver: Callable[[str], bool],
+    telemetry: Telemetry | None = None,
 ) -> Run | None:
     """``request`` for the run itself."""
     while True:
@@ -159,6 +167,8 @@ async def _request(
             if direct and not run.leased(now):
                 update = gate.cancel_at_once(run, limit_of(registry, run), now, reason)
                 res = await store.commit(run_id, None, now, update)
+                if telemetry is not None and res.run.status.terminal:
+                    telemetry.settled(res.run.workflow, res.run.status.value)
                 settled(run_id, res.run)
                 for wid in res.woken:
                     wake(wid)

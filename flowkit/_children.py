@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -70,9 +70,12 @@ def _mine(run: Run, parent_id: str) -> ChildStart:
     return ChildStart(run.id, run.workflow, run.workflow_version)
 
 
-async def start_child(d: Drive, parent: Run, call: ChildCall) -> ChildStart:
+async def start_child(
+    d: Drive, parent: Run, call: ChildCall, trace: Sequence[str] = ()
+) -> ChildStart:
     """Start the child ``call`` of ``parent`` (``Host.start_child``): idempotent by the
-    child's id; raises a ``FlowkitError`` (nothing written) when it cannot start.
+    child's id; raises a ``FlowkitError`` (nothing written) when it cannot start. ``trace``:
+    the trace tags of its ``run_started`` (``_telemetry.onward_tags``: the parent's trace).
 
     A singleton parent holding key K of its workflow may not start a child of that workflow
     on K, whatever the limit: the child would wait behind the parent's own slot, and with
@@ -119,7 +122,12 @@ async def start_child(d: Drive, parent: Run, call: ChildCall) -> ChildStart:
         parent_id=parent.id,
     )
     first = RunStarted(
-        seq=1, at=now, workflow=defn.name, version=defn.version, input=input_json, tags=tags
+        seq=1,
+        at=now,
+        workflow=defn.name,
+        version=defn.version,
+        input=input_json,
+        tags=[*tags, *trace],
     )
     stored, created = await store.create_run(run, [first], queue_cap=gate.queue_cap(defn, key))
     if not created:

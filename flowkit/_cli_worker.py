@@ -3,7 +3,8 @@
 
 Each option of ``worker`` defaults to an environment variable (``FLOWKIT_DB``,
 ``FLOWKIT_CONCURRENCY``, ``FLOWKIT_NAMESPACE``, ``FLOWKIT_INSTANCE_ID``, ``FLOWKIT_GRACE``,
-``FLOWKIT_LEASE_TTL``, ``FLOWKIT_LOG_FORMAT``, ``FLOWKIT_METRICS_PORT``), so a unit file or a
+``FLOWKIT_LEASE_TTL``, ``FLOWKIT_LOG_FORMAT``, ``FLOWKIT_METRICS_PORT``,
+``FLOWKIT_METRICS_HOST``), so a unit file or a
 container sets them once."""
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ def add_parsers(sub: Any) -> None:
         help="serve Prometheus metrics on this port (needs flowkit[otel]; default: "
         "$FLOWKIT_METRICS_PORT, else none)",
     )
+    w.add_argument(
+        "--metrics-host",
+        default=None,
+        help="the address the metrics are served on; they need no authentication, so keep "
+        "it private (default: $FLOWKIT_METRICS_HOST, else 127.0.0.1: this host only)",
+    )
     r = sub.add_parser("retry", help="re-open a failed or dead run (Engine.retry)")
     r.add_argument("run")
     r.add_argument(
@@ -171,14 +178,19 @@ def prepare(args: argparse.Namespace) -> None:
         args.metrics_port = _env_number("FLOWKIT_METRICS_PORT", int, None)
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise UsageError(f"--metrics-port takes a port 1-65535, got {args.metrics_port}")
+    if args.metrics_host is not None and args.metrics_port is None:
+        raise UsageError("--metrics-host needs --metrics-port")
+    # (the variable alone, without a port, says nothing: an image may set both, a run unset one)
+    args.metrics_host = args.metrics_host or os.environ.get("FLOWKIT_METRICS_HOST") or None
     args.workflows = load_app(args.app)
-    args.telemetry = _telemetry_setup(args.metrics_port)
+    args.telemetry = _telemetry_setup(args.metrics_port, args.metrics_host)
 
 
-def _telemetry_setup(port: int | None) -> Any:
+def _telemetry_setup(port: int | None, host: str | None = None) -> Any:
     """``flowkit.otel.serving``'s setup for the worker, or ``None``: with ``--metrics-port``
     (else a usage error without the extra), or when the app configured an OpenTelemetry SDK
-    (its tracer provider: spans, no metrics)."""
+    (its tracer provider: spans, no metrics). ``host``: where the metrics are served
+    (``None``: 127.0.0.1)."""
     if port is None and importlib.util.find_spec("opentelemetry") is None:
         return None
     try:
@@ -186,9 +198,13 @@ def _telemetry_setup(port: int | None) -> Any:
     except ImportError as exc:  # pragma: no cover - a broken install
         raise UsageError(f"--metrics-port: {exc}") from None
     try:
-        return otel.worker_setup(port)
+        if host is None:
+            return otel.worker_setup(port)
+        return otel.worker_setup(port, host)
     except ImportError as exc:
         raise UsageError(f"--metrics-port needs OpenTelemetry: {exc}") from None
+    except OSError as exc:  # (the port is taken, the host is not an address of this machine)
+        raise UsageError(f"cannot serve metrics on {host or '127.0.0.1'}:{port}: {exc}") from None
 
 
 def _configure_logging(fmt: str) -> None:

@@ -82,9 +82,11 @@ async def settle(
     notify: Notify | None,
     pending: Sequence[Event],
     t: Try,
+    trace: Sequence[str] = (),
 ) -> None:
     """Commit a ``Continued`` outcome of ``run`` (its new input ``input_json``, validated by
-    the activation): the run and its successor in one transaction, or the run ``failed``
+    the activation; ``trace``: the trace tags of the successor's ``run_started``,
+    ``_telemetry.onward_tags``): the run and its successor in one transaction, or the run ``failed``
     (the successor cannot be made: a store without ``continues_as_new``, an id or a singleton
     key no store keeps, a successor id taken by another run), or ``cancelled`` (a cancel
     landed first). Raises what the store raised otherwise (the drive's retry rules)."""
@@ -141,7 +143,7 @@ async def settle(
             workflow=run.workflow,
             version=run.workflow_version,
             input=input_json,
-            tags=clean,
+            tags=[*clean, *trace],
         )
     ]
     if passing:

@@ -351,7 +351,7 @@ class Drive:
             run.id,
             value,
             events,
-            Host(self, run, proof, obs),
+            Host(self, run, proof, obs, events),
             cancel_requested=run.status is RunStatus.CANCELLING,
             attempt=run.attempt,
             unwritten=unwritten,
@@ -365,7 +365,10 @@ class Drive:
                 outcome = Cancelled()
             else:
                 pending = act.pending
-                await _continue.settle(self, run, outcome.input, defn, admitted, notify, pending, t)
+                trace = _telemetry.onward_tags(obs, events)  # (the successor joins the trace)
+                await _continue.settle(
+                    self, run, outcome.input, defn, admitted, notify, pending, t, trace
+                )
                 return outcome, None
         if isinstance(outcome, Evicted):
             if act.store_error is not None:

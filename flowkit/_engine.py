@@ -439,6 +439,7 @@ class Engine:
             settled=self._settled,
             wake=self._wake,
             deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),
+            telemetry=self.config.telemetry,
         )
         if run is None:
             raise RunNotFoundError(run_id)
@@ -473,6 +474,7 @@ class Engine:
             settled=self._settled,
             wake=self._wake,
             deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),
+            telemetry=self.config.telemetry,
         )
 
     async def retry(self, run_id: str, *, input: Any = UNSET) -> Run:

@@ -16,7 +16,7 @@ from ._recovery import LeaseProof
 from ._replay.children import ChildCall, ChildStart
 from ._run import Run, RunStatus
 from ._seat import WorkerConfig
-from ._telemetry import ActivationObserver
+from ._telemetry import ActivationObserver, onward_tags
 from ._threads import StepThreads, waited_for
 from .errors import LeaseLostError, UnsupportedStoreError
 from .events import CancelRequested, Event, EventSet, UpdateReplied
@@ -35,10 +35,15 @@ _AWAITED = (EventSet, UpdateReplied)
 class Host:
     """The activation's window on the store: appends fenced by this worker's lease."""
 
-    __slots__ = ("_d", "_proof", "_run", "_run_id", "telemetry")
+    __slots__ = ("_d", "_events", "_proof", "_run", "_run_id", "telemetry")
 
     def __init__(
-        self, drive: Drive, run: Run, proof: LeaseProof, telemetry: ActivationObserver | None
+        self,
+        drive: Drive,
+        run: Run,
+        proof: LeaseProof,
+        telemetry: ActivationObserver | None,
+        events: Sequence[Event] = (),
     ) -> None:
         self._d = drive
         self._run = run
@@ -46,6 +51,7 @@ class Host:
         self._proof = proof
         # who observes this activation's step attempts (``_telemetry.py``), or None
         self.telemetry = telemetry
+        self._events = events  # (the run's history: its trace context, for its children)
 
     def now(self) -> float:
         return self._d.clock.now()
@@ -157,7 +163,8 @@ class Host:
         return bool(asked) and asked[-1].compensate
 
     async def start_child(self, parent_id: str, call: ChildCall) -> ChildStart:
-        return await _children.start_child(self._d, self._run, call)
+        trace = onward_tags(self.telemetry, self._events)  # (the child joins this trace)
+        return await _children.start_child(self._d, self._run, call, trace)
 
     def child_output_adapter(self, workflow: str, version: str | None) -> TypeAdapter[Any] | None:
         """The output type of a child workflow named by name, as registered here."""

@@ -33,6 +33,7 @@ __all__ = [
     "guarded",
     "handed",
     "observed",
+    "onward_tags",
     "outcome_status",
     "trace_of",
 ]
@@ -58,6 +59,11 @@ class ActivationObserver(Protocol):
         """The activation ended with ``status`` (an ``outcome_status``; ``"lost"``: its lease
         was lost or the store failed) and ``error`` (an ``ErrorInfo`` of a failed run, an
         exception, or ``None``)."""
+        ...
+
+    def context(self) -> dict[str, str] | None:
+        """The trace context of this activation as a carrier, for the runs it starts (its
+        children, its continue-as-new successor): their activations continue its trace."""
         ...
 
 
@@ -183,6 +189,17 @@ def carried(tel: Telemetry, first: RunStarted, run_id: str) -> RunStarted:
     return first.model_copy(update={"tags": [*first.tags, *trace_tags(trace)]})
 
 
+def onward_tags(obs: ActivationObserver | None, events: Sequence[Any]) -> list[str]:
+    """The trace tags of a run an activation starts (a child, a continue-as-new successor),
+    for its ``run_started``: the context of the activation's span when it is observed, else
+    the one its own run carries (``events``: its history), so the new run stays in the
+    trace either way. ``[]``: none."""
+    trace = obs.context() if obs is not None else None
+    if not trace:
+        trace = trace_of(events)
+    return trace_tags(trace) if trace else []
+
+
 def handed(tel: Telemetry, runs: Sequence[Run], now: float) -> None:
     """A release handed its slots to ``runs`` (admitted in its commit, at ``now``)."""
     for r in runs:
@@ -200,6 +217,9 @@ class _Noop:
         return self
 
     def end(self, *args: Any) -> None:
+        return None
+
+    def context(self) -> dict[str, str] | None:
         return None
 
 
@@ -249,6 +269,10 @@ class _GuardedActivation:
 
     def end(self, status: str, error: Any = None) -> None:
         self._g.call("activation.end", self._inner.end, status, error)
+
+    def context(self) -> dict[str, str] | None:
+        found = self._g.call("activation.context", self._inner.context)
+        return found if isinstance(found, dict) else None
 
 
 class Guarded:

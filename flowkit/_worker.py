@@ -32,7 +32,8 @@ WORKER_REFRESH = 60.0
 """Seconds between a worker's records of itself (``stores.base.RecordsWorkers``)."""
 WORKER_SEEN_WINDOW = 5 * WORKER_REFRESH
 """A worker seen within this many seconds counts as live: ``flowkit runs``/``show`` and
-``Engine.result``'s timeout message say when no such worker has a run's version."""
+``Engine.result``'s timeout message say when no such worker has a run's version. (A worker
+that stops cleanly leaves an entry with no version: it counts for nothing at once.)"""
 
 __all__ = ["WORKER_REFRESH", "WORKER_SEEN_WINDOW", "Worker", "WorkerConfig", "no_live_worker"]
 
@@ -160,6 +161,22 @@ class Worker:
         except Exception:
             log.warning("could not make worker %s known to the store", self.owner, exc_info=True)
 
+    async def _make_gone(self) -> None:
+        """Tell the store this instance runs nothing any more (a clean stop: a drain, the
+        engine closed): its entry keeps no version, so a run of a version no other live
+        worker has is said to wait at once, not once the entry is ``WORKER_SEEN_WINDOW``
+        old. A crash says nothing (the instance may be back). Best effort, bounded."""
+        if not records_workers(self.store):
+            return
+        try:
+            await bounded(
+                self.clock,
+                cast(RecordsWorkers, self.store).record_worker(self.owner, (), self.clock.now()),
+                self.config.lease_ttl / 3,
+            )
+        except Exception:
+            log.debug("could not tell the store worker %s is gone", self.owner, exc_info=True)
+
     async def stop(self, *, graceful: bool = True) -> None:
         """Stop the loops and abandon the activations here. ``graceful`` gives their leases
         back so another instance takes the runs at once; otherwise (a crash) they expire."""
@@ -180,9 +197,11 @@ class Worker:
         held += [r for r in self._orphans if r not in held]
         self._orphans.clear()
         self._handed_later.clear()
-        if graceful and held:
+        if graceful:  # (the leases back and this instance gone, at once: each is bounded)
             now = self.clock.now()
-            await asyncio.gather(*(self._give_back(run_id, now) for run_id in held))
+            await asyncio.gather(
+                self._make_gone(), *(self._give_back(run_id, now) for run_id in held)
+            )
         self._drive.close()  # (its step threads: those busy are abandoned, not waited for)
         self._active.clear()
         self._leases.clear()

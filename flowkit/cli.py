@@ -125,6 +125,7 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
     status = RunStatus(args.status) if args.status else None
     more = {"search": args.search_terms} if args.search_terms else {}
     runs: list[Run]
+    beyond = False  # (more runs than ``_browse.COUNT_LIMIT`` of a status: not all counted)
     if args.limit > 0:
         # the most recent (one query on a store that browses), still printed oldest first
         terms = args.search_terms or ()
@@ -138,11 +139,14 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
         )
         runs.reverse()
         total = len(runs)
-        if total == args.limit:  # (maybe more: count them, one GROUP BY)
+        if total == args.limit:  # (maybe more: count them, bounded: ``_browse.COUNT_LIMIT``)
             counts = await _browse.count_runs(
-                store, workflow=args.workflow, tag=args.tag, search=terms
+                store, workflow=args.workflow, tag=args.tag, search=terms, limit=_browse.COUNT_LIMIT
             )
-            total = counts[status] if status is not None else sum(counts.values())
+            if status is not None:
+                counts = {status: counts[status]}
+            total = sum(min(n, _browse.COUNT_LIMIT) for n in counts.values())
+            beyond = any(n > _browse.COUNT_LIMIT for n in counts.values())
     else:
         runs = await store.list_runs(workflow=args.workflow, status=status, tag=args.tag, **more)
         total = len(runs)
@@ -164,7 +168,8 @@ async def _runs(args: argparse.Namespace, out: Out, store: Any) -> int:
     ]
     caption = None
     if len(runs) < total:
-        caption = f"the {len(runs)} most recent of {total} runs (--limit 0 shows all)"
+        of = f"more than {total}" if beyond else str(total)
+        caption = f"the {len(runs)} most recent of {of} runs (--limit 0 shows all)"
     elif not runs:
         caption = "no runs"
     if missing and any(r.status.active for r in runs):

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._browse import lanes
@@ -37,10 +37,55 @@ if TYPE_CHECKING:
 
     from ._engine import Engine
 
-__all__ = ["SCOPE", "Instrumentation", "instrument", "worker_setup"]
+__all__ = ["OTHER_KEYS", "SCOPE", "Instrumentation", "instrument", "worker_setup"]
 
 SCOPE = "flowkit"
 """The instrumentation scope of flowkit's tracer and meter."""
+
+STEP_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""The bucket edges (seconds) ``flowkit.step.duration`` advises: from 1 ms to a minute (the
+SDK's default edges are made for milliseconds: every step under 5 s would share a bucket)."""
+
+WAIT_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.5,
+    1.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    14400.0,
+    86400.0,
+)
+"""The bucket edges (seconds) ``flowkit.singleton.wait`` advises: from 10 ms to a day."""
+
+OTHER_KEYS = "(other)"
+"""The ``flowkit.key`` of every singleton key past the ``max_keys`` first ones (with
+``per_key_metrics``): their measurements are folded into this one series."""
+
+DEFAULT_MAX_KEYS = 100
+"""How many distinct singleton keys get series of their own, by default (``per_key_metrics``)."""
 
 
 def instrument(
@@ -49,46 +94,96 @@ def instrument(
     tracer_provider: TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
     queue_depth_interval: float = 15.0,
+    per_key_metrics: bool = False,
+    max_keys: int = DEFAULT_MAX_KEYS,
 ) -> Instrumentation:
     """Instrument ``engine`` with the global (or given) tracer and meter providers: its runs,
     activations and steps from now on. ``queue_depth_interval``: how often (seconds of the
     engine's clock) the singleton queue depths are read from the store, at most, when a
-    metric reader collects them. ``Instrumentation.uninstrument()`` undoes it."""
+    metric reader collects them. ``per_key_metrics``: the singleton metrics carry the key
+    (``flowkit.key``) for the first ``max_keys`` distinct keys, the others folded into
+    ``OTHER_KEYS``; off (the default), they are per workflow only (keys often name
+    customers, and each key would be a series). ``Instrumentation.uninstrument()`` undoes
+    it."""
     if _MISSING is not None:
         raise ImportError(
             "flowkit.otel needs OpenTelemetry, which is not installed: pip install 'flowkit[otel]'"
         ) from _MISSING
-    inst = Instrumentation(engine, tracer_provider, meter_provider, queue_depth_interval)
+    if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 0:
+        raise ValueError(f"max_keys takes a count >= 0, got {max_keys!r}")
+    keys = _Keys(max_keys) if per_key_metrics else None
+    inst = Instrumentation(engine, tracer_provider, meter_provider, queue_depth_interval, keys)
     # (guarded: an SDK or exporter that raises is logged, never a step's or a run's failure)
     engine.config.telemetry = guarded(inst)
     return inst
 
 
-def worker_setup(port: int | None) -> Callable[[Engine], Instrumentation] | None:
+DEFAULT_METRICS_HOST = "127.0.0.1"
+"""Where ``flowkit worker --metrics-port`` listens unless ``--metrics-host`` says otherwise:
+the metrics are served without authentication, so only to this host by default."""
+
+
+def worker_setup(port: int | None, host: str = DEFAULT_METRICS_HOST) -> WorkerSetup | None:
     """What ``flowkit worker`` instruments its engine with: with ``port``, metrics served
-    for Prometheus on it (``PrometheusMetricReader`` and prometheus_client's HTTP server,
-    started now), and spans by the global tracer provider; without, only when an
-    OpenTelemetry SDK was configured (by the app, or ``opentelemetry-instrument``): ``None``
-    otherwise."""
+    for Prometheus on ``host``:``port`` (``PrometheusMetricReader`` and prometheus_client's
+    HTTP server, started now), and spans by the global tracer provider; without, only when
+    an OpenTelemetry SDK was configured (by the app, or ``opentelemetry-instrument``):
+    ``None`` otherwise."""
     if _MISSING is not None:
         if port is None:
             return None  # (no SDK can have been configured either: nothing to report to)
         raise ImportError(f"{_MISSING}; pip install 'flowkit[otel]'") from _MISSING
     meter_provider: Any = None
+    server: Any = None
     if port is not None:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
         from prometheus_client import start_http_server
 
         meter_provider = SdkMeterProvider(metric_readers=[PrometheusMetricReader()])
-        start_http_server(port)
+        server, _thread = start_http_server(port, addr=host)
     elif isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
         return None  # (nothing configured: nothing to report to)
+    return WorkerSetup(meter_provider, server)
 
-    def setup(engine: Engine) -> Instrumentation:
-        return instrument(engine, meter_provider=meter_provider)
 
-    return setup
+class WorkerSetup:
+    """``worker_setup``'s answer: called with the worker's engine, it instruments it.
+    ``server``: the metrics HTTP server it started (``None``: none)."""
+
+    def __init__(self, meter_provider: Any, server: Any) -> None:
+        self.meter_provider = meter_provider
+        self.server = server
+
+    def __call__(self, engine: Engine) -> Instrumentation:
+        return instrument(engine, meter_provider=self.meter_provider)
+
+    def close(self) -> None:
+        """Stop the metrics server (tests; a worker process just exits)."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+class _Keys:
+    """The ``flowkit.key`` values of one instrumentation (``per_key_metrics``): the first
+    ``limit`` distinct ``(workflow, key)`` pairs keep their key, the others are
+    ``OTHER_KEYS``, so the series stay bounded whatever the number of keys."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.known: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def label(self, workflow: str, key: str) -> str:
+        pair = (workflow, key)
+        if pair in self.known:
+            return key
+        with self._lock:
+            if len(self.known) < self.limit:
+                self.known.add(pair)
+                return key
+            return key if pair in self.known else OTHER_KEYS
 
 
 class Instrumentation:
@@ -100,8 +195,10 @@ class Instrumentation:
         tracer_provider: TracerProvider | None,
         meter_provider: MeterProvider | None,
         queue_depth_interval: float,
+        keys: _Keys | None = None,
     ) -> None:
         self.engine = engine
+        self.keys = keys  # (None: no ``flowkit.key`` attribute at all)
         self.clock = engine.config.clock
         self.tracer = _trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         meter = _metrics.get_meter(SCOPE, meter_provider=meter_provider)
@@ -117,11 +214,13 @@ class Instrumentation:
             "flowkit.step.duration",
             unit="s",
             description="Duration of each step attempt that ran, by workflow, step and outcome",
+            explicit_bucket_boundaries_advisory=STEP_BUCKETS,
         )
         self.singleton_wait = meter.create_histogram(
             "flowkit.singleton.wait",
             unit="s",
             description="Time from a singleton run's creation to its admission",
+            explicit_bucket_boundaries_advisory=WAIT_BUCKETS,
         )
         self.lease_losses = meter.create_counter(
             "flowkit.lease.lost",
@@ -130,8 +229,9 @@ class Instrumentation:
         )
         _depth_gauge(meter).add(self)
         self.queue_depth_interval = queue_depth_interval
-        self.depths: dict[tuple[str, str], int] = {}
-        self._reported: set[tuple[str, str]] = set()
+        # the depths last read, by attributes (``_lane_attrs``)
+        self.depths: dict[tuple[tuple[str, str], ...], int] = {}
+        self._reported: set[tuple[tuple[str, str], ...]] = set()
         self._read_at: float | None = None
         self._reading = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -203,8 +303,14 @@ class Instrumentation:
 
     def admitted(self, workflow: str, key: str, waited: float) -> None:
         if self.active:
-            attrs = {"flowkit.workflow": workflow, "flowkit.key": key}
-            self.singleton_wait.record(waited, attrs)
+            self.singleton_wait.record(waited, dict(self._lane_attrs(workflow, key)))
+
+    def _lane_attrs(self, workflow: str, key: str) -> tuple[tuple[str, str], ...]:
+        """The attributes of a singleton metric of ``key`` of ``workflow``: the workflow,
+        and the key only with ``per_key_metrics`` (bounded: ``_Keys``)."""
+        if self.keys is None:
+            return (("flowkit.workflow", workflow),)
+        return (("flowkit.workflow", workflow), ("flowkit.key", self.keys.label(workflow, key)))
 
     def lease_lost(self, workflow: str | None) -> None:
         if self.active:
@@ -212,14 +318,20 @@ class Instrumentation:
 
     # -- queue depth ---------------------------------------------------------------------------
     async def refresh_queue_depth(self) -> None:
-        """Read every singleton lane's queue depth from the store now (``flowkit._browse``)."""
+        """Read every singleton lane's queue depth from the store now (``flowkit._browse``),
+        summed by the attributes each is reported with (``_lane_attrs``)."""
         self._reading = True
         try:
-            found = await lanes(self.engine.store)
+            # (every lane: the deepest first, so they are the ones that keep their key)
+            found = await lanes(self.engine.store, limit=_ALL_LANES)
         finally:
             self._reading = False
+        depths: dict[tuple[tuple[str, str], ...], int] = {}
+        for lane in found:
+            attrs = self._lane_attrs(lane.workflow, lane.key)
+            depths[attrs] = depths.get(attrs, 0) + lane.waiting
         with self._lock:
-            self.depths = {(lane.workflow, lane.key): lane.waiting for lane in found}
+            self.depths = depths
             self._read_at = self.clock.now()
 
     def _queue_depths(self, options: CallbackOptions) -> Iterable[Observation]:
@@ -242,12 +354,9 @@ class Instrumentation:
             depths = dict(self.depths)
             gone = self._reported - set(depths)
             self._reported = set(depths)
-        out = [
-            Observation(n, {"flowkit.workflow": wf, "flowkit.key": key})
-            for (wf, key), n in depths.items()
-        ]
+        out = [Observation(n, dict(attrs)) for attrs, n in depths.items()]
         # (a lane that emptied reports 0 once, then nothing)
-        out += [Observation(0, {"flowkit.workflow": wf, "flowkit.key": key}) for wf, key in gone]
+        out += [Observation(0, dict(attrs)) for attrs in gone]
         return out
 
     def _spawn_refresh(self) -> None:
@@ -261,6 +370,9 @@ class Instrumentation:
         except Exception:  # (a metric is not worth a failure: the next collection tries again)
             self._reading = False
 
+
+_ALL_LANES = 10**9
+"""``lanes``' limit when the queue depths are read: all of them (summed per workflow)."""
 
 _tasks: set[asyncio.Future[None]] = set()
 """The queue depth reads in flight (a task needs a reference until it ends)."""
@@ -296,6 +408,11 @@ class _Activation:
         # the step's span is the current one while it runs (spans the step makes nest in it)
         token = _context.attach(_trace.set_span_in_context(span))
         return _Step(inst, span, token, self._workflow, name, inst.clock.now())
+
+    def context(self) -> dict[str, str] | None:
+        carrier: dict[str, str] = {}
+        _propagate.inject(carrier, context=self._ctx)
+        return carrier or None
 
     def end(self, status: str, error: Any = None) -> None:
         span = self._span

@@ -90,9 +90,12 @@ async def _same(store: Any) -> None:
                     break
                 before = (fast[-1].created_at, fast[-1].id)
         counted = {k: v for k, v in spec.items() if k != "status"}
-        assert await _browse.count_runs(store, **counted) == await _browse.count_runs(
-            hidden, **counted
-        )
+        exact = await _browse.count_runs(hidden, **counted)
+        assert await _browse.count_runs(store, **counted) == exact
+        for cap in (0, 2, 5):  # (bounded: more than ``cap`` counts ``cap + 1``)
+            want = {s: min(n, cap + 1) for s, n in exact.items()}
+            assert await _browse.count_runs(store, **counted, limit=cap) == want, (spec, cap)
+            assert await _browse.count_runs(hidden, **counted, limit=cap) == want
     summary = await _browse.lanes(store)
     assert summary == await _browse.lanes(hidden)
     assert summary and all(s.workflow in ("a",) for s in summary)  # (keyed runs: i % 4 == 0)
@@ -167,3 +170,54 @@ async def test_the_pages_and_lanes_seek_on_the_engines_indexes(filled_store: Sql
     if not pg:
         assert "COVERING INDEX ix_flowkit_runs_due" in counts, counts
     assert sum((await store.count_runs()).values()) == N
+
+
+async def test_the_counts_the_dashboard_asks_for_are_bounded(filled_store: SqlStore) -> None:
+    """``count_runs(limit=...)`` (the runs page, ``flowkit runs``) seeks
+    ``ix_flowkit_runs_due`` for each status and stops after ``limit + 1`` entries: its work
+    does not grow with the store (the unbounded count reads every run's index entry)."""
+    store = filled_store
+    pg = store._db.dialect == "postgresql"
+    text = plan(store, store.count_query(limit=_browse.COUNT_LIMIT))  # type: ignore[arg-type]
+    if pg:
+        # (each read of the runs stops at its LIMIT: an index seek by status, or, for a
+        # status most runs have, the first rows of the table, where they are)
+        lines = text.splitlines()
+        reads = [i for i, line in enumerate(lines) if "Scan" in line and "flowkit_runs" in line]
+        assert len(reads) == len(S), text
+        assert all("Limit" in lines[i - 1] for i in reads), text
+        assert "ix_flowkit_runs_due" in text, text
+    else:
+        reads = [line for line in text.splitlines() if "flowkit_runs" in line]
+        assert len(reads) == len(S), text
+        assert all("USING COVERING INDEX ix_flowkit_runs_due (status=?)" in r for r in reads), text
+    exact = await store.count_runs()
+    assert sum(exact.values()) == N
+    assert await store.count_runs(limit=10) == {s: min(n, 11) for s, n in exact.items()}
+
+
+def test_flowkit_runs_says_when_a_count_stopped_at_the_limit(
+    tmp_path: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    """``flowkit runs --limit N`` counts what it left out up to ``COUNT_LIMIT`` runs per
+    status: beyond, its caption says "more than"."""
+    import asyncio
+
+    from flowkit.cli import main
+
+    url = f"sqlite:///{tmp_path / 'counted.db'}"
+    store = SqlStore(url)
+
+    async def seed() -> None:
+        for i in range(6):
+            run = dataclasses.replace(_run(i), status=S.COMPLETED)
+            await store.create_run(run, [_started(run)])
+
+    asyncio.run(seed())
+    store.close()
+    monkeypatch.setenv("FORCE_COLOR", "1")  # (a terminal: the caption is printed)
+    monkeypatch.setenv("COLUMNS", "200")
+    for limit, want in ((10, "of 6 runs"), (3, "of more than 3 runs")):
+        monkeypatch.setattr(_browse, "COUNT_LIMIT", limit)
+        assert main(["--db", url, "runs", "--limit", "2"]) == 0
+        assert f"the 2 most recent {want}" in capsys.readouterr().out

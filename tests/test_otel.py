@@ -29,11 +29,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from otel_app import WORKFLOWS
 
-from flowkit import History, WorkflowFailedError
+from flowkit import History, RunStatus, Singleton, WorkflowCtx, WorkflowFailedError, workflow
 from flowkit._cli_out import _describe
-from flowkit._telemetry import trace_of, trace_tags
+from flowkit._telemetry import onward_tags, trace_of, trace_tags
 from flowkit.events import RunStarted
-from flowkit.otel import Instrumentation, instrument
+from flowkit.otel import OTHER_KEYS, STEP_BUCKETS, Instrumentation, instrument, worker_setup
 from flowkit_testing import TestEnv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,6 +224,115 @@ async def test_the_trace_continues_after_a_crash(store: Any, otel: Otel) -> None
     assert "step ship" in [s.name for s in otel.finished("step")]
 
 
+def _bump(n: int) -> int:
+    return n + 1
+
+
+@workflow(name="otel-counter")
+class _Counter:
+    """Counts to 3, continuing as new after each step."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        n = await ctx.step(_bump, n, name="bump")
+        if n < 3:
+            ctx.continue_as_new(n)
+        return n
+
+
+@workflow(name="otel-parent")
+class _Parent:
+    """Awaits one child (which continues as new twice)."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        return int(await ctx.child(_Counter, n))
+
+
+async def test_children_and_successors_join_the_trace(store: Any, otel: Otel) -> None:
+    """A child run and each continue-as-new successor continue the trace of the run that
+    started them: every span shares the request's trace, a child's activations are children
+    of the parent's activation that started it, a successor's of its predecessor's."""
+    async with TestEnv([_Parent, _Counter], store=store) as env:
+        otel.instrument(env.engines[0])
+        with otel.tracer_provider.get_tracer("test").start_as_current_span("request") as req:
+            await env.start("otel-parent", 0, "tp")
+        assert await env.result("tp") == 3
+    trace_id = req.get_span_context().trace_id
+    runs = otel.finished("run")
+    by_run: dict[str, list[ReadableSpan]] = {}
+    for s in runs:
+        by_run.setdefault(_attrs(s)["flowkit.run_id"], []).append(s)
+    assert set(by_run) == {"tp", "tp.child.1", "tp.child.1~1", "tp.child.1~2"}
+    assert {_trace(s) for s in otel.finished()} == {trace_id}
+
+    def span_ids(run_id: str) -> set[int]:
+        return {s.context.span_id for s in by_run[run_id] if s.context is not None}
+
+    for run_id, starter in (
+        ("tp.child.1", "tp"),
+        ("tp.child.1~1", "tp.child.1"),
+        ("tp.child.1~2", "tp.child.1~1"),
+    ):
+        for s in by_run[run_id]:
+            assert s.parent is not None and s.parent.span_id in span_ids(starter), run_id
+        assert trace_of(await store.load_events(run_id)) is not None
+
+
+def test_a_run_started_by_an_unobserved_activation_keeps_its_starters_trace() -> None:
+    """A worker that is not instrumented still hands the trace its run carries on to the
+    runs it starts (``onward_tags``); with no trace, it hands none."""
+    carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    traced = RunStarted(seq=1, workflow="w", version="1", tags=trace_tags(carrier))
+    assert onward_tags(None, [traced]) == trace_tags(carrier)
+    assert onward_tags(None, [RunStarted(seq=1, workflow="w", version="1")]) == []
+
+
+def _fragile(n: int) -> int:
+    return n
+
+
+@workflow(name="otel-fragile", max_recovery_attempts=0)
+class _Fragile:
+    """Dead at its first lost activation."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        return await ctx.step(_fragile, n, name="record")
+
+
+@workflow(name="otel-timed", singleton=Singleton(key=lambda _: "k"), execution_timeout=3600)
+class _Timed:
+    """Holds its key until signalled, for an hour at most."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> int:
+        return int(await ctx.wait_for_signal("go"))
+
+
+async def test_runs_settled_without_an_activation_are_counted(store: Any, otel: Otel) -> None:
+    """``flowkit.runs.settled`` counts the runs that settle with no activation of theirs:
+    dead at a claim, cancelled at once at their deadline or by ``engine.cancel`` (a waiter
+    behind its key's holder)."""
+    async with TestEnv([_Fragile, _Timed], store=store, instances=2) as env:
+        otel.instrument(env.engines[0])
+        otel.instrument(env.engines[1])
+        env.crash_at(0, "before_step_record", times=None)
+        await env.start("otel-fragile", 1, "f")
+        assert env.crashed == [0]
+        await env.advance(31)  # (instance 0's lease expired: instance 1 claims the run)
+        assert (await env.get_run("f")).status is RunStatus.DEAD
+        await env.start("otel-timed", 1, "holder")
+        await env.start("otel-timed", 2, "late")  # (waits behind the holder)
+        await env.start("otel-timed", 3, "dropped")
+        await env.cancel("dropped")
+        await env.advance(3601)  # the holder is cancelled in its body, "late" at once
+        assert [(await env.get_run(r)).status for r in ("holder", "late", "dropped")] == [
+            RunStatus.CANCELLED
+        ] * 3
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-fragile", "dead"): 1, ("otel-timed", "cancelled"): 3}
+
+
 async def test_metrics(store: Any, otel: Otel) -> None:
     async with TestEnv(WORKFLOWS, store=store) as env:
         inst = otel.instrument(env.engines[0])
@@ -232,8 +341,9 @@ async def test_metrics(store: Any, otel: Otel) -> None:
         await env.start("otel-single", {"key": "k"}, "s1")
         await env.start("otel-single", {"key": "k"}, "s2")  # queued behind s1
         await inst.refresh_queue_depth()
+        # (no singleton key in any attribute: keys often name customers)
         assert otel.points("flowkit.singleton.queue_depth") == [
-            ({"flowkit.workflow": "otel-single", "flowkit.key": "k"}, 1)
+            ({"flowkit.workflow": "otel-single"}, 1)
         ]
         await env.advance(7)
         await env.signal("s1", "done")
@@ -242,7 +352,7 @@ async def test_metrics(store: Any, otel: Otel) -> None:
         await inst.refresh_queue_depth()
         # (an emptied lane reports 0 once)
         assert otel.points("flowkit.singleton.queue_depth") == [
-            ({"flowkit.workflow": "otel-single", "flowkit.key": "k"}, 0)
+            ({"flowkit.workflow": "otel-single"}, 0)
         ]
     started = dict((p[0]["flowkit.workflow"], p[1]) for p in otel.points("flowkit.runs.started"))
     assert started == {"otel-order": 1, "otel-fail": 1, "otel-single": 2}
@@ -265,8 +375,78 @@ async def test_metrics(store: Any, otel: Otel) -> None:
     assert len(durations) == 6
     # the singleton wait: s1 admitted at once, s2 after 7 s of the virtual clock
     ((attrs, (count, total)),) = otel.points("flowkit.singleton.wait")
-    assert attrs == {"flowkit.workflow": "otel-single", "flowkit.key": "k"}
+    assert attrs == {"flowkit.workflow": "otel-single"}
     assert count == 2 and total == pytest.approx(7.0, abs=0.5)
+    for metric in _METRICS:
+        for attrs, _ in otel.points(metric):
+            assert "flowkit.key" not in attrs and "k" not in attrs.values(), (metric, attrs)
+
+
+_METRICS = (
+    "flowkit.runs.started",
+    "flowkit.runs.settled",
+    "flowkit.step.duration",
+    "flowkit.singleton.wait",
+    "flowkit.singleton.queue_depth",
+    "flowkit.lease.lost",
+)
+
+
+async def test_per_key_metrics_are_opt_in_and_bounded(otel: Otel) -> None:
+    """With ``per_key_metrics``, the singleton metrics carry the key of the first
+    ``max_keys`` distinct keys; the others are folded into one ``OTHER_KEYS`` series."""
+    async with TestEnv(WORKFLOWS) as env:
+        inst = instrument(
+            env.engines[0],
+            tracer_provider=otel.tracer_provider,
+            meter_provider=otel.meter_provider,
+            per_key_metrics=True,
+            max_keys=2,
+        )
+        for key in ("a", "b", "c", "d"):
+            for n in (1, 2):  # (the second waits behind the first)
+                await env.start("otel-single", {"key": key}, f"{key}{n}")
+        await inst.refresh_queue_depth()
+        depths = {a["flowkit.key"]: v for a, v in otel.points("flowkit.singleton.queue_depth")}
+        assert len(depths) == 3 and depths[OTHER_KEYS] == 2, depths
+        assert sum(depths.values()) == 4
+        waits = {a["flowkit.key"]: v[0] for a, v in otel.points("flowkit.singleton.wait")}
+        assert waits == {**{k: 1 for k in depths if k != OTHER_KEYS}, OTHER_KEYS: 2}
+    with pytest.raises(ValueError, match="max_keys"):
+        instrument(env.engines[0], per_key_metrics=True, max_keys=-1)
+
+
+def test_the_step_duration_buckets_are_seconds() -> None:
+    """``flowkit.step.duration`` advises bucket edges from 1 ms to a minute: steps of 2 ms,
+    40 ms and 700 ms land in different buckets (the SDK's default edges put every one in
+    its first bucket above 0)."""
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    inst = Instrumentation(_FakeEngine(), None, mp, 15.0)  # type: ignore[arg-type]
+    for seconds in (0.002, 0.04, 0.7):
+        inst.step_duration.record(seconds, {"flowkit.step": "s"})
+    data = reader.get_metrics_data()
+    assert data is not None
+    [point] = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "flowkit.step.duration"
+        for p in m.data.data_points
+    ]
+    assert tuple(point.explicit_bounds) == STEP_BUCKETS
+    assert STEP_BUCKETS[0] == 0.001 and STEP_BUCKETS[-1] == 60.0
+    assert sum(1 for n in point.bucket_counts if n) == 3
+    mp.shutdown()
+
+
+class _FakeEngine:
+    """What ``Instrumentation`` reads of an engine: its config's clock."""
+
+    class config:
+        clock = None
+        telemetry = None
 
 
 async def test_uninstrument_stops_it(otel: Otel) -> None:
@@ -383,12 +563,63 @@ async def test_a_collection_reads_the_queue_depth_on_the_engines_loop(
         await env.start("otel-single", {"key": "q"}, "q1")
         await env.start("otel-single", {"key": "q"}, "q2")
         await env.start("otel-single", {"key": "q"}, "q3")
-        want = [({"flowkit.workflow": "otel-single", "flowkit.key": "q"}, 2)]
+        want = [({"flowkit.workflow": "otel-single"}, 2)]
         loop = asyncio.get_running_loop()
         end = loop.time() + 30
         while await asyncio.to_thread(otel.points, "flowkit.singleton.queue_depth") != want:
             assert loop.time() < end, "the depth was never read"
             await asyncio.sleep(0.01)
+
+
+def test_the_metrics_server_listens_on_this_host_only() -> None:
+    """``flowkit worker --metrics-port`` serves its metrics (no authentication) on 127.0.0.1
+    unless ``--metrics-host`` (or ``$FLOWKIT_METRICS_HOST``) says otherwise: the address of
+    the listening socket."""
+    from flowkit._cli_common import CliError
+    from flowkit.cli import _prepare, build_parser
+
+    for argv, env, host in (
+        ([], {}, "127.0.0.1"),
+        (["--metrics-host", "0.0.0.0"], {}, "0.0.0.0"),
+        ([], {"FLOWKIT_METRICS_HOST": "0.0.0.0"}, "0.0.0.0"),
+    ):
+        args = build_parser().parse_args(
+            ["worker", "otel_app:WORKFLOWS", "--metrics-port", str(_free_port()), *argv]
+        )
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            _prepare(args)
+        setup = args.telemetry
+        try:
+            assert setup.server.socket.getsockname()[0] == host
+        finally:
+            setup.close()
+    # a host without a port: refused on the command line, ignored in the environment
+    args = build_parser().parse_args(["worker", "otel_app:WORKFLOWS", "--metrics-host", "::1"])
+    with pytest.raises(CliError, match="--metrics-host needs --metrics-port"):
+        _prepare(args)
+    args = build_parser().parse_args(["worker", "otel_app:WORKFLOWS"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLOWKIT_METRICS_HOST", "0.0.0.0")
+        mp.delenv("FLOWKIT_METRICS_PORT", raising=False)
+        _prepare(args)
+    assert args.metrics_port is None
+    setup = worker_setup(_free_port())
+    assert setup is not None
+    try:
+        assert setup.server.socket.getsockname()[0] == "127.0.0.1"
+    finally:
+        setup.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def test_metrics_port_is_checked_before_serving(tmp_path: Path) -> None:

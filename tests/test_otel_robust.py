@@ -156,7 +156,7 @@ def _depths(reader: InMemoryMetricReader) -> list[tuple[dict[str, Any], Any]]:
     ]
 
 
-LANE = {"flowkit.workflow": "otel-single", "flowkit.key": "k"}
+LANE = {"flowkit.workflow": "otel-single"}  # (no flowkit.key without per_key_metrics)
 
 
 async def test_every_instrumentation_on_one_meter_reports_its_queue_depths() -> None:

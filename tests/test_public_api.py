@@ -204,5 +204,11 @@ def test_the_logging_module_exports_its_names() -> None:
 def test_the_otel_module_exports_its_names() -> None:
     import flowkit.otel
 
-    assert flowkit.otel.__all__ == ["SCOPE", "Instrumentation", "instrument", "worker_setup"]
+    assert flowkit.otel.__all__ == [
+        "OTHER_KEYS",
+        "SCOPE",
+        "Instrumentation",
+        "instrument",
+        "worker_setup",
+    ]
     assert callable(flowkit.otel.instrument)

@@ -312,3 +312,25 @@ async def test_markup_from_the_store_is_always_escaped(store: Any) -> None:
     assert XSS in markup.by_id("run-waiting").text  # type: ignore[union-attr]
     runs = await _page(store, f"/runs?workflow={quote(XSS)}")
     assert [r.get("data-run-id") for r in _rows(runs)] == ["markup"]
+
+
+async def test_the_counts_stop_at_the_count_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs page counts at most ``COUNT_LIMIT`` runs per status (the store's work is
+    bounded by it): a status with more shows ``<limit>+``, and so does the total."""
+    from flowkit._ui import _views
+    from flowkit.stores import MemoryStore
+
+    store = MemoryStore()
+    await seed(store)
+    runs = await store.list_runs()
+    monkeypatch.setattr(_views, "COUNT_LIMIT", 1)
+    doc = await _page(store, "/runs")
+    counts = doc.by_id("counts")
+    assert counts is not None
+    real = {s: sum(r.status == s for r in runs) for s in RunStatus}
+    assert any(n > 1 for n in real.values())
+    for s, n in real.items():
+        shown = counts.one("a", "count", data_status=str(s)).one("span", "n").text
+        assert shown == ("1+" if n > 1 else str(n)), s
+    total = doc.by_id("count-total").one("span", "n").text  # type: ignore[union-attr]
+    assert total == f"{sum(min(n, 1) for n in real.values())}+"

@@ -5,6 +5,7 @@ tests/test_versions_fleet.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,46 @@ async def test_a_singleton_slot_is_handed_only_to_a_waiter_of_a_version_the_rele
         assert (await client.history("waiter")).types == ["run_started"]
         async with Engine(store, [LaneV1, LaneV2], instance_id="new", poll_interval=0.05):
             assert await client.result("waiter", timeout=30) == "v2:here"
+
+
+async def test_a_worker_that_stops_cleanly_serves_nothing_at_once(backend: Backend) -> None:
+    """A worker that stops cleanly (``engine.stop``, a drain) leaves an entry with no version:
+    a run of a version no other live worker has is said to wait at once (not once the
+    entry is 5 minutes old); one that crashes stays seen (it may be back)."""
+    from flowkit._worker import no_live_worker
+
+    store = backend.store
+    client = Engine(store, [GreetV1, GreetV2], worker=False)
+    for stop in ("stop", "crash"):
+        engine = Engine(store, [GreetV1], instance_id="w", poll_interval=0.05)
+        engine2 = Engine(store, [GreetV1, GreetV2], instance_id="w2", poll_interval=0.05)
+        await engine.start_worker()
+        await engine2.start_worker()
+        await _until_known(store, {"w": ((NAME, "1"),), "w2": ((NAME, "1"), (NAME, "2"))})
+        await (engine2.stop() if stop == "stop" else engine2.crash())
+        run = await client.start(NAME, 1, f"after-{stop}")  # (v2: only "w2" had it)
+        seen = {w.instance_id: w.versions for w in await store.workers()}
+        missing = await no_live_worker(store, [run], client.config.clock.now())
+        if stop == "stop":
+            assert seen["w2"] == () and missing == {run.id}
+            with pytest.raises(ResultTimeoutError) as err:
+                await client.result(run.id, timeout=0.1)
+            assert "no worker with workflow 'greet' version '2' has been seen" in str(err.value)
+        else:
+            assert seen["w2"] == ((NAME, "1"), (NAME, "2")) and missing == set()
+        await engine.stop()
+        assert {w.instance_id: w.versions for w in await store.workers()}["w"] == ()
+        assert (await client.get_run(run.id)).status is RunStatus.PENDING
+
+
+async def _until_known(store: Any, want: dict[str, Any]) -> None:
+    """Wait (bounded) until the workers' entries read ``want`` (each worker makes itself
+    known from a task of its own, at its start)."""
+    for _ in range(3000):
+        if {w.instance_id: w.versions for w in await store.workers()} == want:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never known: {want}")
 
 
 # -- the index ---------------------------------------------------------------------------------

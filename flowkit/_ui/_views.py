@@ -6,6 +6,7 @@ not an exception."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote as _quote
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 MAX_LIMIT = 500
+COUNT_LIMIT = _browse.COUNT_LIMIT  # (more runs of a status show as ``10000+``)
 DEFAULT_LIMIT = 50
 
 
@@ -126,7 +128,7 @@ async def runs_context(store: Any, params: Any) -> dict[str, Any]:
             got = await _browse.page_runs(
                 store, status=status, before=before, limit=f.limit + 1, **common
             )
-            counts = await _browse.count_runs(store, **common)
+            counts = await _browse.count_runs(store, limit=COUNT_LIMIT, **common)
         except FlowkitError as exc:
             errors.append(" ".join(str(exc).split()))
         else:
@@ -139,13 +141,27 @@ async def runs_context(store: Any, params: Any) -> dict[str, Any]:
         "statuses": list(RunStatus),
         "errors": errors,
         "runs": runs,
-        "counts": [(s, counts.get(s, 0), f.query(status=s.value, before="")) for s in RunStatus],
-        "total": sum(counts.values()),
+        "counts": [
+            (s, _shown(counts.get(s, 0)), f.query(status=s.value, before="")) for s in RunStatus
+        ],
+        "total": _total(counts.values()),
         "total_url": f.query(status="", before=""),
         "next_url": f.query(before=f"{last.created_at!r}:{last.id}") if more and last else None,
         "first_url": f.query(before="") if f.before else None,
         "workflows": sorted({r.workflow for r in runs}),
     }
+
+
+def _shown(n: int) -> int | str:
+    """A count of one status as the runs page shows it: ``10000+`` past ``COUNT_LIMIT``."""
+    return f"{COUNT_LIMIT}+" if n > COUNT_LIMIT else n
+
+
+def _total(counts: Iterable[int]) -> int | str:
+    """The sum of the counts per status, ``+`` after it when one of them was cut."""
+    counts = list(counts)
+    total = sum(min(n, COUNT_LIMIT) for n in counts)
+    return f"{total}+" if any(n > COUNT_LIMIT for n in counts) else total
 
 
 @dataclass

@@ -177,10 +177,12 @@ class BrowsesRuns(Protocol):
         ...
 
     async def count_runs(
-        self, *, workflow: str | None, tag: str | None, search: Sequence[Term]
+        self, *, workflow: str | None, tag: str | None, search: Sequence[Term], limit: int | None
     ) -> dict[RunStatus, int]:
         """How many runs passing the filters have each status (a status may be left out
-        when none has it). One ``GROUP BY`` query."""
+        when none has it). One query. ``limit`` (optional: a store without the keyword is
+        called without it): a status with more than ``limit`` runs counts ``limit + 1``, and
+        the query's work is bounded by it (the dashboard counts every page view)."""
         ...
 
     async def lanes(self, *, limit: int) -> list[LaneSummary]:
@@ -365,7 +367,8 @@ class RecordsWorkers(Protocol):
 
     async def record_worker(self, instance_id: str, versions: WorkflowVersions, now: float) -> None:
         """Insert or replace this store's namespace's entry of ``instance_id``: the pairs it
-        runs, seen at ``now``. A store may forget entries not seen for a long time (days)."""
+        runs, seen at ``now`` (none: it stopped cleanly). A store may forget entries not seen
+        for a long time (days)."""
         ...
 
     async def workers(self) -> list[WorkerSeen]:

@@ -9,10 +9,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .._browse_types import Lane, LaneSummary
+from .._browse_types import Lane, LaneSummary, capped
 from .._run import Run, RunStatus
 from .._search_terms import Term
-from ._capabilities import browses_runs, changes_stamped
+from ._capabilities import browses_runs, changes_stamped, takes
 
 
 def _bare(run: Run) -> Run:
@@ -39,12 +39,19 @@ def forward_browse(outer: Any, inner: Any) -> None:
             return [_bare(r) for r in found]
 
         async def count_runs(
-            *, workflow: str | None = None, tag: str | None = None, search: Sequence[Term] = ()
+            *,
+            workflow: str | None = None,
+            tag: str | None = None,
+            search: Sequence[Term] = (),
+            limit: int | None = None,
         ) -> dict[RunStatus, int]:
+            more = {} if limit is None else {"limit": limit}
+            if more and not takes(inner.count_runs, "limit"):
+                more = {}  # (a store that counts every run: capped here)
             counts: dict[RunStatus, int] = await inner.count_runs(
-                workflow=workflow, tag=tag, search=search
+                workflow=workflow, tag=tag, search=search, **more
             )
-            return counts
+            return counts if limit is None else capped(counts, limit)
 
         async def lanes(*, limit: int = 500) -> list[LaneSummary]:
             found: list[LaneSummary] = await inner.lanes(limit=limit)

@@ -9,7 +9,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._browse_types import Lane, LaneSummary
+from .._browse_types import Lane, LaneSummary, capped
 from .._run import Run, RunStatus
 from .._search_terms import Term, matches
 
@@ -71,12 +71,13 @@ class MemoryBrowse:
         workflow: str | None = None,
         tag: str | None = None,
         search: Sequence[Term] = (),
+        limit: int | None = None,
     ) -> dict[RunStatus, int]:
         """``BrowsesRuns.count_runs``."""
         counts = dict.fromkeys(RunStatus, 0)
         for r in self._filtered(workflow, tag, search):
             counts[r.status] += 1
-        return counts
+        return counts if limit is None else capped(counts, limit)
 
     async def lanes(self, *, limit: int = 500) -> list[LaneSummary]:
         """``BrowsesRuns.lanes``."""

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from flowkit._search_terms import SearchValue
 from flowkit.events import RunCompleted, StepCompleted
+from flowkit.stores._capabilities import takes
 from flowkit.stores.base import Update, parse_filter
 
 from ._registry import check
@@ -118,7 +119,8 @@ async def check_browse_runs_newest_first(factory: StoreFactory) -> None:
 @check(requires=["browse_runs"])
 async def check_count_runs_matches_list_runs(factory: StoreFactory) -> None:
     """``count_runs`` counts per status what ``list_runs`` lists with the same workflow,
-    tag and search filters (a status none has: absent or zero)."""
+    tag and search filters (a status none has: absent or zero); with ``limit`` (when it
+    takes one), a count above it is ``limit + 1``."""
     s = cast(Any, await make_store(factory))
     await _seed(s)
     for spec in _FILTERS:
@@ -130,6 +132,11 @@ async def check_count_runs_matches_list_runs(factory: StoreFactory) -> None:
         args = {"workflow": None, "tag": None, "search": ()} | spec
         counted = await s.count_runs(**args)
         expect_eq({st: counted.get(st, 0) for st in S}, want, f"count_runs({spec})")
+        if takes(s.count_runs, "limit"):  # (optional: bounded counts, more is limit + 1)
+            for limit in (0, 1):
+                got = await s.count_runs(**args, limit=limit)
+                capped = {st: min(n, limit + 1) for st, n in want.items()}
+                expect_eq({st: got.get(st, 0) for st in S}, capped, f"count_runs(limit={limit})")
     if getattr(s, "scoped", None) is not None:
         scoped = s.scoped("count-other")
         await put(scoped, mk("zz", t=T0 + 9, namespace="count-other"))

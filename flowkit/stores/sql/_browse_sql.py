@@ -4,7 +4,8 @@ in one read call) on the indexes the engine keeps anyway: a page walks
 ``ix_flowkit_runs_created`` backwards, the counts group ``ix_flowkit_runs_due`` (or
 ``ix_flowkit_runs_version`` for one workflow), the lanes read the active runs only and one
 lane its holders on ``ix_flowkit_runs_queue`` and its waiters on ``ix_flowkit_runs_waiting``
-(in the singleton gate's FIFO order). docs/stores.md, "Browsing"."""
+(in the singleton gate's FIFO order); the counts the dashboard asks for are bounded
+(``limit``: a seek of ``ix_flowkit_runs_due`` per status). docs/stores.md, "Browsing"."""
 
 from __future__ import annotations
 
@@ -74,15 +75,33 @@ class Browsing:
         return q.order_by(r.created_at.desc(), by_id.desc()).limit(max(limit, 0))
 
     def count_query(
-        self, *, workflow: str | None = None, tag: str | None = None, search: Sequence[Term] = ()
-    ) -> sa.Select[Any]:
-        """The ``count_runs`` statement (public for the plan tests)."""
+        self,
+        *,
+        workflow: str | None = None,
+        tag: str | None = None,
+        search: Sequence[Term] = (),
+        limit: int | None = None,
+    ) -> sa.Select[Any] | sa.CompoundSelect[Any]:
+        """The ``count_runs`` statement (public for the plan tests). With ``limit``: one
+        count per status of at most ``limit + 1`` rows (``LIMIT`` in a subquery that seeks
+        ``ix_flowkit_runs_due`` by status), so its work is bounded whatever the store holds;
+        without, one ``GROUP BY`` of every run passing the filters."""
         r = runs.c
-        return (
-            sa.select(r.status, sa.func.count())
-            .where(*self._filters(workflow, tag, search))
-            .group_by(r.status)
-        )
+        where = self._filters(workflow, tag, search)
+        if limit is None:
+            return sa.select(r.status, sa.func.count()).where(*where).group_by(r.status)
+        parts = []
+        for status in RunStatus:
+            some = (
+                sa.select(sa.literal_column("1").label("one"))
+                .select_from(runs)
+                .where(*where, r.status == status.value)
+                .limit(max(limit, 0) + 1)
+                .subquery()
+            )
+            label: Any = sa.literal_column(f"'{status.value}'").label("status")
+            parts.append(sa.select(label, sa.func.count().label("n")).select_from(some))
+        return sa.union_all(*parts)
 
     def lanes_query(self) -> sa.Select[Any]:
         """The ``lanes`` statement (public for the plan tests): the active singleton runs,
@@ -158,10 +177,15 @@ class Browsing:
         return found if tag is None else [run for run in found if tag in run.tags]
 
     async def count_runs(
-        self, *, workflow: str | None = None, tag: str | None = None, search: Sequence[Term] = ()
+        self,
+        *,
+        workflow: str | None = None,
+        tag: str | None = None,
+        search: Sequence[Term] = (),
+        limit: int | None = None,
     ) -> dict[RunStatus, int]:
-        """``BrowsesRuns.count_runs``: one ``GROUP BY``."""
-        q = self.count_query(workflow=workflow, tag=tag, search=search)
+        """``BrowsesRuns.count_runs``: one statement (``count_query``)."""
+        q = self.count_query(workflow=workflow, tag=tag, search=search, limit=limit)
         rows = await self._browse_read(lambda conn: list(conn.execute(q)))
         counts = dict.fromkeys(RunStatus, 0)
         for status, n in rows:
