@@ -11,42 +11,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections import Counter
 from typing import Any
 
 import pytest
 from row_lock_kit import RowLock
-from singleton_kit import events_of, get, inp, make_lane
+from singleton_kit import SOON, events_of, get, inp, make_lane, unarmed_heads
 from store_kit import T0, TAG, Backend, S, mk, put
 
 from flowkit import ADMITTED_TAG, Engine, Run, RunStatus, Singleton, WorkflowCtx, workflow
-from flowkit._gate import GATE_JITTER, GATE_RETRY
 from flowkit.events import RunCancelled
 from flowkit.singleton import HEAD_RECHECK
 from flowkit.stores.base import GateCheck, Notify, Update
 from flowkit_testing import TestEnv
 from flowkit_testing._faults import STORE_OPS
 
-# a head's timer is never further off than a denied head's jittered re-check
-SOON = max(GATE_RETRY + GATE_JITTER, HEAD_RECHECK) + 1e-6
 SEEDS = 12
-
-
-def unarmed_heads(runs: Iterable[Run], limit: int, now: float) -> list[str]:
-    """The heads of every queue (per namespace, workflow and key: the ``limit`` oldest runs
-    of the key without a slot, a ``cancelling`` one included until it settles and notifies)
-    that are parked without a re-check due within ``SOON``: none may exist."""
-    queues: defaultdict[tuple[Any, ...], list[Run]] = defaultdict(list)
-    for r in runs:
-        if r.singleton_key is not None and r.status.active and ADMITTED_TAG not in r.tags:
-            queues[(r.namespace, r.workflow, r.singleton_key)].append(r)
-    bad = []
-    for q in queues.values():
-        for r in sorted(q, key=lambda r: (r.created_at, r.id))[:limit]:
-            if r.status is RunStatus.SUSPENDED and (r.wake_at is None or r.wake_at > now + SOON):
-                bad.append(r.id)
-    return bad
 
 
 class Watch:
