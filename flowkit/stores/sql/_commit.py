@@ -402,8 +402,8 @@ class Commits:
         then *waits* for their rows (``Statements.arm_heads_waiting``). It holds no other row,
         so it closes no lock-order cycle; and a head is never left without its ~1 s re-check
         while the runs ahead of it may settle on an engine that notifies nobody
-        (docs/singleton.md, "Deep queues"). A failure is logged: the workers' check of keys
-        whose heads have no timer (``SqlStore.arm_stranded``) catches that head later."""
+        (docs/singleton.md, "Deep queues"). A failure is logged (the head then waits for
+        the key's next release or start)."""
         sql = self.sql
         params = sql.arm_params(workflow, tag, limit, at)
 
