@@ -39,6 +39,10 @@ from ._statements import Statements
 log = logging.getLogger("flowkit")
 T = TypeVar("T")
 
+ARM_LOCK_TIMEOUT_SQL = "SET LOCAL lock_timeout = '5s'"
+"""(PostgreSQL) how long ``Commits.arm_skipped`` waits for a head's row that another
+transaction holds (a signal's transaction holds it for milliseconds)."""
+
 
 def wake_if_free(c: Conn, run: Run, now: float) -> None:
     """Emit a wake-up with ``c``'s transaction when it leaves ``run`` claimable now by any
@@ -408,6 +412,8 @@ class Commits:
         params = sql.arm_params(workflow, tag, limit, at)
 
         def arm(c: Conn, _: Any) -> None:
+            if sql.SKIPS:  # (a row held for long: this lane does not wait for it for ever)
+                c.later(ARM_LOCK_TIMEOUT_SQL, None, wrote=False)
             c.write(sql.arm_heads_wait, params)
 
         try:
