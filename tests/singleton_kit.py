@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
-from flowkit import ADMITTED_TAG, Event, History, Run, Singleton, WorkflowCtx, workflow
+from flowkit import (
+    ADMITTED_TAG,
+    Event,
+    History,
+    Run,
+    RunStatus,
+    Singleton,
+    WorkflowCtx,
+    workflow,
+)
+from flowkit._gate import GATE_JITTER, GATE_RETRY
+from flowkit.singleton import HEAD_RECHECK
 from flowkit_testing import TestEnv
 
 RETRY = 1.0
@@ -176,3 +187,23 @@ async def assert_gated(env: TestEnv, run_id: str) -> None:
     t = await types(env, run_id)
     assert "singleton_gated" in t
     assert t[-1] == "singleton_gated", t
+
+
+# a head's timer is never further off than a denied head's jittered re-check
+SOON = max(GATE_RETRY + GATE_JITTER, HEAD_RECHECK) + 1e-6
+
+
+def unarmed_heads(runs: Iterable[Run], limit: int, now: float) -> list[str]:
+    """The heads of every queue (per namespace, workflow and key: the ``limit`` oldest runs
+    of the key without a slot, a ``cancelling`` one included until it settles and notifies)
+    that are parked without a re-check due within ``SOON``: none may exist."""
+    queues: defaultdict[tuple[Any, ...], list[Run]] = defaultdict(list)
+    for r in runs:
+        if r.singleton_key is not None and r.status.active and ADMITTED_TAG not in r.tags:
+            queues[(r.namespace, r.workflow, r.singleton_key)].append(r)
+    bad = []
+    for q in queues.values():
+        for r in sorted(q, key=lambda r: (r.created_at, r.id))[:limit]:
+            if r.status is RunStatus.SUSPENDED and (r.wake_at is None or r.wake_at > now + SOON):
+                bad.append(r.id)
+    return bad

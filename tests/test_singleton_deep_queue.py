@@ -9,42 +9,24 @@ own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections import Counter
 from typing import Any
 
 import pytest
-from singleton_kit import events_of, get, inp, make_lane
+from row_lock_kit import RowLock
+from singleton_kit import SOON, events_of, get, inp, make_lane, unarmed_heads
 from store_kit import T0, TAG, Backend, S, mk, put
 
 from flowkit import ADMITTED_TAG, Engine, Run, RunStatus, Singleton, WorkflowCtx, workflow
-from flowkit._gate import GATE_JITTER, GATE_RETRY
 from flowkit.events import RunCancelled
 from flowkit.singleton import HEAD_RECHECK
-from flowkit.stores.base import Notify, Update
+from flowkit.stores.base import GateCheck, Notify, Update
 from flowkit_testing import TestEnv
 from flowkit_testing._faults import STORE_OPS
 
-# a head's timer is never further off than a denied head's jittered re-check
-SOON = max(GATE_RETRY + GATE_JITTER, HEAD_RECHECK) + 1e-6
 SEEDS = 12
-
-
-def unarmed_heads(runs: Iterable[Run], limit: int, now: float) -> list[str]:
-    """The heads of every queue (per namespace, workflow and key: the ``limit`` oldest runs
-    of the key without a slot, a ``cancelling`` one included until it settles and notifies)
-    that are parked without a re-check due within ``SOON``: none may exist."""
-    queues: defaultdict[tuple[Any, ...], list[Run]] = defaultdict(list)
-    for r in runs:
-        if r.singleton_key is not None and r.status.active and ADMITTED_TAG not in r.tags:
-            queues[(r.namespace, r.workflow, r.singleton_key)].append(r)
-    bad = []
-    for q in queues.values():
-        for r in sorted(q, key=lambda r: (r.created_at, r.id))[:limit]:
-            if r.status is RunStatus.SUSPENDED and (r.wake_at is None or r.wake_at > now + SOON):
-                bad.append(r.id)
-    return bad
 
 
 class Watch:
@@ -327,3 +309,93 @@ async def test_each_namespace_has_heads_of_its_own(backend: Backend) -> None:
     assert await a.due_runs(T0 + 30, 10) == ["aw2"]
     assert "bw3" in await b.due_runs(T0 + 30, 10)
     assert all(not r.startswith("a") for r in await b.due_runs(T0 + 30, 10))
+
+
+# -- a release while the next head's row is busy ---------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_a_head_whose_row_is_busy_during_the_release_still_gets_its_timer(
+    backend: Backend, limit: int
+) -> None:
+    """The release that makes a waiter a head arms it even when another transaction holds
+    its row at that instant (on PostgreSQL a second connection holds it ``FOR UPDATE``, as a
+    signal delivered to it would): the release waits for it rather than skipping it. The
+    next releases come from an engine without notify-on-release, which wakes nobody: the new
+    head still gets the slot by its own re-check, and every waiter after it too."""
+    lane = make_lane(limit=limit)
+    holders = [f"h{i}" for i in range(limit)]
+    waiters = [f"w{i}" for i in range(1, limit + 3)]
+    nxt = f"w{limit + 1}"  # (the waiter h0's release makes a head)
+    waited: list[bool] = []
+    async with TestEnv([lane], store=backend.store, gate_polls=True) as env:
+        for h in holders:
+            await env.start("lane", inp("K", "signal"), h)
+        await env.start("lane", inp("K", "signal"), "w1")  # (it holds the slot it is handed)
+        for w in waiters[1:]:
+            await env.start("lane", inp("K"), w)
+        await env.advance(1.5)  # re-checks: the waiters behind the heads park without a timer
+        assert [await wake(env, w) is None for w in waiters] == [False] * limit + [True] * 2
+        real = env.store.commit
+
+        @functools.wraps(real)
+        async def commit(run_id: str, *a: Any, **kw: Any) -> Any:
+            update = a[2] if len(a) > 2 else kw["update"]
+            if run_id != "h0" or update.notify is None or backend.name != "postgres":
+                return await real(run_id, *a, **kw)
+            assert backend.url is not None
+            with RowLock(backend.url, nxt) as held:  # (another transaction on its row)
+                got = await real(run_id, *a, **kw)
+            waited.append(held.waited)
+            return got
+
+        env.store.commit = commit
+        await env.signal("h0", "go")  # its release hands its slot to w1: nxt is a head
+        env.store.commit = real
+        assert (await get(env, "w1")).admitted
+        assert not unarmed_heads(await env.store.list_runs(), limit, env.clock.now())
+        nxt_wake = await wake(env, nxt)
+        assert nxt_wake is not None and nxt_wake <= env.clock.now() + HEAD_RECHECK
+        # from here on the holders settle without notifying anyone
+        env.engines[0].notify_on_release = False
+        for h in ["w1", *holders[1:]]:
+            await env.signal(h, "go")
+        await env.run_until_idle()
+        assert [(await get(env, w)).status for w in waiters] == [RunStatus.COMPLETED] * len(waiters)
+        if limit == 1:  # (one slot: in FIFO order)
+            assert lane.finished == [*holders, *waiters]
+    # (on PostgreSQL the release waited for the row another transaction held)
+    assert waited == ([True] if backend.name == "postgres" else [])
+
+
+@pytest.mark.parametrize("via", ["admission", "gated claim"])
+async def test_an_admission_arms_the_next_head_whose_row_is_busy(
+    backend: Backend, via: str
+) -> None:
+    """The head admitted by its own re-check (the holder settled without a notification)
+    arms the next waiter, the new head, even while another transaction holds that waiter's
+    row (PostgreSQL: a second connection holds it ``FOR UPDATE``): the admission waits for
+    it once it committed, by ``try_admit_singleton`` and by a worker's gated claim alike."""
+    s = backend.store
+    await put(s, mk("h", key="k", t=T0))
+    for i in (1, 2, 3):
+        await put(s, mk(f"w{i}", key="k", t=T0 + i))
+    assert await s.try_admit_singleton("h", TAG, "wf", 1, T0 + 5)
+    for i in (1, 2, 3):  # first denials, then re-checks (behind the head: no timer)
+        assert not await s.try_admit_singleton(f"w{i}", TAG, "wf", 1, T0 + 6)
+    for i in (1, 2, 3):
+        assert not await s.try_admit_singleton(f"w{i}", TAG, "wf", 1, T0 + 7, recheck=True)
+    assert [(await s.get_run(f"w{i}")).wake_at for i in (1, 2, 3)] == [T0 + 7, None, None]
+    # the holder settles on an engine without notify-on-release: no Notify
+    await s.commit("h", None, T0 + 8, Update(events=[RunCancelled(at=T0 + 8)], status=S.CANCELLED))
+    lock = RowLock(backend.url, "w2") if backend.name == "postgres" and backend.url else None
+    with lock or contextlib.nullcontext():
+        if via == "admission":
+            assert await s.try_admit_singleton("w1", TAG, "wf", 1, T0 + 10, recheck=True)
+        else:
+            gate = GateCheck({("wf", "1"): 1}, lambda _d: T0 + 10, lambda: T0 + 9)
+            got = await s.claim("w1", "x", T0 + 9, T0 + 39, gate=gate)
+            assert got is not None and ADMITTED_TAG in got.tags
+    assert [(await s.get_run(f"w{i}")).wake_at for i in (2, 3)] == [T0 + 10, None]
+    # (on PostgreSQL the admission waited for the row the other transaction held)
+    assert lock is None or lock.waited

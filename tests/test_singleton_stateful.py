@@ -1,8 +1,11 @@
 """A Hypothesis state machine over the singleton gate: random starts on a few keys (limit 1
-and 2), signals, cancels, crashes/restarts of one of two instances and clock jumps.
+and 2), signals, cancels, crashes/restarts of one of two instances, clock jumps, an instance
+turning notify-on-release off and on, and (PostgreSQL) another transaction holding a waiter's
+row while a run settles.
 
 After every step: at most ``limit`` active runs per key carry the admission marker, no settled
-run carries it, histories are gap-free and no step ever executed while its run was not admitted.
+run carries it, every head of a key's queue holds a re-check timer (docs/singleton.md, "Deep
+queues"), histories are gap-free and no step ever executed while its run was not admitted.
 At the end every run settles, and among runs of one key that waited at the same time the
 older ``(created_at, id)`` was never admitted after a younger one."""
 
@@ -12,6 +15,7 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -20,11 +24,15 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 from pydantic import BaseModel
+from row_lock_kit import RowLock
+from singleton_kit import unarmed_heads
+from store_kit import drop_database, fresh_database
 
 from flowkit import ADMITTED_TAG, Event, Run, Singleton, WorkflowCtx, workflow
-from flowkit.stores import MemoryStore
+from flowkit.stores import MemoryStore, SqlStore
 from flowkit_testing import TestEnv
 
 LIMITS = {"one": 1, "two": 2}
@@ -64,10 +72,22 @@ def make_workflows(machine: SingletonMachine) -> list[Any]:
 
 
 class SingletonMachine(RuleBasedStateMachine):
+    PG_SERVER: str | None = None
+    """The PostgreSQL server the machine's stores live on (``None``: a ``MemoryStore``)."""
+    MET_BUSY = 0
+    """How many releases waited for a row another transaction held (so armed a head)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.store = MemoryStore()
+        self.url: str | None = None
+        self.store: Any = MemoryStore()
+        if self.PG_SERVER is not None:
+            self.url = fresh_database(self.PG_SERVER)
+            self.store = SqlStore(self.url)
+        # the waiter whose row the next release of its key meets held: (id, workflow, tag)
+        self.busy: tuple[str, str, str] | None = None
+        self.wfs: dict[str, str] = {}  # (each run's workflow)
         self.violations: list[str] = []
         self.runs: dict[str, Job] = {}
         self.signaled: set[str] = set()
@@ -77,6 +97,25 @@ class SingletonMachine(RuleBasedStateMachine):
             make_workflows(self), instances=2, store=self.store, gate_polls=True, seed=11
         )
         self.loop.run_until_complete(self.env.__aenter__())
+        self._hold_rows()
+
+    def _hold_rows(self) -> None:
+        """(PostgreSQL) a release while ``busy`` is set meets that waiter's row held by
+        another transaction (as a signal delivered to it would hold it)."""
+        real = self.env.store.commit
+
+        async def commit(run_id: str, *a: Any, **kw: Any) -> Any:
+            update = a[2] if len(a) > 2 else kw["update"]
+            n, busy = update.notify, self.busy
+            if busy is None or n is None or self.url is None or busy[1:] != (n.workflow, n.tag):
+                return await real(run_id, *a, **kw)
+            self.busy = None  # (a release of that run's key)
+            with RowLock(self.url, busy[0]) as held:
+                got = await real(run_id, *a, **kw)
+            type(self).MET_BUSY += held.waited
+            return got
+
+        self.env.store.commit = commit
 
     # -- plumbing ----------------------------------------------------------------------
     def run(self, coro: Any) -> Any:
@@ -126,6 +165,7 @@ class SingletonMachine(RuleBasedStateMachine):
         rid = f"{prefix}{self.n:03d}"  # id order differs from start order
         job = Job(key=key, wait=wait)
         self.runs[rid] = job
+        self.wfs[rid] = wf
 
         async def go() -> None:
             await self.engine(pick).start(wf, job.model_dump(), rid)
@@ -203,6 +243,32 @@ class SingletonMachine(RuleBasedStateMachine):
         self.crashed.clear()
         self.run(self.env.restart(i))
 
+    @rule(i=st.integers(0, 1))
+    def toggle_notify(self, i: int) -> None:
+        """One instance stops (or starts again) notifying on release: its releases then wake
+        nobody, and only the heads' timers admit the waiters."""
+        eng = self.env.engines[i]
+        eng.notify_on_release = not eng.notify_on_release
+
+    @precondition(lambda self: self.runs and self.url is not None)
+    @rule(data=st.data())
+    def hold_a_row(self, data: st.DataObject) -> None:
+        """The next release meets a run's row held by another transaction: mostly a waiter
+        that a release makes a head (the one right behind its key's heads)."""
+        queues: defaultdict[tuple[str, str | None], list[Run]] = defaultdict(list)
+        for r in self.run(self.store.list_runs()):
+            if r.status.active and ADMITTED_TAG not in r.tags and r.status != "cancelling":
+                queues[(r.workflow, r.singleton_key)].append(r)
+        nexts = sorted(
+            q[LIMITS[wf]].id
+            for (wf, _), q in (
+                (k, sorted(v, key=lambda r: (r.created_at, r.id))) for k, v in queues.items()
+            )
+            if len(q) > LIMITS[wf]
+        )
+        busy = data.draw(st.sampled_from(nexts or sorted(self.runs)))
+        self.busy = (busy, self.wfs[busy], f"singleton:{self.runs[busy].key}")
+
     @rule(seconds=st.sampled_from([0.0, 0.3, 1.0, 2.5, 31.0]))
     def advance(self, seconds: float) -> None:
         self.run(self.env.advance(seconds))
@@ -226,6 +292,10 @@ class SingletonMachine(RuleBasedStateMachine):
             assert events[r.id][0].type == "run_started"
         for (wf, key), ids in admitted.items():
             assert len(ids) <= LIMITS[wf], f"{wf}/{key} has holders {ids}"
+        now = self.env.clock.now()
+        for wf, limit in LIMITS.items():
+            mine = [r for r in runs if r.workflow == wf]
+            assert not unarmed_heads(mine, limit, now), f"{wf}: heads without a timer"
 
     # -- the end -----------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -311,6 +381,9 @@ class SingletonMachine(RuleBasedStateMachine):
             if pending:
                 self.run(asyncio.wait(pending))
             self.loop.close()
+            if self.url is not None:
+                self.store.close()
+                drop_database(self.url)
 
 
 SingletonMachine.TestCase.settings = settings(
@@ -320,3 +393,25 @@ SingletonMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestSingletonMachine = SingletonMachine.TestCase
+
+
+class PgSingletonMachine(SingletonMachine):
+    """The machine on PostgreSQL, where another transaction can hold a waiter's row."""
+
+
+@pytest.mark.postgres
+def test_the_machine_on_postgres(pg_server: str) -> None:
+    """Fewer, shorter examples than on ``MemoryStore`` (each one a database of its own)."""
+    PgSingletonMachine.PG_SERVER = pg_server
+    PgSingletonMachine.MET_BUSY = 0
+    run_state_machine_as_test(
+        PgSingletonMachine,
+        settings=settings(
+            max_examples=6,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+    # (some release met the row of the head it made held, and waited for it)
+    assert PgSingletonMachine.MET_BUSY > 0

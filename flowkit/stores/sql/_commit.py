@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ... import singleton as _sg
 from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
@@ -37,6 +37,11 @@ from ._search_sql import write_search
 from ._statements import Statements
 
 log = logging.getLogger("flowkit")
+T = TypeVar("T")
+
+ARM_LOCK_TIMEOUT_SQL = "SET LOCAL lock_timeout = '5s'"
+"""(PostgreSQL) how long ``Commits.arm_skipped`` waits for a head's row that another
+transaction holds (a signal's transaction holds it for milliseconds)."""
 
 
 def wake_if_free(c: Conn, run: Run, now: float) -> None:
@@ -58,10 +63,21 @@ def _telling(rest: Callable[[Conn, Any], CommitResult]) -> Callable[[Conn, Any],
 
     def told(c: Conn, row: Any) -> CommitResult:
         res = rest(c, row)
-        c.wakeup(res.run.namespace)
+        c.wakeup(res.run.namespace)  # (a ``CommitResult``, or an ``AfterRun``)
         return res
 
     return told
+
+
+class AfterRun(After[CommitResult]):
+    """A commit's result finished once its transaction committed (``After``), whose run is
+    known already (a wake-up for its namespace can go with the ``COMMIT``)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, finish: Callable[[], CommitResult], run: Run) -> None:
+        super().__init__(finish)
+        self.run = run
 
 
 def _hit(row: Any) -> bool:
@@ -121,7 +137,7 @@ class Commits:
                         raise Deferred
                     return self.locked(c, run_id, owner, now, update)
                 c.dirty = True  # (it wrote: a failure from here on fails its transaction)
-                return self.fast_released(c, row, len(update.events), now)
+                return self.fast_released(c, row, update, now)
 
         elif not general and (lean := sql.release_lite(run_id, owner, now, update)) is not None:
             # (SQLite) a common release: the run's row, then its key's oldest waiter
@@ -257,8 +273,9 @@ class Commits:
                 planned.append(w.id)
         if joined:  # (no hand-off took them along)
             c.later(*sql.joined(joined))
+        arming: list[Any] | None = None
         if n is not None:  # the heads of the queue after it keep a re-check timer
-            self.arm(c, n, now, later=True)
+            arming = self.arm(c, n, now, later=True)
         if succ is not None:  # the successor, created with its predecessor's settlement
             succ = dataclasses.replace(succ, run=dataclasses.replace(succ.run, search=new.search))
             c.later(sql.insert_run, run_params(succ.run, len(succ.events)))
@@ -276,52 +293,138 @@ class Commits:
 
         def result() -> CommitResult:
             done = [p.finish() if isinstance(p, PendingHandOff) else p for p in planned]
+            if arming is not None and n is not None and skipped(arming):
+                self.arm_skipped(n.workflow, n.tag, n.limit, now + _sg.HEAD_RECHECK)
             woken = tuple(p for p in done if isinstance(p, str))
             return CommitResult(new, seqs, woken, tuple(p for p in done if isinstance(p, HandOff)))
 
-        if any(isinstance(p, PendingHandOff) for p in planned):
-            return After(result)  # type: ignore[return-value]  # (GroupCommit finishes it)
+        if arming is not None or any(isinstance(p, PendingHandOff) for p in planned):
+            return AfterRun(result, new)  # type: ignore[return-value]  # (GroupCommit finishes it)
         return result()
 
-    def fast_released(self, c: Conn, found: Sequence[Any], n: int, now: float) -> CommitResult:
+    def fast_released(
+        self, c: Conn, found: Sequence[Any], update: Update, now: float
+    ) -> CommitResult:
         """The result of an applied ``PgStatements.release_fast`` from its rows. A waiter it
         handed the slot to comes with its history; one it could not (another transaction
         held its row) is woken after the commit; an unreadable history undoes the hand-off
-        after the commit (both as ``PendingHandOff`` does)."""
+        after the commit (both as ``PendingHandOff`` does). A new head it could not arm
+        (another transaction held its row) is armed after the commit (``arm_skipped``)."""
         k = len(RUN_COLS) + 1
+        n = len(update.events)
         new = to_run(found[0][1:k])
         last = int(found[0][LAST_SEQ + 1])
         seqs = tuple(range(last - n + 1, last + 1))
+        rn = update.notify
+        assert rn is not None
+        unarmed = found[-1][0] == 3  # (the head it skipped, last)
+        if unarmed:
+            found = found[:-1]
         planned = found[-1]
+        res: CommitResult | None = None
+        pending: PendingHandOff | None = None
         if planned[0] != 2:  # nobody to wake: no waiter, or no free slot
-            return CommitResult(new, seqs)
-        waiter = to_run(planned[1:k])
-        if planned[k] == 1:  # not to be handed (leased elsewhere, blocked): woken (stamped)
-            c.wakeup(waiter.namespace)
-            return CommitResult(new, seqs, (waiter.id,))
-        pending = PendingHandOff(self, waiter, now)
-        handed = [r[1:] for r in found if r[0] == 1]
-        pending.updated.append((handed, len(handed)))
+            res = CommitResult(new, seqs)
+        else:
+            waiter = to_run(planned[1:k])
+            if planned[k] == 1:  # not to be handed (leased elsewhere, blocked): woken (stamped)
+                c.wakeup(waiter.namespace)
+                res = CommitResult(new, seqs, (waiter.id,))
+            else:
+                pending = PendingHandOff(self, waiter, now)
+                handed = [r[1:] for r in found if r[0] == 1]
+                pending.updated.append((handed, len(handed)))
+        if res is not None and not unarmed:
+            return res
 
         def result() -> CommitResult:
+            if unarmed:
+                self.arm_skipped(rn.workflow, rn.tag, rn.limit, now + _sg.HEAD_RECHECK)
+            if pending is None:
+                assert res is not None
+                return res
             got = pending.finish()
             if isinstance(got, str):
                 return CommitResult(new, seqs, (got,))
             return CommitResult(new, seqs, (), (got,))
 
-        return After(result)  # type: ignore[return-value]  # (GroupCommit finishes it)
+        return AfterRun(result, new)  # type: ignore[return-value]  # (GroupCommit finishes it)
 
-    def arm(self, c: Conn, n: Notify, now: float, later: bool = False) -> None:
+    def arm(self, c: Conn, n: Notify, now: float, later: bool = False) -> list[Any] | None:
         """Give the heads of ``n``'s queue, as this transaction leaves it, a re-check timer
-        (``singleton.heads_to_arm``; the waiters behind them hold none)."""
+        (``singleton.heads_to_arm``; the waiters behind them hold none). On PostgreSQL, what
+        the statement returned once it ran (``skipped`` says whether it skipped a head whose
+        row another transaction held: the caller then calls ``arm_skipped`` once its
+        transaction committed); ``None`` elsewhere."""
         if not n.tag.startswith(SINGLETON_TAG_PREFIX):
-            return
+            return None
         sql = self.sql
         params = sql.arm_params(n.workflow, n.tag, n.limit, now + _sg.HEAD_RECHECK)
+        if sql.SKIPS:
+            got: list[Any] = []
+            c.later(sql.arm_heads_sql, params, into=got)
+            return got
         if later:
             c.later(sql.arm_heads_sql, params)
         else:
             c.write(sql.arm_heads_sql, params)
+        return None
+
+    def arm_head(self, c: Conn, run_id: str, at: float) -> list[Any] | None:
+        """Give the head waiter ``run_id`` ``wake_at=at`` (``Statements.arm_head``) with the
+        transaction's next statement. On PostgreSQL, what it returned once it ran (as
+        ``arm``'s: ``skipped``); ``None`` elsewhere."""
+        params = {"id": run_id, "at": at}
+        if not self.sql.SKIPS:
+            c.later(self.sql.arm_head, params)
+            return None
+        got: list[Any] = []
+        c.later(self.sql.arm_head, params, into=got)
+        return got
+
+    def then_arm(
+        self,
+        value: T,
+        armed: list[list[Any]],
+        workflow: str,
+        tag: str,
+        limit: int | None,
+        at: float,
+    ) -> T:
+        """``value``, or when the call queued arming statements (``arm_head``'s results in
+        ``armed``: PostgreSQL) an ``After`` that arms a head they skipped (``arm_skipped``,
+        ``wake_at=at``) once the transaction committed, then gives ``value``."""
+        if not armed:
+            return value
+
+        def finish() -> T:
+            if any(skipped(got) for got in armed):
+                self.arm_skipped(workflow, tag, limit, at)
+            return value
+
+        return After(finish)  # type: ignore[return-value]  # (GroupCommit finishes it)
+
+    def arm_skipped(self, workflow: str, tag: str, limit: int | None, at: float) -> None:
+        """After a transaction that armed the heads of ``tag``'s queue committed, when it
+        skipped one whose row another transaction held (PostgreSQL; a signal delivered to it,
+        say): arm them in a transaction of its own, which takes the key's advisory lock and
+        then *waits* for their rows (``Statements.arm_heads_waiting``). It holds no other row,
+        so it closes no lock-order cycle; and a head is never left without its ~1 s re-check
+        while the runs ahead of it may settle on an engine that notifies nobody
+        (docs/singleton.md, "Deep queues"). A failure is logged (the head then waits for
+        the key's next release or start)."""
+        sql = self.sql
+        params = sql.arm_params(workflow, tag, limit, at)
+
+        def arm(c: Conn, _: Any) -> None:
+            if sql.SKIPS:  # (a row held for long: this lane does not wait for it for ever)
+                c.later(ARM_LOCK_TIMEOUT_SQL, None, wrote=False)
+            c.write(sql.arm_heads_wait, params)
+
+        try:
+            self.gc.run_write(Op(arm, None, "", locks=(lock_name(workflow, tag),)))
+        except Exception:
+            log.warning("arming the heads of %s after a busy row failed", tag, exc_info=True)
 
     def lean_released(
         self, c: Conn, row: Any, update: Update, waiter: dict[str, Any], now: float
@@ -476,6 +579,16 @@ class Commits:
         return self.gc.run_write(Op(undo, first, handed.id))
 
 
+def skipped(got: list[Any]) -> bool:
+    """Whether an arming statement (``Commits.arm``, ``Commits.arm_head``; PostgreSQL) left
+    a head without its timer: ``arm_heads`` returns the count it skipped, ``arm_head`` the
+    rowcount 0 when its row was held (or changed meanwhile: arming again is harmless)."""
+    if not got:
+        return False
+    rows, count = got[0]
+    return bool(rows[0][0]) if rows else count == 0
+
+
 class PendingHandOff:
     """A hand-off whose statement was queued (PostgreSQL): the conditional update with the
     waiter's history, read once the releasing transaction committed."""
@@ -507,4 +620,4 @@ class PendingHandOff:
         return HandOff(handed, evs)
 
 
-__all__ = ["Commits", "PendingHandOff", "wake_if_free"]
+__all__ = ["AfterRun", "Commits", "PendingHandOff", "skipped", "wake_if_free"]

@@ -25,6 +25,7 @@ from .._gated import decide, gated_limit, parked
 from ..base import GateCheck, WorkflowVersions
 from ..rules import of_versions
 from . import _runs as runs
+from ._commit import Commits
 from ._connection import ROWS, Conn
 from ._group_commit import GroupCommit, Op
 from ._rows import LAST_SEQ, lock_name, to_run
@@ -65,6 +66,7 @@ class GatedClaims:
 
     _gc: GroupCommit
     _sql: Statements
+    _commits: Commits
     _ungated: dict[str, str]
 
     claims_gated = True
@@ -160,10 +162,14 @@ class GatedClaims:
         else:
             runs.write_changes(sql, c, run, d.run, later=True)
         after = [d.run if r.id == run_id else r for r in sharing]
+        armed: list[list[Any]] = []  # (PostgreSQL: what each arming returned)
         for wid in _sg.heads_to_arm(after, tag, wf, limit, d.arm_at):
             if wid != run_id:
-                c.later(sql.arm_head, {"id": wid, "at": d.arm_at})
-        return d.run if d.admitted else parked(d.run)
+                got = self._commits.arm_head(c, wid, d.arm_at)
+                if got is not None:
+                    armed.append(got)
+        out = d.run if d.admitted else parked(d.run)
+        return self._commits.then_arm(out, armed, wf, tag, limit, d.arm_at)
 
     async def _decide(
         self,

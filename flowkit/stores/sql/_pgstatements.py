@@ -32,6 +32,7 @@ class PgStatements(Statements):
     TRUE, FALSE = "true", "false"
     EMPTY_LIST = "'[]'::jsonb"
     CTE_WRITES = True
+    SKIPS = True
 
     def __init__(self, namespace: str | None) -> None:
         super().__init__(namespace)
@@ -87,6 +88,19 @@ class PgStatements(Statements):
         # another process's group commit may hold the waiter's row and wait for the
         # releaser's (a lock-order cycle): a locked waiter is skipped (it admits itself later)
         return f"id = (SELECT id FROM flowkit_runs WHERE {cond} FOR UPDATE SKIP LOCKED)"
+
+    def arm_heads(self) -> str:
+        """``Statements.arm_heads``, returning the number of heads it skipped (another
+        transaction held their rows): one row, the count."""
+        p, at = self.p, self.p("at")
+        due = f"status = 'suspended' AND (wake_at IS NULL OR wake_at > {at})"
+        cond = f"id IN (SELECT h.id FROM ({self.waiters()} LIMIT {p('n')}) AS h) AND {due}"
+        return (
+            f"WITH c AS (SELECT id FROM flowkit_runs WHERE {cond}),"
+            f" a AS (UPDATE flowkit_runs SET wake_at = {at} WHERE id IN"
+            f" ({self._heads(f'id IN (SELECT id FROM c) AND {due}')}) RETURNING id)"
+            f" SELECT count(*) FROM c WHERE id NOT IN (SELECT id FROM a)"
+        )
 
     def drop_marker(self) -> list[str]:
         return [f"tags = tags - '{ADMITTED_TAG}'", "admitted = false"]
@@ -200,8 +214,10 @@ class PgStatements(Statements):
         ``rules.plan_release`` does, or ``None``. Its rows (``k``, the run's columns, an
         event's ``seq`` and ``body``): ``k = 0`` the released run (none: nothing was written);
         ``k = 1`` the handed waiter, a row per event of its history; ``k = 2`` the waiter
-        planned for, as it was (``seq`` 1: only woken). A waiter another transaction holds
-        (``SKIP LOCKED``) is neither handed nor woken here: the caller wakes it later."""
+        planned for, as it was (``seq`` 1: only woken); ``k = 3`` (last) the key's new head
+        when it was left without its timer. A waiter another transaction holds (``SKIP
+        LOCKED``) is neither handed, woken nor armed here: the caller does it after the
+        commit (``Commits.fast_released``)."""
         n = u.notify
         if n is None or owner is None or not common_release(u, n):
             return None
@@ -251,6 +267,11 @@ class PgStatements(Statements):
         hand = waiter("w.handable", f"{handable} AND NOT admitted")
         wake = waiter("NOT w.handable", f"{status} = 'suspended'")
         waiter_cols = ", ".join(f"w.{c}" for c in RUN_COLS)
+        # the new head (``hd``) parked without a timer due by then, unless woken here
+        unarmed = (
+            f"id = (SELECT id FROM hd) AND id NOT IN (SELECT w.id FROM w, free WHERE free.ok)"
+            f" AND {status} = 'suspended' AND (wake_at IS NULL OR wake_at > {p('arm')})"
+        )
         return (
             f"WITH me AS ({self.commit_sql(shape, releasing=True)}),"
             f" e AS ({self._events_of('me', shape[-1])}),"
@@ -280,15 +301,20 @@ class PgStatements(Statements):
             f" hd AS (SELECT id FROM w2 ORDER BY created_at, {self.BY_ID}"
             f" OFFSET (SELECT count(*) FROM h) LIMIT 1),"
             f" ar AS (UPDATE flowkit_runs SET wake_at = {p('arm')} WHERE id = (SELECT id FROM"
-            f" flowkit_runs WHERE id = (SELECT id FROM hd) AND id NOT IN (SELECT w.id FROM w,"
-            f" free WHERE free.ok) AND {status} = 'suspended' AND (wake_at IS NULL OR wake_at >"
-            f" {p('arm')}) FOR UPDATE SKIP LOCKED) AND EXISTS (SELECT 1 FROM me) RETURNING id)"
+            f" flowkit_runs WHERE {unarmed} FOR UPDATE SKIP LOCKED)"
+            f" AND EXISTS (SELECT 1 FROM me) RETURNING id),"
+            # (that head, when its row was held by another transaction: armed after the
+            # commit, waiting for its row, ``Commits.arm_skipped``)
+            f" sk AS (SELECT id FROM flowkit_runs WHERE {unarmed}"
+            f" AND EXISTS (SELECT 1 FROM me) AND NOT EXISTS (SELECT 1 FROM ar))"
             f" SELECT 0 AS k, me.*, NULL::integer AS seq, NULL::text AS body FROM me"
             f" UNION ALL SELECT 1, h.*, e2.seq, e2.body::text FROM h"
             f" LEFT JOIN flowkit_events e2 ON e2.run_id = h.id"
             f" UNION ALL SELECT 1, h.*, ev.seq, ev.body::text FROM h JOIN ev ON ev.run_id = h.id"
             f" UNION ALL SELECT 2, {waiter_cols}, CASE WHEN w.handable THEN 0 ELSE 1 END, NULL"
             f" FROM w, free WHERE free.ok"
+            f" UNION ALL SELECT 3, {self.COLS}, NULL, NULL FROM flowkit_runs"
+            f" WHERE id = (SELECT id FROM sk)"
             f" ORDER BY k, seq"
         )
 

@@ -75,6 +75,7 @@ class Statements:
     BY_ID = "id"  # FIFO ties and every other order of run ids: code points, as in Python
     TEXT = ""  # a JSON column read as text
     FOR_UPDATE = ""  # a row lock
+    SKIPS = False  # arming a head skips a row another transaction holds (``unless_locked``)
     TRUE, FALSE = "1", "0"
     EMPTY_LIST = "'[]'"
     WAITING_INDEX = ""  # the index a key's first waiters are read through
@@ -219,6 +220,7 @@ class Statements:
         )
         self.unbump = f"UPDATE flowkit_runs SET last_seq = {p('seq')} - 1 WHERE id = {p('id')}"
         self.arm_heads_sql = self.arm_heads()
+        self.arm_heads_wait = self.arm_heads_waiting()
         arm_if = (
             f"id = {p('id')} AND status = 'suspended' AND NOT admitted"
             f" AND (wake_at IS NULL OR wake_at > {p('at')})"
@@ -542,17 +544,34 @@ class Statements:
         """``singleton.heads_to_arm`` as one statement: the ``n`` oldest waiters of the key
         ``key`` of workflow ``wf`` (the first entries of ``ix_flowkit_runs_waiting``) that
         are parked without a re-check due by ``at`` get ``wake_at = at``. PostgreSQL skips
-        a row another transaction holds (``unless_locked``: it is mid-claim, and its own
-        check parks it as the rule says)."""
+        a row another transaction holds (``unless_locked``; a lock-order cycle otherwise) and
+        returns how many heads it skipped (``SKIPS``): its caller arms them once it
+        committed (``Commits.arm_skipped``)."""
         p = self.p
         cond = (
             f"id IN (SELECT h.id FROM ({self.waiters()} LIMIT {p('n')}) AS h)"
             f" AND status = 'suspended' AND (wake_at IS NULL OR wake_at > {p('at')})"
         )
+        return f"UPDATE flowkit_runs SET wake_at = {p('at')} WHERE id IN ({self._heads(cond)})"
+
+    def _heads(self, cond: str) -> str:
+        """The ids of the rows ``cond`` selects, those another transaction holds left out
+        (PostgreSQL: ``unless_locked``)."""
         lock = " FOR UPDATE SKIP LOCKED" if self.FOR_UPDATE else ""
+        return f"SELECT id FROM flowkit_runs WHERE {cond}{lock}"
+
+    def arm_heads_waiting(self) -> str:
+        """``arm_heads``, but waiting for a head's row that another transaction holds, the
+        rows locked in run-id order (``Commits.arm_skipped``: in a transaction that holds no
+        other row, after the key's advisory lock, so it closes no lock-order cycle)."""
+        p = self.p
+        cond = (
+            f"id IN (SELECT h.id FROM ({self.waiters()} LIMIT {p('n')}) AS h)"
+            f" AND status = 'suspended' AND (wake_at IS NULL OR wake_at > {p('at')})"
+        )
         return (
             f"UPDATE flowkit_runs SET wake_at = {p('at')} WHERE id IN"
-            f" (SELECT id FROM flowkit_runs WHERE {cond}{lock})"
+            f" (SELECT id FROM flowkit_runs WHERE {cond} ORDER BY {self.BY_ID}{self.FOR_UPDATE})"
         )
 
     def arm_params(self, workflow: str, tag: str, n: int | None, at: float) -> dict[str, Any]:

@@ -449,7 +449,16 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
     ) -> bool:
         _sg.check_limit(limit)  # (before the transaction: a limit of 0 would park the run)
 
+        armed: list[list[Any]] = []  # (PostgreSQL: what each arming returned)
+
         def op(c: Conn, found: Any) -> bool:
+            armed.clear()  # (a transaction tried again starts afresh)
+            got = decide(c, found)
+            if retry_wake_at is None:
+                return got
+            return self._commits.then_arm(got, armed, workflow, tag, limit, retry_wake_at)
+
+        def decide(c: Conn, found: Any) -> bool:
             # 1. serialize competing claims of this key (PostgreSQL, ``Op.locks``; SQLite
             #    holds its write lock already), 2. lock our own row against a concurrent
             #    cancel, 3. read only the active runs of this key (2 and 3 are one statement,
@@ -490,7 +499,9 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
                 return
             for wid in _sg.heads_to_arm(after, tag, workflow, limit, retry_wake_at):
                 if wid != run_id:
-                    c.later(self._sql.arm_head, {"id": wid, "at": retry_wake_at})
+                    got = self._commits.arm_head(c, wid, retry_wake_at)
+                    if got is not None:
+                        armed.append(got)
 
         # (limit + 1 waiters: the heads once this run is admitted, see ``arm``)
         first = (*self._sql.locked_with_sharing(run_id, workflow, tag, limit + 1), ROWS)
