@@ -413,5 +413,6 @@ def test_the_machine_on_postgres(pg_server: str) -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
-    # (some release met the row of the head it made held, and waited for it)
-    assert PgSingletonMachine.MET_BUSY > 0
+    # (whether an example's release met a held row depends on the examples drawn: the
+    # deterministic cases are tests/test_singleton_deep_queue.py's busy-row tests; here the
+    # invariants, every head armed after each step among them, must hold whatever was drawn)
