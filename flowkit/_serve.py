@@ -14,7 +14,10 @@ import logging
 import os
 import signal
 import sys
+from datetime import timedelta
 from typing import TYPE_CHECKING
+
+from ._limits import duration
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -43,12 +46,11 @@ def _exit_now(signum: int) -> None:
     os._exit(128 + signum)
 
 
-async def serve(engine: Engine, grace: float = DEFAULT_GRACE) -> None:
+async def serve(engine: Engine, grace: float | timedelta = DEFAULT_GRACE) -> None:
     """``Engine.serve`` (its docstring says what it does)."""
     if not engine.is_worker:
         raise RuntimeError("engine.serve() needs an engine with a worker (worker=True)")
-    if not grace >= 0:
-        raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
+    secs = duration("grace", grace)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received: list[int] = []
@@ -60,7 +62,7 @@ async def serve(engine: Engine, grace: float = DEFAULT_GRACE) -> None:
         log.info(
             "%s: draining (grace %.3g s): claiming nothing more, giving leases back",
             signal.Signals(signum).name,
-            grace,
+            secs,
         )
         stop.set()
 
@@ -85,7 +87,7 @@ async def serve(engine: Engine, grace: float = DEFAULT_GRACE) -> None:
         finally:  # (a signal, or the caller cancelled serve: drain either way)
             worker, engine._worker = engine._worker, None
             if worker is not None:
-                await worker.drain(grace)
+                await worker.drain(secs)
             log.info("worker %s drained: its leases are given back", engine.instance_id)
     finally:
         for sig in installed:

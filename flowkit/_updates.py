@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from . import _serde
+from . import _limits, _serde
 from ._history_wait import latest_event, wait_for_history
 from ._payloads import INBOX_PREFIX, inbox_name, payload_adapter, received
 from ._run import Run
@@ -113,7 +114,9 @@ def _validator(instance: Any, name: str) -> Callable[[Any], Any] | None:
     return None
 
 
-async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: float | None) -> Any:
+async def update(
+    engine: Engine, run_id: str, name: str, arg: Any, timeout: float | timedelta | None
+) -> Any:
     """``Engine.update``: check, validate and deliver the update, then wait for its reply.
 
     In order, each failure writing nothing: the name (``InvalidInputError``), the run
@@ -124,10 +127,7 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
     the engine's RNG, and the reply is awaited: ``UpdateNotRepliedError`` when the run
     settles without one, ``ResultTimeoutError`` after ``timeout`` real seconds."""
     limits.check_identifier("update name", name, limits.MAX_UPDATE_NAME_LENGTH)
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-    ):
-        raise InvalidInputError(None, f"update timeout= takes seconds >= 0, got {timeout!r}")
+    secs = _limits.timeout("update timeout=", timeout)
     run = await engine._get(run_id)
     if run.status.terminal:
         raise RunStateError(run_id, run.status, f"update {name!r} cannot be delivered")
@@ -163,15 +163,15 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
         return None
 
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(secs):
             (value,) = await wait_for_history(engine.store, engine.bus, run_id, pick)
     except TimeoutError as exc:
-        if isinstance(exc, ResultTimeoutError) or timeout is None:
+        if isinstance(exc, ResultTimeoutError) or secs is None:
             raise
         fresh = await engine.store.get_run(run_id)
         status = fresh.status.value if fresh is not None else "gone"
         hint = f"update {name!r} ({update_id}) has no reply yet"
-        raise ResultTimeoutError(run_id, status, timeout, hint) from None
+        raise ResultTimeoutError(run_id, status, secs, hint) from None
     return value
 
 
