@@ -198,6 +198,7 @@ class WorkflowDefinition:
         if self.resolved:
             return
         in_t, out_t = self.annotations.resolve(self.name)
+        out_t = _annotations.result_type(out_t)  # (``-> NoReturn``: a body that never returns)
         in_ad, out_ad = TypeAdapter(in_t), TypeAdapter(out_t)
         object.__setattr__(self, "input_type", in_t)
         object.__setattr__(self, "output_type", out_t)
