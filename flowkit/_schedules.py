@@ -12,7 +12,6 @@ dies between the two leaves ``next_fire`` at ``T``; the next one starts the same
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -68,14 +67,18 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.every is not None:
             object.__setattr__(self, "every", duration("every", self.every, positive=True))
-        Timetable(self.cron, self.every, self.timezone)  # (ValueError when it cannot tick)
+        self.timetable()  # (ValueError when it cannot tick)
         if self.overlap not in ("skip", "allow"):
             raise ValueError(f"overlap must be 'skip' or 'allow', got {self.overlap!r}")
         window = duration("catchup_window", self.catchup_window)
         object.__setattr__(self, "catchup_window", window)
 
+    def every_seconds(self) -> float | None:
+        """``every`` in seconds (a ``timedelta`` given is kept as them)."""
+        return None if self.every is None else duration("every", self.every)
+
     def timetable(self) -> Timetable:
-        return Timetable(self.cron, self.every, self.timezone)
+        return Timetable(self.cron, self.every_seconds(), self.timezone)
 
 
 def _timetable(rec: ScheduleRecord) -> Timetable:
@@ -131,11 +134,11 @@ class Schedules:
             workflow=defn.name,
             next_fire=schedule.timetable().after(now),
             cron=schedule.cron,
-            every=None if schedule.every is None else float(schedule.every),
+            every=schedule.every_seconds(),
             timezone=schedule.timezone,
             input=input_json,
             overlap=schedule.overlap,
-            catchup_window=float(schedule.catchup_window),
+            catchup_window=duration("catchup_window", schedule.catchup_window),
             created_at=now,
             updated_at=now,
         )
