@@ -31,8 +31,10 @@ from flowkit_testing import TestEnv
 
 try:
     from store_kit import KINDS, Backend, make_backend
+    from ui_kit import client as ui_client
 except ImportError:  # tests/ imported as a package
     from tests.store_kit import KINDS, Backend, make_backend
+    from tests.ui_kit import client as ui_client
 
 T = TypeVar("T")
 HOUR = 3600.0
@@ -462,6 +464,15 @@ def test_a_history_with_a_null_fire_at_loads_shows_and_cancels(
             await env.settle()
             assert (await env.get_run("holder")).status is RunStatus.SUSPENDED
 
+    async def page() -> tuple[int, str]:
+        store = SqlStore(url)
+        try:
+            async with ui_client(store) as c:
+                r = await c.get("/runs/holder")
+                return r.status_code, r.text
+        finally:
+            store.close()
+
     async def finish() -> tuple[Any, ...]:
         store = SqlStore(url)
         try:
@@ -484,6 +495,8 @@ def test_a_history_with_a_null_fire_at_loads_shows_and_cancels(
         shown = _cli(url, capsys, "show", "holder")
         assert "wakes   never" in shown
         assert "sleep never fires" in _cli(url, capsys, "history", "holder")
+        status, html = asyncio.run(page())  # the dashboard's run page
+        assert status == 200 and "timer_started" in html
         fire_at, waited = asyncio.run(finish())
         assert fire_at == MAX_TIMESTAMP
         assert waited == "wait"
