@@ -186,14 +186,15 @@ def foreign_await(st: ActivationState, br: Branch, it: object, yielded: object) 
     return st.diverge(pos, st.recorded(pos), f"await of {what}, not a ctx call", FOREIGN_AWAIT)
 
 
-def disown(yielded: object) -> None:
-    """The future a body awaited outside its ctx calls, which nobody will await now: a task
-    or an ``asyncio.gather`` the body started (of ctx calls, say) is cancelled, as the
-    activation ends without it, and its outcome is read when it ends, so asyncio does not
-    log "exception was never retrieved" beside the activation's own report."""
+def disown(yielded: object, cancel: bool = False) -> None:
+    """A future a body awaited outside its ctx calls, which nobody will await now: its
+    outcome is read when it ends, so asyncio does not log "exception was never retrieved"
+    beside the activation's own report; with ``cancel`` (a task running a ctx call of the
+    activation: ``disown_calls``) it is cancelled too, as the activation ends without it. A
+    future of other code (a task the body merely awaited) is left to run."""
     if not isinstance(yielded, asyncio.Future):
         return
-    if isinstance(yielded, asyncio.Task) or type(yielded).__name__ == "_GatheringFuture":
+    if cancel:
         yielded.cancel()
     yielded.add_done_callback(_retrieve)
 
@@ -208,7 +209,7 @@ def disown_calls(st: ActivationState) -> None:
         if frame is None or frame.f_code.co_name not in CALL_NAMES:
             continue
         if frame.f_code.co_name != "gather" and frame.f_locals.get("st") is st:
-            disown(task)
+            disown(task, cancel=True)
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
