@@ -503,3 +503,38 @@ def test_a_history_with_a_null_fire_at_loads_shows_and_cancels(
         assert "[cancelled]" in _cli(url, capsys, "show", "holder")
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_flowkit_schedules_shows_a_schedule_an_older_flowkit_let_through(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``Schedule(every=10**12)`` was accepted (its next tick in the year 33658) and then
+    broke ``flowkit schedules`` for every schedule; such a row shows its next tick as
+    ``never`` now (and no new one can be made)."""
+    backend = make_backend(kind, request, tmp_path)
+    url = backend.url
+    assert url is not None
+
+    async def create() -> None:
+        async with Engine(backend.store, [Legacy()], worker=False) as eng:
+            await eng.schedules.create("huge", Schedule(Legacy, every=60, input="quick"))
+            await eng.schedules.create("fine", Schedule(Legacy, every=60, input="quick"))
+
+    try:
+        asyncio.run(create())
+        backend.store.close()
+        eng = sa.create_engine(url)
+        with eng.begin() as conn:
+            conn.execute(
+                sa.update(_schema.schedules)
+                .where(_schema.schedules.c.schedule_id == "huge")
+                .values(every=1e12, next_fire=1e12)
+            )
+        eng.dispose()
+        lines = _cli(url, capsys, "schedules").splitlines()
+        huge = next(line for line in lines if line.startswith("huge"))
+        assert "never" in huge
+        assert any(line.startswith("fine") and "sched:" not in line for line in lines)
+    finally:
+        backend.close()
