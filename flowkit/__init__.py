@@ -2,6 +2,7 @@
 
 import contextlib as _contextlib
 
+from . import _boot  # noqa: F401  # (first: a ``flowkit worker`` process catches SIGTERM now)
 from ._clock import Clock, SystemClock
 from ._context import ChildHandle, UpdateRequest, WorkflowCtx
 from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow

@@ -21,6 +21,17 @@ def evaluate(annotation: Any, globalns: dict[str, Any], localns: Mapping[str, An
     return typing.get_type_hints(holder, globalns, dict(localns), include_extras=True)["a"]
 
 
+_NEVER: tuple[Any, ...] = (typing.NoReturn, typing.Never)
+
+
+def result_type(tp: Any) -> Any:
+    """The type a value returned under the annotation ``tp`` is validated with: ``tp``, but
+    ``Any`` for ``NoReturn``/``Never`` (a function that never returns normally, as Temporal's
+    samples annotate an activity that always raises: no result to validate, and pydantic has
+    no schema for them)."""
+    return Any if any(tp is never for never in _NEVER) else tp
+
+
 def function_globals(fn: Callable[..., Any]) -> dict[str, Any]:
     """The module namespace ``fn``'s annotations are evaluated in (through ``__wrapped__``)."""
     ns = getattr(inspect.unwrap(fn), "__globals__", None)

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from . import _serde
 from ._continue import predecessor_id
+from ._limits import MAX_TIMESTAMP, MIN_TIMESTAMP
 from ._run import Run, RunStatus
 from ._telemetry import trace_of
 from ._worker import WORKER_SEEN_WINDOW, no_live_worker
@@ -146,8 +147,14 @@ def _status(status: RunStatus) -> tuple[str, str]:
 
 
 def _fmt_time(t: float | None) -> str:
+    """An instant as ``2026-01-01 12:00:00.000`` (UTC); ``never`` from ``MAX_TIMESTAMP`` on
+    (an infinite one an older flowkit stored included), its number when out of range."""
     if t is None:
         return "-"
+    if t >= MAX_TIMESTAMP:
+        return "never"
+    if not t >= MIN_TIMESTAMP:
+        return f"{t!r} (out of range)"
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
@@ -313,6 +320,8 @@ def _describe(ev: Event, t0: float) -> str:
                 f" {ev.error.type}: {message}{then}"
             )
         case TimerStarted():
+            if ev.fire_at >= MAX_TIMESTAMP:  # (a timer that never fires)
+                return f"{ev.purpose.replace('_', ' ')} never fires"
             return f"{ev.purpose.replace('_', ' ')} until +{ev.fire_at - t0:.3f}s"
         case SignalReceived():
             return f"{ev.name} payload {_value(ev.payload)}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, Protocol, TypeVar, overload
 
 from ._definition import RetryPolicy
@@ -37,15 +37,17 @@ class Runtime(Protocol):
         kwargs: dict[str, Any],
         name: str | None,
         retry: RetryPolicy | None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         compensate: Callable[[Any], Any] | None = None,
     ) -> Coroutine[Any, Any, Any]: ...
 
-    def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]: ...
+    def sleep_until(self, fire_at: float | datetime) -> Coroutine[Any, Any, None]: ...
 
-    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]: ...
+    def sleep(self, seconds: float | timedelta) -> Coroutine[Any, Any, None]: ...
 
-    def wait_for_signal(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]: ...
+    def wait_for_signal(
+        self, name: str, timeout: float | timedelta | None
+    ) -> Coroutine[Any, Any, Any]: ...
 
     async def gather(self, aws: tuple[Awaitable[Any], ...]) -> list[Any]: ...
 
@@ -76,10 +78,12 @@ class Runtime(Protocol):
     def set_event(self, key: str, value: Any) -> Awaitable[None]: ...
 
     def wait_for_event(
-        self, name: str, match: dict[str, Any] | None, timeout: float | None
+        self, name: str, match: dict[str, Any] | None, timeout: float | timedelta | None
     ) -> Coroutine[Any, Any, Any]: ...
 
-    def wait_for_update(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]: ...
+    def wait_for_update(
+        self, name: str, timeout: float | timedelta | None
+    ) -> Coroutine[Any, Any, Any]: ...
 
     def upsert_search(self, attrs: dict[str, Any]) -> Awaitable[None]: ...
 
@@ -151,7 +155,7 @@ class WorkflowCtx:
         *args: Any,
         name: str | None = None,
         retry: RetryPolicy | None = None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         compensate: Callable[[T], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
@@ -163,7 +167,7 @@ class WorkflowCtx:
         *args: Any,
         name: str | None = None,
         retry: RetryPolicy | None = None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         compensate: Callable[[T], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
@@ -174,7 +178,7 @@ class WorkflowCtx:
         *args: Any,
         name: str | None = None,
         retry: RetryPolicy | None = None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         compensate: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]:
@@ -182,9 +186,10 @@ class WorkflowCtx:
 
         The position is taken when ``step`` is called, so ``ctx.gather(ctx.step(a),
         ctx.step(b))`` replays in argument order. ``retry`` retries with durable backoff; a
-        final failure raises ``StepFailedError``. ``timeout`` (seconds > 0, per attempt, on
-        the engine's clock) fails an attempt that runs longer with ``StepTimeoutError``: an
-        async ``fn`` is cancelled, a sync one (it runs in a step thread, never on the event
+        final failure raises ``StepFailedError``. ``timeout`` (seconds > 0
+        or a ``timedelta``, per attempt, on the engine's clock; ``None`` or ``math.inf``:
+        none) fails an attempt that runs longer with ``StepTimeoutError``: an async ``fn`` is
+        cancelled, a sync one (it runs in a step thread, never on the event
         loop) is abandoned there and keeps running until it returns.
 
         ``compensate`` (a saga's undo, sync or async) is registered once the step completes:
@@ -195,23 +200,27 @@ class WorkflowCtx:
         execution (docs/composing-workflows.md, "Compensation (sagas)")."""
         return self._rt.step(fn, args, kwargs, name, retry, timeout, compensate)
 
-    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
-        """A durable timer: the run suspends and a worker resumes it when due."""
+    def sleep(self, seconds: float | timedelta) -> Coroutine[Any, Any, None]:
+        """A durable timer: the run suspends and a worker resumes it when due. ``seconds``
+        (or a ``timedelta``) is finite, >= 0 and at most ``flowkit.stores.limits.MAX_DURATION``
+        (1,000 years); anything else, ``math.inf`` included, raises ``InvalidInputError`` at
+        the call and records nothing (docs/writing-workflows.md, "Durations and their
+        limits")."""
         return self._rt.sleep(seconds)
 
     def sleep_until(self, when: float | datetime) -> Coroutine[Any, Any, None]:
-        """Sleep until an instant (epoch seconds or an aware ``datetime``)."""
-        if isinstance(when, datetime):
-            if when.tzinfo is None:
-                raise ValueError("sleep_until needs an aware datetime (e.g. tzinfo=UTC)")
-            when = when.timestamp()
-        return self._rt.sleep_until(float(when))
+        """Sleep until an instant (epoch seconds or an aware ``datetime``) no later than
+        9999-12-31T23:59:59Z (``InvalidInputError`` at the call otherwise)."""
+        return self._rt.sleep_until(when)
 
-    def wait_for_signal(self, name: str, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+    def wait_for_signal(
+        self, name: str, timeout: float | timedelta | None = None
+    ) -> Coroutine[Any, Any, Any]:
         """Wait for ``engine.signal(run_id, name, payload)`` and return the payload.
 
-        Signals sent before the wait are buffered. With ``timeout`` (seconds) it raises
-        ``SignalTimeout`` when none arrives in time."""
+        Signals sent before the wait are buffered. With ``timeout`` (seconds or a
+        ``timedelta``; ``None`` or ``math.inf``: none) it raises ``SignalTimeout`` when none
+        arrives in time."""
         return self._rt.wait_for_signal(name, timeout)
 
     async def gather(self, *aws: Awaitable[Any]) -> list[Any]:
@@ -300,7 +309,11 @@ class WorkflowCtx:
         return self._rt.set_event(key, value)
 
     def wait_for_event(
-        self, name: str, *, match: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        name: str,
+        *,
+        match: dict[str, Any] | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Coroutine[Any, Any, Any]:
         """Wait for ``engine.publish_event(name, payload)`` whose payload's top-level keys equal
         ``match``'s, and return the payload. An event published while no run waited for it is
@@ -309,7 +322,7 @@ class WorkflowCtx:
         return self._rt.wait_for_event(name, match, timeout)
 
     def wait_for_update(
-        self, name: str, timeout: float | None = None
+        self, name: str, timeout: float | timedelta | None = None
     ) -> Coroutine[Any, Any, UpdateRequest]:
         """Wait for ``engine.update(run_id, name, arg)``: an ``UpdateRequest`` whose
         ``await upd.reply(value)`` answers the caller. ``timeout`` raises ``SignalTimeout``."""

@@ -8,6 +8,7 @@ import sys
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -44,7 +45,9 @@ class Singleton:
 class RetryPolicy:
     """How ``ctx.step`` retries a failing function, with durable backoff between attempts.
 
-    Attempt ``n`` (n >= 2) waits ``min(initial_interval * backoff**(n-2), max_interval)``."""
+    Attempt ``n`` (n >= 2) waits ``min(initial_interval * backoff**(n-2), max_interval)``.
+    The intervals are seconds or ``datetime.timedelta``s (kept as seconds), each within the
+    limits of every duration (``InvalidInputError``, a ``ValueError``, otherwise)."""
 
     max_attempts: int = 3
     initial_interval: float = 1.0
@@ -55,14 +58,18 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("RetryPolicy.max_attempts must be >= 1")
-        if self.initial_interval < 0 or self.max_interval < 0:
-            raise ValueError("RetryPolicy intervals must be >= 0")
+        for name in ("initial_interval", "max_interval"):
+            seconds = _limits.duration(f"RetryPolicy.{name}", getattr(self, name))
+            object.__setattr__(self, name, seconds)  # (a timedelta kept as seconds)
         if self.backoff < 1 or not math.isfinite(self.backoff):
             raise ValueError("RetryPolicy.backoff must be a finite number >= 1")
 
     def delay_before(self, attempt: int) -> float:
         """The backoff to wait before ``attempt`` (2, 3, ...)."""
-        raw = self.initial_interval * self.backoff ** max(attempt - 2, 0)
+        try:
+            raw = self.initial_interval * self.backoff ** max(attempt - 2, 0)
+        except OverflowError:  # (a late attempt of a long policy: past any interval)
+            raw = math.inf
         return float(min(raw, self.max_interval))
 
     def retries(self, exc: BaseException, attempt: int) -> bool:
@@ -135,14 +142,9 @@ its leases back and never counts, so ten real deaths of one run is a strong sign
 
 
 def _check_timeout(value: Any) -> float | None:
-    """``execution_timeout``: seconds > 0 (finite), or ``None``; ``ValueError`` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"execution_timeout must be a number of seconds > 0, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"execution_timeout must be finite and > 0, got {value!r}")
-    return float(value)
+    """``execution_timeout``: seconds > 0 or a ``timedelta`` (``None`` or ``math.inf``:
+    none); ``InvalidInputError`` (a ``ValueError``) otherwise."""
+    return _limits.timeout("execution_timeout", value, positive=True)
 
 
 def _check_recoveries(value: Any) -> int | None:
@@ -196,6 +198,7 @@ class WorkflowDefinition:
         if self.resolved:
             return
         in_t, out_t = self.annotations.resolve(self.name)
+        out_t = _annotations.result_type(out_t)  # (``-> NoReturn``: a body that never returns)
         in_ad, out_ad = TypeAdapter(in_t), TypeAdapter(out_t)
         object.__setattr__(self, "input_type", in_t)
         object.__setattr__(self, "output_type", out_t)
@@ -295,7 +298,7 @@ def workflow(
     name: str | None = None,
     version: str = "1",
     singleton: Singleton | None = None,
-    execution_timeout: float | None = None,
+    execution_timeout: float | timedelta | None = None,
     max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
     on_event: str | None = None,
     signals: Mapping[str, Any] | None = None,
@@ -303,9 +306,10 @@ def workflow(
 ) -> Any:
     """Declare a workflow class: ``@workflow(name=..., version=..., singleton=...)``.
 
-    ``execution_timeout`` (seconds): a run still active that long after its start is
-    cancelled. ``max_recovery_attempts``: a run whose activation was lost (its worker died)
-    more often settles ``dead`` (``None``: never). Bad values raise ``ValueError`` here.
+    ``execution_timeout`` (seconds or a ``timedelta``): a run still active that long after
+    its start is cancelled. ``max_recovery_attempts``: a run whose activation was lost (its
+    worker died) more often settles ``dead`` (``None``: never). Bad values raise
+    ``ValueError`` here.
 
     ``run``'s input and return annotations are resolved with the module's names, the class
     body's and those of the function that applies the decorator; one that cannot be resolved

@@ -6,12 +6,24 @@ import asyncio
 import random
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
-from . import _cancel, _publish, _results, _retention, _retry, _search, _serde, _serve, _updates
+from . import (
+    _cancel,
+    _limits,
+    _publish,
+    _results,
+    _retention,
+    _retry,
+    _search,
+    _serde,
+    _serve,
+    _updates,
+)
 from . import _gate as gate
 from ._bus import Bus
 from ._children import Kin
@@ -86,16 +98,16 @@ class Engine:
         namespace: str | None = None,
         worker: bool = True,
         rng: random.Random | None = None,
-        lease_ttl: float = 30.0,
-        poll_interval: float | None = 1.0,
+        lease_ttl: float | timedelta = 30.0,
+        poll_interval: float | timedelta | None = 1.0,
         max_concurrency: int = 100,
-        blocked_retry: float = 60.0,
+        blocked_retry: float | timedelta = 60.0,
         bus: Bus | None = None,
         notify_on_release: bool = True,
         max_payload_bytes: int | None = None,
         step_threads: int = DEFAULT_STEP_THREADS,
         schedules: Mapping[str, Schedule] | None = None,
-        retention: float | None = None,
+        retention: float | timedelta | None = None,
     ) -> None:
         rng = rng or random.Random()
         if instance_id is not None:
@@ -108,10 +120,13 @@ class Engine:
             rng=rng,
             instance_id=instance_id or f"engine-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}",
             registry=Registry(),
-            lease_ttl=lease_ttl,
-            poll_interval=poll_interval,
+            # (every duration: seconds or a timedelta, docs/writing-workflows.md)
+            lease_ttl=_limits.duration("lease_ttl", lease_ttl, positive=True),
+            poll_interval=None
+            if poll_interval is None
+            else _limits.duration("poll_interval", poll_interval, positive=True),
             max_concurrency=max_concurrency,
-            blocked_retry=blocked_retry,
+            blocked_retry=_limits.duration("blocked_retry", blocked_retry, positive=True),
             notify_on_release=notify_on_release,
             # (None: what the store keeps; docs/stores.md, "Limits")
             max_payload_bytes=limits.payload_limit(store)
@@ -224,7 +239,7 @@ class Engine:
             w, self._worker = self._worker, None
             await w.stop(graceful=True)
 
-    async def serve(self, grace: float = _serve.DEFAULT_GRACE) -> None:
+    async def serve(self, grace: float | timedelta = _serve.DEFAULT_GRACE) -> None:
         """Run the worker until cancelled or SIGTERM/SIGINT, then drain: claim nothing more, let
         activations reach a durable point within ``grace`` s, give the leases back (DESIGN §12).
         A second signal exits the process at once (``flowkit._serve``)."""
@@ -489,12 +504,14 @@ class Engine:
         return await _retry.retry(self, run_id, input)
 
     # -- results and queries -----------------------------------------------------------
-    async def result(self, run_id: str, timeout: float | None = None) -> Any:
+    async def result(self, run_id: str, timeout: float | timedelta | None = None) -> Any:
         """Wait for the run to settle; return its output or raise ``WorkflowFailedError`` /
         ``RunCancelledError``. A run that continued as new (``Run.continued_as``) is followed
         to the last run of its chain, whose outcome it is. ``timeout`` (real seconds) raises
         ``ResultTimeoutError`` (a ``TimeoutError``) saying the status of the chain's current
-        run and why it may not have moved."""
+        run and why it may not have moved. ``timeout`` may be a ``timedelta``; ``None`` or
+        ``math.inf``: none."""
+        timeout = _limits.timeout("result timeout=", timeout)
         chain = [run_id]  # (the run the wait is at: a continue-as-new moves it on)
         try:
             async with asyncio.timeout(timeout):
@@ -583,7 +600,9 @@ class Engine:
         return await _search.list_runs(self, workflow, st, tag, search, limit, after, parent_id)
 
     # -- talking to runs (DESIGN §11) ---------------------------------------------------
-    async def get_event(self, run_id: str, key: str, timeout: float | None = None) -> Any:
+    async def get_event(
+        self, run_id: str, key: str, timeout: float | timedelta | None = None
+    ) -> Any:
         """The latest value run ``run_id`` published under ``key`` (``ctx.set_event``),
         waiting up to ``timeout`` real seconds for the first one; ``None`` if none came."""
         return await _publish.get_event(self, run_id, key, timeout)
@@ -595,19 +614,20 @@ class Engine:
         return await _publish.publish_event(self, name, payload, event_id)
 
     async def update(
-        self, run_id: str, name: str, arg: Any = None, *, timeout: float | None = None
+        self, run_id: str, name: str, arg: Any = None, *, timeout: float | timedelta | None = None
     ) -> Any:
         """Send update ``name`` to a running run and return its ``upd.reply(value)``."""
         return await _updates.update(self, run_id, name, arg, timeout)
 
     async def prune(
         self,
-        older_than: float,
+        older_than: float | timedelta,
         *,
         workflow: str | None = None,
         status: RunStatus | str | None = None,
     ) -> int:
-        """Delete terminal runs settled more than ``older_than`` seconds ago (histories,
+        """Delete terminal runs settled more than ``older_than`` (seconds or a ``timedelta``)
+        ago (histories,
         signals, search rows, published values); how many. Never an active run or the child
         of an active parent."""
         st = RunStatus(status) if status is not None else None

@@ -5,11 +5,20 @@ surrogate (PostgreSQL cannot store NUL in text, nothing can write a lone surroga
 A payload (an input, output, step result or signal payload) is bounded in size, measured as
 its compact JSON in UTF-8, and may not hold NaN, ±inf or NUL anywhere: none of them survives
 every store exactly. The engine checks before it writes; stores check again as a backstop
-(``flowkit.stores.limits``). docs/stores.md, "Limits", has the table."""
+(``flowkit.stores.limits``). docs/stores.md, "Limits", has the table.
+
+Durations and instants have one rule for every call and every store (``duration``,
+``timeout``, ``instant``): a duration is seconds (an ``int`` or ``float``) or a
+``datetime.timedelta``, never negative or NaN and at most ``MAX_DURATION``; an instant lies
+between ``MIN_TIMESTAMP`` and ``MAX_TIMESTAMP`` (what a ``datetime`` can show); a timeout may
+also be ``None`` or ``math.inf``, both meaning "no timeout". Bad ones raise
+``InvalidInputError`` (a ``ValueError``) at the call, before anything is written
+(docs/writing-workflows.md, "Durations and their limits")."""
 
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -36,6 +45,15 @@ MAX_EVENT_NAME_LENGTH = 255
 """Characters of a published event's name (and of an ``event_set`` key)."""
 MAX_ERROR_TEXT_LENGTH = 16384
 """Characters of an error message a history keeps; a longer one is cut (``error_text``)."""
+MAX_TIMESTAMP = 253_402_300_799.0
+"""The latest instant a timer, deadline or schedule tick may have: 9999-12-31T23:59:59Z (the
+last second a ``datetime`` shows)."""
+MIN_TIMESTAMP = -62_135_596_800.0
+"""The earliest instant ``ctx.sleep_until`` takes: 0001-01-01T00:00:00Z."""
+MAX_DURATION = 31_557_600_000.0
+"""The longest duration any call takes: 1,000 years of 365.25 days, in seconds."""
+MAX_CRON_LENGTH = 255
+"""Characters of a schedule's cron expression (PostgreSQL's column is ``VARCHAR(255)``)."""
 DEFAULT_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 """The default largest payload: 4 MiB of compact JSON (``max_payload_bytes`` of the bundled
 stores and ``Engine``)."""
@@ -147,6 +165,78 @@ def check_json(what: str, value: Any, max_bytes: int) -> None:
         raise SerializationError(f"{what} {problem}")
 
 
+def duration(
+    what: str, value: Any, *, positive: bool = False, workflow: str | None = None
+) -> float:
+    """``value`` (seconds or a ``datetime.timedelta``) as seconds, checked: finite, >= 0 (> 0
+    when ``positive``), at most ``MAX_DURATION``; ``InvalidInputError`` naming ``what``
+    otherwise (the one conversion every duration of flowkit goes through)."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # (an int too large for a float)
+            seconds = math.inf
+    else:
+        seconds = math.nan
+    if seconds != seconds or seconds < 0 or (positive and seconds == 0):
+        least = "> 0" if positive else ">= 0"
+        raise InvalidInputError(
+            workflow, f"{what} takes seconds {least} or a datetime.timedelta, got {value!r:.80}"
+        )
+    if seconds > MAX_DURATION:
+        raise InvalidInputError(
+            workflow,
+            f"{what} is {value!r:.80}; the longest duration is {MAX_DURATION:.0f} seconds "
+            '(1,000 years: docs/writing-workflows.md, "Durations and their limits")',
+        )
+    return seconds
+
+
+def timeout(
+    what: str, value: Any, *, positive: bool = False, workflow: str | None = None
+) -> float | None:
+    """A timeout: ``None`` or ``math.inf`` (no timeout) as ``None``, else ``duration``."""
+    if value is None or (isinstance(value, float) and value == math.inf):
+        return None
+    return duration(what, value, positive=positive, workflow=workflow)
+
+
+def instant(what: str, value: Any, workflow: str | None = None) -> float:
+    """``value`` (epoch seconds or an aware ``datetime``) as epoch seconds, checked: between
+    ``MIN_TIMESTAMP`` and ``MAX_TIMESTAMP``; ``InvalidInputError`` naming ``what`` otherwise."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInputError(
+                workflow, f"{what} needs an aware datetime (e.g. tzinfo=UTC), got {value!r}"
+            )
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(
+            workflow, f"{what} takes epoch seconds or an aware datetime, got {value!r:.80}"
+        )
+    if not MIN_TIMESTAMP <= value <= MAX_TIMESTAMP:  # (NaN is neither)
+        raise InvalidInputError(workflow, f"{what} {value!r:.80} is not an instant {_RANGE}")
+    return float(value)
+
+
+def check_due(what: str, at: float, workflow: str | None = None) -> float:
+    """``at`` (an instant computed from a duration: now + seconds), checked as ``instant``
+    checks one: ``InvalidInputError`` when it is past ``MAX_TIMESTAMP``."""
+    if not at <= MAX_TIMESTAMP:
+        raise InvalidInputError(
+            workflow, f"{what} would be due at {at!r:.80}, not an instant {_RANGE}"
+        )
+    return at
+
+
+_RANGE = (
+    "between 0001-01-01 and 9999-12-31T23:59:59Z "
+    '(docs/writing-workflows.md, "Durations and their limits")'
+)
+
+
 def error_text(s: str) -> str:
     """``s`` (an exception's message) as every store can keep it: NUL written ``\\x00``, a lone
     surrogate as its escape, and cut to ``MAX_ERROR_TEXT_LENGTH`` characters: a message must
@@ -162,6 +252,8 @@ def error_text(s: str) -> str:
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_CRON_LENGTH",
+    "MAX_DURATION",
     "MAX_ERROR_TEXT_LENGTH",
     "MAX_EVENT_NAME_LENGTH",
     "MAX_NAMESPACE_LENGTH",
@@ -169,14 +261,20 @@ __all__ = [
     "MAX_SIGNAL_NAME_LENGTH",
     "MAX_SINGLETON_KEY_LENGTH",
     "MAX_TAG_LENGTH",
+    "MAX_TIMESTAMP",
     "MAX_UPDATE_NAME_LENGTH",
     "MAX_WORKFLOW_NAME_LENGTH",
+    "MIN_TIMESTAMP",
+    "check_due",
     "check_identifier",
     "check_json",
+    "duration",
     "error_text",
     "identifier_problem",
+    "instant",
     "size_problem",
     "suspicious",
     "text_problem",
+    "timeout",
     "value_problem",
 ]

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _serde
+from . import _limits, _serde
 from ._event_keys import payload_keys
 from ._history_wait import latest_event, wait_for_history
 from ._run import Run
@@ -24,17 +25,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("flowkit")
 
 
-async def get_event(engine: Engine, run_id: str, key: str, timeout: float | None) -> Any:
+async def get_event(
+    engine: Engine, run_id: str, key: str, timeout: float | timedelta | None
+) -> Any:
     """``Engine.get_event``: the value of the run's newest ``event_set`` of ``key`` (as
     stored: JSON). None set yet: wait up to ``timeout`` real seconds (``None``: until one is
     set or the run settles) for the first, then ``None``; a settled run that never set it
     answers ``None`` at once. A run that continued as new is followed to its successors (the
     newest value any run of the chain set). ``RunNotFoundError`` for an unknown run."""
     limits.check_identifier("event key", key, limits.MAX_EVENT_NAME_LENGTH)
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-    ):
-        raise InvalidInputError(None, f"get_event timeout= takes seconds >= 0, got {timeout!r}")
+    secs = _limits.timeout("get_event timeout=", timeout)
     await engine._get(run_id)  # (RunNotFoundError before any wait)
     # A run that continued as new (``Run.continued_as``) is followed along its chain, as
     # ``result`` follows it: the newest value set by any run of the chain wins.
@@ -52,13 +52,13 @@ async def get_event(engine: Engine, run_id: str, key: str, timeout: float | None
             return (ev.value,)
         if found:
             return (found[-1],)
-        if run.status.terminal or timeout == 0:
+        if run.status.terminal or secs == 0:
             return (None,)
         return None
 
     try:
         # (``timeout=0``: one read a run, ``pick`` answers at once)
-        async with asyncio.timeout(timeout or None):
+        async with asyncio.timeout(secs or None):
             while True:
                 (value,) = await wait_for_history(engine.store, engine.bus, chain[-1], pick)
                 if value is not _FOLLOW:

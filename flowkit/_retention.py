@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._limits import duration
 from ._run import RunStatus
 from ._seat import WorkerConfig
 from .errors import InvalidInputError, UnsupportedStoreError
@@ -28,15 +29,8 @@ MAX_PERIOD = 3600.0
 
 
 def check_age(what: str, seconds: Any) -> float:
-    """A retention age in seconds (``InvalidInputError`` unless a finite number >= 0)."""
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or seconds < 0
-    ):
-        raise InvalidInputError(None, f"{what} must be a number of seconds >= 0, got {seconds!r}")
-    return float(seconds)
+    """A retention age in seconds (or a ``timedelta``): ``_limits.duration``'s rule."""
+    return duration(what, seconds)
 
 
 async def prune_store(
@@ -62,7 +56,7 @@ async def prune_store(
 
 async def prune(
     engine: Engine,
-    older_than: float,
+    older_than: float | timedelta,
     workflow: str | None,
     status: RunStatus | None,
 ) -> int:

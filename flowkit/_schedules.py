@@ -12,12 +12,11 @@ dies between the two leaves ``next_fire`` at ``T``; the next one starts the same
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._limits import MAX_RUN_ID_LENGTH, check_identifier
+from ._limits import MAX_RUN_ID_LENGTH, check_identifier, duration
 from ._run import Run
 from ._timetable import Timetable, tick_time
 from .errors import (
@@ -48,32 +47,38 @@ MAX_SCHEDULE_ID_LENGTH = MAX_RUN_ID_LENGTH - len("sched::manual:2000-01-01T00:00
 
 @dataclass(frozen=True)
 class Schedule:
-    """What to start and when: ``cron`` (a cron expression in ``timezone``) or ``every``
-    (seconds; ticks at multiples of it since the epoch), one of the two. Each tick starts
-    ``workflow`` with ``input`` as run ``f"sched:{id}:{tick:%Y-%m-%dT%H:%M:%SZ}"``.
+    """What to start and when: ``cron`` (a cron expression in ``timezone``, at most
+    ``MAX_CRON_LENGTH`` characters) or ``every`` (whole seconds or a ``timedelta``, at most
+    ``MAX_DURATION``; ticks at multiples of it since the epoch), one of the two. Each tick
+    starts ``workflow`` with ``input`` as run ``f"sched:{id}:{tick:%Y-%m-%dT%H:%M:%SZ}"``.
     ``overlap="skip"`` skips a tick while the schedule's previous run is active;
-    ``catchup_window`` (seconds): after downtime, missed ticks that recent are started.
-    Checked here (``ValueError``); the workflow and the input at ``create``."""
+    ``catchup_window`` (seconds or a ``timedelta``): after downtime, missed ticks that recent
+    are started. Checked here (``ValueError``; the same rule for every store); the workflow
+    and the input at ``create``. A ``timedelta`` is kept as seconds."""
 
     workflow: Any
     cron: str | None = None
-    every: float | None = None
+    every: float | timedelta | None = None
     timezone: str = "UTC"
     input: Any = None
     overlap: Literal["skip", "allow"] = "skip"
-    catchup_window: float = 0
+    catchup_window: float | timedelta = 0
 
     def __post_init__(self) -> None:
-        Timetable(self.cron, self.every, self.timezone)  # (ValueError when it cannot tick)
+        if self.every is not None:
+            object.__setattr__(self, "every", duration("every", self.every, positive=True))
+        self.timetable()  # (ValueError when it cannot tick)
         if self.overlap not in ("skip", "allow"):
             raise ValueError(f"overlap must be 'skip' or 'allow', got {self.overlap!r}")
-        window = self.catchup_window
-        bad = isinstance(window, bool) or not isinstance(window, int | float)
-        if bad or not math.isfinite(window) or window < 0:
-            raise ValueError(f"catchup_window must be seconds >= 0, got {window!r}")
+        window = duration("catchup_window", self.catchup_window)
+        object.__setattr__(self, "catchup_window", window)
+
+    def every_seconds(self) -> float | None:
+        """``every`` in seconds (a ``timedelta`` given is kept as them)."""
+        return None if self.every is None else duration("every", self.every)
 
     def timetable(self) -> Timetable:
-        return Timetable(self.cron, self.every, self.timezone)
+        return Timetable(self.cron, self.every_seconds(), self.timezone)
 
 
 def _timetable(rec: ScheduleRecord) -> Timetable:
@@ -129,11 +134,11 @@ class Schedules:
             workflow=defn.name,
             next_fire=schedule.timetable().after(now),
             cron=schedule.cron,
-            every=None if schedule.every is None else float(schedule.every),
+            every=schedule.every_seconds(),
             timezone=schedule.timezone,
             input=input_json,
             overlap=schedule.overlap,
-            catchup_window=float(schedule.catchup_window),
+            catchup_window=duration("catchup_window", schedule.catchup_window),
             created_at=now,
             updated_at=now,
         )

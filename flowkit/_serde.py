@@ -127,7 +127,7 @@ def return_adapter(fn: Callable[..., Any]) -> TypeAdapter[Any]:
     ret = _return_type(fn, _unwrap(fn))
     if ret is None:
         ret = type(None)
-    return adapter_for(ret)
+    return adapter_for(_annotations.result_type(ret))
 
 
 _META: dict[Any, tuple[str, TypeAdapter[Any], bool]] = {}

@@ -10,6 +10,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from ._limits import MAX_CRON_LENGTH, duration
+from .errors import InvalidInputError
+
 
 def check_zone(timezone: object) -> ZoneInfo:
     """The zone named ``timezone``; ``ValueError`` when there is no such zone."""
@@ -38,6 +41,12 @@ class Timetable:
         if cron is not None:
             if not isinstance(cron, str):
                 raise ValueError(f"cron must be a string, got {cron!r}")
+            if len(cron) > MAX_CRON_LENGTH:  # (one rule for every store: PostgreSQL's column)
+                raise InvalidInputError(
+                    None,
+                    f"a cron expression is at most {MAX_CRON_LENGTH} characters, "
+                    f"got {len(cron)} ({cron[:40]!r}...)",
+                )
             try:
                 CronSim(cron, datetime(2000, 1, 1, tzinfo=self.zone))
             except CronSimError as exc:
@@ -48,7 +57,7 @@ class Timetable:
             if not math.isfinite(every) or every < 1 or every != int(every):
                 # (a tick's run id names its second: two ticks in one second would be one run)
                 raise ValueError(f"every must be a whole number of seconds >= 1, got {every!r}")
-            self.every = int(every)
+            self.every = int(duration("every", every))  # (at most MAX_DURATION)
 
     def after(self, t: float) -> float:
         """The first tick strictly after the instant ``t``."""

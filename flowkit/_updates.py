@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from . import _continue, _schemas, _serde
+from . import _continue, _limits, _schemas, _serde
 from ._history_wait import latest_event, wait_for_history
 from ._payloads import inbox_name, payload_adapter, received
 from ._run import Run
@@ -143,7 +144,9 @@ async def _recorded_arg(engine: Engine, run: Run, name: str, arg: Any) -> Any:
     return data
 
 
-async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: float | None) -> Any:
+async def update(
+    engine: Engine, run_id: str, name: str, arg: Any, timeout: float | timedelta | None
+) -> Any:
     """``Engine.update``: check, validate and deliver the update, then wait for its reply.
 
     In order, each failure writing nothing: the name (``InvalidInputError``; reserved
@@ -160,10 +163,7 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
     continues before taking it moves it to its successor: the reply comes from there."""
     limits.check_identifier("update name", name, limits.MAX_UPDATE_NAME_LENGTH)
     _schemas.check_reserved("update", name)
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-    ):
-        raise InvalidInputError(None, f"update timeout= takes seconds >= 0, got {timeout!r}")
+    secs = _limits.timeout("update timeout=", timeout)
     # a run that continued as new passes it on to the last run of its chain
     run = await _continue.chain_end(engine.store, await engine._get(run_id))
     if run.status.terminal:
@@ -211,19 +211,19 @@ async def update(engine: Engine, run_id: str, name: str, arg: Any, timeout: floa
 
     at = delivered.id  # (the run that has it: a continue-as-new moves it on)
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(secs):
             while True:
                 replied, value = await wait_for_history(store, engine.bus, at, pick)
                 if replied:
                     break
                 at = value
     except TimeoutError as exc:
-        if isinstance(exc, ResultTimeoutError) or timeout is None:
+        if isinstance(exc, ResultTimeoutError) or secs is None:
             raise
         fresh = await engine.store.get_run(at)
         status = fresh.status.value if fresh is not None else "gone"
         hint = f"update {name!r} ({update_id}) has no reply yet"
-        raise ResultTimeoutError(at, status, timeout, hint) from None
+        raise ResultTimeoutError(at, status, secs, hint) from None
     return value
 
 

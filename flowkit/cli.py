@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -52,6 +53,7 @@ from ._replay.replayer import (
     replay_dir_async,
 )
 from ._run import Run, RunStatus
+from ._serve import catch_stop_signals, release_stop_signals
 from ._worker import WORKER_SEEN_WINDOW
 from .errors import FlowkitError, NonDeterminismError
 from .singleton import holders, waiters
@@ -578,9 +580,15 @@ async def _dispatch(args: argparse.Namespace, out: Out) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Out(Console())
+    # (a worker catches SIGTERM/SIGINT first thing: one that comes while it starts stops it
+    # cleanly, exit 0, instead of killing it)
+    if args.cmd != "worker":
+        release_stop_signals()
+    caught = catch_stop_signals() if args.cmd == "worker" else contextlib.nullcontext()
     try:
-        _prepare(args)
-        return asyncio.run(_dispatch(args, out))
+        with caught:
+            _prepare(args)
+            return asyncio.run(_dispatch(args, out))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from . import _serde
+from ._limits import MAX_TIMESTAMP
 from .errors import HistoryError
 
 __all__ = [
@@ -122,6 +123,13 @@ class TimerStarted(_Base):
     pos: str
     fire_at: float
     purpose: Literal["sleep", "signal_timeout"] = "sleep"
+
+    @field_validator("fire_at", mode="before")
+    @classmethod
+    def _never(cls, value: Any) -> Any:
+        """A ``null`` ``fire_at`` (an infinite timer an older flowkit wrote as JSON) reads as
+        ``MAX_TIMESTAMP``: a timer that never fires, which a cancel still ends."""
+        return MAX_TIMESTAMP if value is None else value
 
 
 class TimerFired(_Base):

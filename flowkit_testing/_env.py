@@ -6,13 +6,14 @@ import asyncio
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
 from flowkit import Engine, History, Run, RunStatus
 from flowkit._bus import Bus
 from flowkit._eager import others_ready
+from flowkit._limits import duration
 from flowkit._threads import steps_in_threads
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import UNSET
@@ -310,14 +311,12 @@ class TestEnv:
         self._poke()
         await self.settle()
 
-    async def advance(self, seconds: float) -> None:
-        """Move virtual time ``seconds`` forward, firing due timers and the ticks of durable
-        schedules (``engine.schedules``) in order. Time never moves while a step attempt
-        runs its function: each jump first waits for those in flight, in real time (see
-        ``_hold``: one running ``hung_step_after`` real seconds counts as hung)."""
-        if seconds < 0:
-            raise ValueError("advance needs seconds >= 0")
-        target = self.clock.now() + seconds
+    async def advance(self, seconds: float | timedelta) -> None:
+        """Move virtual time ``seconds`` (or a ``timedelta``) forward, firing due timers and
+        the ticks of durable schedules (``engine.schedules``) in order. Time never moves while
+        a step attempt runs its function: each jump first waits for those in flight, in real
+        time (see ``_hold``: one running ``hung_step_after`` real seconds counts as hung)."""
+        target = self.clock.now() + duration("advance", seconds)
         self._poke()  # work made due by others (a client engine, a store) moves first
         await self.settle()
         while True:

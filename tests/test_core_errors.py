@@ -200,7 +200,7 @@ async def test_negative_sleep_fails_the_run_with_value_error() -> None:
         await env.start("bad-bodies", "negative-sleep", "r1")
         with pytest.raises(flowkit.WorkflowFailedError) as ei:
             await env.result("r1")
-        assert ei.value.error["type"] == "ValueError"
+        assert ei.value.error["type"] == "InvalidInputError"  # (a ValueError)
         assert "timer_started" not in (await env.history("r1")).types
 
 

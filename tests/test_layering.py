@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": (
         "flowkit.errors",
+        "flowkit._boot",
         "flowkit._clock",
         "flowkit._eager",
         "flowkit._annotations",

@@ -129,7 +129,7 @@ async def _blocked(env: TestEnv, trap: str) -> tuple[str, flowkit.History]:
         ("asyncio-sleep", "asyncio.tasks.sleep()"),
         ("asyncio-sleep-0", "asyncio.tasks.sleep()"),
         ("event", "asyncio.locks.Event.wait()"),
-        ("asyncio-gather", "_GatheringFuture"),
+        ("asyncio-gather", "asyncio.gather(...) (use ctx.gather)"),
         ("create-task", "task "),
         ("in-gather-child", "asyncio.tasks.sleep()"),
     ],

@@ -298,14 +298,26 @@ async def test_retry_gives_a_fresh_deadline(store: Any) -> None:
         assert await env.result("f") == "ok"
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "1", True])
+@pytest.mark.parametrize("bad", [0, -1, float("-inf"), float("nan"), "1", True, 1e300])
 def test_bad_execution_timeout_is_refused_at_decoration(bad: Any) -> None:
-    with pytest.raises(ValueError, match="execution_timeout"):
+    with pytest.raises(flowkit.InvalidInputError, match="execution_timeout"):
 
         @workflow(name="bad", execution_timeout=bad)
         class Bad:
             async def run(self, ctx: WorkflowCtx, input: None) -> None:
                 return None
+
+
+def test_an_infinite_execution_timeout_is_none() -> None:
+    """``math.inf`` means what ``None`` means: no deadline (docs/writing-workflows.md)."""
+
+    @workflow(name="endless", execution_timeout=float("inf"))
+    class Endless:
+        async def run(self, ctx: WorkflowCtx, input: None) -> None:
+            return None
+
+    defn = definition_of(Endless)
+    assert defn is not None and defn.execution_timeout is None
 
 
 # -- property: any program under any deadline settles, and its history replays --------------

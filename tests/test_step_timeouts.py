@@ -300,8 +300,8 @@ async def test_a_foreign_timeout_around_a_timed_step_still_blocks_the_run(
 async def test_a_bad_timeout_is_a_value_error_that_records_nothing(
     backend: Backend, bad: Any
 ) -> None:
-    """``None`` is the default (no timeout); everything else not > 0 and finite is refused
-    as the call is made, before it takes a position."""
+    """``None`` is the default (no timeout), and ``math.inf`` means the same; everything
+    else not > 0 is refused as the call is made, before it takes a position."""
     seen: list[str] = []
 
     @workflow(name="bad-timeout")
@@ -318,7 +318,7 @@ async def test_a_bad_timeout_is_a_value_error_that_records_nothing(
 
     async with TestEnv([BadTimeout()], store=backend.store, hung_step_after=HUNG) as env:
         await env.start("bad-timeout", None, "r1")
-        if bad is None:
+        if bad is None or bad == math.inf:
             await env.run_until_idle()  # the unawaited call blocks the run: it was valid
             assert (await env.get_run("r1")).status is RunStatus.BLOCKED
             assert seen == []

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import _serde
+from .. import _limits, _serde
 from .._context import ChildHandle
 from .._definition import RetryPolicy, definition_of
 from ..events import ChildFailed, ChildStarted, PatchMarker
@@ -82,15 +83,14 @@ class Calls:
         kwargs: dict[str, Any],
         name: str | None,
         retry: RetryPolicy | None,
-        timeout: float | None = None,
+        timeout: float | timedelta | None = None,
         compensate: Callable[[Any], Any] | None = None,
     ) -> Coroutine[Any, Any, Any]:
         if not callable(fn):
             raise TypeError(f"ctx.step needs a callable, got {fn!r}")
         if compensate is not None and not callable(compensate):
             raise TypeError(f"ctx.step compensate= takes a callable, got {compensate!r}")
-        if timeout is not None:
-            timeout = check_timeout(timeout)
+        secs = _limits.timeout("ctx.step timeout=", timeout, positive=True, workflow=self.workflow)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError("retry= takes a flowkit.RetryPolicy")
         if name is not None and not isinstance(name, str):
@@ -109,7 +109,7 @@ class Calls:
         if isinstance(fn, ReplayStub):  # an injected service stubbed out by replay()
             name = name or ReplayStub.ANY_NAME
             coro = run_step(
-                st, br, idx, pos, fn, args, kwargs, name, retry, None, True, timeout, compensate
+                st, br, idx, pos, fn, args, kwargs, name, retry, None, True, secs, compensate
             )
             br.step = name
         else:
@@ -133,7 +133,7 @@ class Calls:
                 retry,
                 adapter,
                 is_async,
-                timeout,
+                secs,
                 compensate,
             )
         if idx == br.next:
@@ -141,18 +141,18 @@ class Calls:
         return coro
 
     # -- durable waits ------------------------------------------------------------------------
-    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
-        if not isinstance(seconds, int | float) or seconds < 0 or seconds != seconds:
-            raise ValueError(f"ctx.sleep needs seconds >= 0, got {seconds!r}")
+    def sleep(self, seconds: float | timedelta) -> Coroutine[Any, Any, None]:
+        secs = _limits.duration("ctx.sleep", seconds, workflow=self.workflow)
         st = self.st
         br = made_on(st)
         pos = br.next_pos()
-        coro = run_sleep(st, br, br.counter, pos, None, float(seconds))
+        coro = run_sleep(st, br, br.counter, pos, None, secs)
         if br.counter == br.next:
             br.head = coro
         return coro
 
-    def sleep_until(self, fire_at: float) -> Coroutine[Any, Any, None]:
+    def sleep_until(self, fire_at: float | datetime) -> Coroutine[Any, Any, None]:
+        fire_at = _limits.instant("ctx.sleep_until", fire_at, self.workflow)
         st = self.st
         br = made_on(st)
         pos = br.next_pos()
@@ -161,15 +161,16 @@ class Calls:
             br.head = coro
         return coro
 
-    def wait_for_signal(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]:
+    def wait_for_signal(
+        self, name: str, timeout: float | timedelta | None
+    ) -> Coroutine[Any, Any, Any]:
         if not isinstance(name, str) or not name:
             raise ValueError("signal name must be a non-empty string")
-        if timeout is not None and (timeout < 0 or timeout != timeout):
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        secs = _limits.timeout("ctx.wait_for_signal timeout=", timeout, workflow=self.workflow)
         st = self.st
         br = made_on(st)
         pos = br.next_pos()
-        coro = run_wait_signal(st, br, br.counter, pos, name, timeout)
+        coro = run_wait_signal(st, br, br.counter, pos, name, secs)
         if br.counter == br.next:
             br.head = coro
         return coro
@@ -179,11 +180,13 @@ class Calls:
         return published.set_event(self.st, key, value)
 
     def wait_for_event(
-        self, name: str, match: dict[str, Any] | None, timeout: float | None
+        self, name: str, match: dict[str, Any] | None, timeout: float | timedelta | None
     ) -> Coroutine[Any, Any, Any]:
         return published.wait_for_event(self.st, name, match, timeout)
 
-    def wait_for_update(self, name: str, timeout: float | None) -> Coroutine[Any, Any, Any]:
+    def wait_for_update(
+        self, name: str, timeout: float | timedelta | None
+    ) -> Coroutine[Any, Any, Any]:
         return updates.wait_for_update(self.st, self, name, timeout)
 
     def reply_update(self, upd: Any, value: Any) -> Coroutine[Any, Any, None]:
@@ -368,17 +371,6 @@ def _recorded_child(st: ActivationState, pos: str) -> str | None:
         if isinstance(ev, ChildStarted | ChildFailed):
             return ev.run_id
     return None
-
-
-def check_timeout(timeout: object) -> float:
-    """``ctx.step``'s ``timeout=``: finite seconds > 0, else ``ValueError`` (nothing runs)."""
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not 0 < timeout < float("inf")
-    ):
-        raise ValueError(f"ctx.step timeout= takes seconds > 0, got {timeout!r}")
-    return float(timeout)
 
 
 def _made_on_branch(aw: object, br: Branch) -> bool:

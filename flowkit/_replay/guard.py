@@ -148,6 +148,9 @@ def running_branch(st: ActivationState, made_in: Branch) -> Branch:
     br: Branch = cur[1]
     if br is made_in or not br.running:
         pos, call = describe_call(call_frame())
+        task = asyncio.current_task()
+        if task is not None:  # (nobody awaits this task: its failure is the report's)
+            task.add_done_callback(_retrieve)
         raise st.diverge(
             pos, st.recorded(pos), f"{call} awaited in a task of its own", FOREIGN_TASK
         )
@@ -174,18 +177,51 @@ def cancel_left(st: ActivationState, br: Branch) -> None:
 def foreign_await(st: ActivationState, br: Branch, it: object, yielded: object) -> BaseException:
     """Branch ``br`` yielded to the event loop outside its ctx calls (``Guard``): the
     exception thrown into it there."""
+    what = awaited(it, yielded)
+    disown(yielded)
+    disown_calls(st)
     if st.tearing_down:
         return _Evicted()
     pos = f"{br.prefix}{br.counter + 1}"
-    return st.diverge(
-        pos, st.recorded(pos), f"await of {awaited(it, yielded)}, not a ctx call", FOREIGN_AWAIT
-    )
+    return st.diverge(pos, st.recorded(pos), f"await of {what}, not a ctx call", FOREIGN_AWAIT)
+
+
+def disown(yielded: object, cancel: bool = False) -> None:
+    """A future a body awaited outside its ctx calls, which nobody will await now: its
+    outcome is read when it ends, so asyncio does not log "exception was never retrieved"
+    beside the activation's own report; with ``cancel`` (a task running a ctx call of the
+    activation: ``disown_calls``) it is cancelled too, as the activation ends without it. A
+    future of other code (a task the body merely awaited) is left to run."""
+    if not isinstance(yielded, asyncio.Future):
+        return
+    if cancel:
+        yielded.cancel()
+    yielded.add_done_callback(_retrieve)
+
+
+def disown_calls(st: ActivationState) -> None:
+    """Disown (``disown``) every task running a ctx call of the activation ``st`` (one the
+    body wrapped in a task: ``asyncio.wait_for``, ``asyncio.ensure_future``): the
+    activation ends without them."""
+    for task in asyncio.all_tasks():
+        coro: Any = task.get_coro()
+        frame = getattr(coro, "cr_frame", None)
+        if frame is None or frame.f_code.co_name not in CALL_NAMES:
+            continue
+        if frame.f_code.co_name != "gather" and frame.f_locals.get("st") is st:
+            disown(task, cancel=True)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def unawaited(st: ActivationState, br: Branch) -> _Diverged:
     """The oldest ctx call made on ``br`` and not awaited in its turn (``br.next``)."""
     pos = f"{br.prefix}{br.next}"
     coro: Any = br.head
+    disown_calls(st)  # (a call not awaited here may be awaited by a task: it never runs)
     call = "a ctx call"
     if coro is not None and coro.cr_frame is not None:
         at, desc = call_of(coro.cr_code.co_name, coro.cr_frame.f_locals)
@@ -204,6 +240,7 @@ def branch_done(st: ActivationState, br: Branch) -> None:
             unawaited(st, br)
         head: Any = br.head
         if head is not None and inspect.getcoroutinestate(head) == inspect.CORO_CREATED:
+            disown_calls(st)  # (a task the body wrapped it in must not run it closed)
             head.close()  # (Python's "never awaited" warning would only repeat ours)
     br.head = None
 
@@ -235,7 +272,9 @@ def awaited(it: Any, yielded: Any) -> str:
             what = f"{frame.f_globals.get('__name__', '?')}.{name}()"
         break
     if what is None:
-        if isinstance(yielded, asyncio.Task):
+        if type(yielded).__name__ == "_GatheringFuture":
+            what = "asyncio.gather(...) (use ctx.gather)"
+        elif isinstance(yielded, asyncio.Task):
             what = f"task {yielded.get_name()!r}"
         elif isinstance(yielded, asyncio.Future):
             what = f"a {type(yielded).__name__} ({type(yielded).__module__})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Coroutine, Generator
+from datetime import timedelta
 from typing import Any
 
 from .. import _limits, _serde
@@ -64,7 +65,10 @@ class Written:
 
 
 def wait_for_event(
-    st: ActivationState, name: str, match: dict[str, Any] | None, timeout: float | None
+    st: ActivationState,
+    name: str,
+    match: dict[str, Any] | None,
+    timeout: float | timedelta | None,
 ) -> Coroutine[Any, Any, Any]:
     """``ctx.wait_for_event``: takes its position now; records ``EventReceived``. A bad
     ``name``, ``match`` or ``timeout`` raises ``ValueError`` at the call."""
@@ -74,17 +78,14 @@ def wait_for_event(
         not isinstance(match, dict) or not all(isinstance(k, str) for k in match)
     ):
         raise ValueError(f"match must be a dict with str keys, got {match!r}")
-    if timeout is not None and (
-        not isinstance(timeout, int | float) or timeout < 0 or timeout != timeout
-    ):
-        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    secs = _limits.timeout("ctx.wait_for_event timeout=", timeout, workflow=st.defn.name)
     try:
         keys = match_keys(_serde.to_json(match, what="match") if match else None)
     except SerializationError as exc:
         raise ValueError(str(exc)) from None
     br = made_on(st)
     pos = br.next_pos()
-    coro = run_wait_event(st, br, br.counter, pos, name, keys, timeout)
+    coro = run_wait_event(st, br, br.counter, pos, name, keys, secs)
     if br.counter == br.next:
         br.head = coro
     return coro
@@ -173,9 +174,10 @@ async def _wait_event_in(
             await st.record([TimerFired(pos=pos, at=now)])
             raise SignalTimeout(name, timeout if timeout is not None else 0.0)
         if timeout is not None and timer is None:
-            timer = TimerStarted(
-                pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
+            fire_at = _limits.check_due(
+                "the timeout of wait_for_event", round(now + timeout, 6), st.defn.name
             )
+            timer = TimerStarted(pos=pos, fire_at=fire_at, purpose="signal_timeout", at=now)
             await st.record([timer])
             if timer.fire_at <= now:
                 continue  # (a zero timeout: one last take, then the timeout)

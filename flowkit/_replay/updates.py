@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from datetime import timedelta
 from typing import Any
 
 from .. import _limits, _serde
@@ -25,17 +26,14 @@ from .waits import wait_inbox
 
 
 def wait_for_update(
-    st: ActivationState, runtime: Any, name: str, timeout: float | None
+    st: ActivationState, runtime: Any, name: str, timeout: float | timedelta | None
 ) -> Coroutine[Any, Any, Any]:
     """``ctx.wait_for_update``: takes its position now; an ``UpdateRequest``."""
     _limits.check_identifier("update name", name, _limits.MAX_UPDATE_NAME_LENGTH, st.defn.name)
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-    ):
-        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    secs = _limits.timeout("ctx.wait_for_update timeout=", timeout, workflow=st.defn.name)
     br = made_on(st)
     pos = br.next_pos()
-    coro = run_wait_update(st, br, br.counter, pos, name, timeout, runtime)
+    coro = run_wait_update(st, br, br.counter, pos, name, secs, runtime)
     if br.counter == br.next:
         br.head = coro
     return coro

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from .._limits import check_due
 from .._payloads import received
 from .._run import InboxSignal
 from ..errors import ConflictError, SignalTimeout
@@ -43,6 +44,7 @@ async def run_sleep(
         if started is None:
             now = st.host.now()
             target = round(fire_at if fire_at is not None else now + (seconds or 0.0), 6)
+            check_due("ctx.sleep", target, st.defn.name)  # (nothing recorded past year 9999)
             started = TimerStarted(pos=pos, fire_at=target, at=now)
             await st.record([started])
         if started.fire_at > st.host.now():
@@ -126,9 +128,8 @@ async def wait_inbox(
         if st.cancel_requested:
             raise asyncio.CancelledError()
         if timeout is not None and timer is None:
-            timer = TimerStarted(
-                pos=pos, fire_at=round(now + timeout, 6), purpose="signal_timeout", at=now
-            )
+            due = check_due(f"the timeout of {call}", round(now + timeout, 6), st.defn.name)
+            timer = TimerStarted(pos=pos, fire_at=due, purpose="signal_timeout", at=now)
             await st.record([timer])
         if timer is not None and timer.fire_at <= now:
             await st.record([TimerFired(pos=pos, at=now)])

@@ -23,8 +23,10 @@ from .._limits import (
     MAX_SIGNAL_NAME_LENGTH,
     MAX_SINGLETON_KEY_LENGTH,
     MAX_TAG_LENGTH,
+    MAX_TIMESTAMP,
     MAX_UPDATE_NAME_LENGTH,
     MAX_WORKFLOW_NAME_LENGTH,
+    MIN_TIMESTAMP,
     check_identifier,
     check_json,
     error_text,
@@ -88,7 +90,9 @@ def _check_error(what: str, error: Any) -> None:
 
 def check_events(events: Sequence[Event], max_bytes: int) -> None:
     """Every payload of ``events`` within ``max_bytes`` and storable; every text (names,
-    positions, error messages) without NUL or a lone surrogate."""
+    positions, error messages) without NUL or a lone surrogate; every instant (``at``,
+    ``fire_at``, ``retry_at``) between ``MIN_TIMESTAMP`` and ``MAX_TIMESTAMP`` (an infinite
+    one was written ``null`` and made the history unreadable)."""
     for ev in events:
         for name, value in ev.__dict__.items():
             if name in PAYLOAD_FIELDS:
@@ -98,6 +102,9 @@ def check_events(events: Sequence[Event], max_bytes: int) -> None:
                     _check_text(f"{ev.type} {name}", value)
             elif type(value) is ErrorInfo:
                 _check_error(f"{ev.type} error", value)
+            elif type(value) is float:
+                if not MIN_TIMESTAMP <= value <= MAX_TIMESTAMP:
+                    raise SerializationError(f"{ev.type} {name} {value!r} is not an instant")
             elif type(value) is list:
                 for item in value:
                     _check_text(f"{ev.type} {name}", item)
