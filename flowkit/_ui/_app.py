@@ -28,7 +28,14 @@ from .._run import RunStatus
 from ..errors import FlowkitError
 from ..stores.base import UNSET
 from . import _views
-from ._auth import SECURITY_HEADERS, Keys, cookie_name, same_origin, url_without_token
+from ._auth import (
+    SECURITY_HEADERS,
+    SESSION_SECONDS,
+    Keys,
+    cookie_name,
+    same_origin,
+    url_without_token,
+)
 from ._fmt import ago, iso
 from ._sse import Changes
 
@@ -128,9 +135,16 @@ class Dashboard:
                 return self.login(request, wrong=True)
             resp = RedirectResponse(url_without_token(request), status_code=303)
             name = cookie_name(request)
-            resp.set_cookie(name, self.keys.session, httponly=True, samesite="strict", path="/")
+            resp.set_cookie(
+                name,
+                self.keys.session(self.clock.now()),
+                max_age=SESSION_SECONDS,
+                httponly=True,
+                samesite="strict",
+                path="/",
+            )
             return resp
-        if self.keys.cookie_ok(request):
+        if self.keys.cookie_ok(request, self.clock.now()):
             return None
         return self.login(request, wrong=False)
 
@@ -270,7 +284,7 @@ def _action(action: str) -> Callable[[Request], Awaitable[Response]]:
             return _plain("the dashboard is read-only", 403)
         if not same_origin(request):
             return _plain("cross-site request refused", 403)
-        if not d.keys.cookie_ok(request):
+        if not d.keys.cookie_ok(request, d.clock.now()):
             return _plain("actions need the token (open the dashboard's URL first)", 403)
         form = await request.form()
         if not d.keys.csrf_ok(str(form.get("csrf") or "")):
