@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._run import Run
+from .events import Event
 
 
 @dataclass(frozen=True)
@@ -34,4 +35,17 @@ class Lane:
     waiting: int
 
 
-__all__ = ["Lane", "LaneSummary"]
+@dataclass(frozen=True)
+class EventPage:
+    """A page of a run's history (``flowkit._browse.page_events``): ``events`` in ``seq``
+    order, and of the run's events of the types asked for (all types: every event) how many
+    there are and the first and last ``seq`` (``None``: none), so a page knows whether events
+    come before or after it."""
+
+    events: list[Event]
+    count: int
+    first_seq: int | None
+    last_seq: int | None
+
+
+__all__ = ["EventPage", "Lane", "LaneSummary"]
