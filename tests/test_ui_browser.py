@@ -196,6 +196,15 @@ def test_run_page_shows_timeline_and_lane(chrome: Any, dash: Dash, tmp_path: Pat
     assert items[0]["at"] == "+0.000s"
     assert all(i["at"].startswith("+") and i["at"].endswith("s") for i in items)
     assert "prepared prod" in items[types.index("step_completed")]["body"]
+    # each event's time in the browser's time zone (app.js), to the millisecond
+    local = chrome.execute_script(
+        "return arguments[0].map(ts => { const d = new Date(ts * 1000);"
+        " const p = (n, w) => String(n).padStart(w || 2, '0');"
+        " return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}"
+        ":${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`; });",
+        [i["ts"] for i in items],
+    )
+    assert [i["time"] for i in items] == local and all(ev.at > 0 for ev in events)
     assert lane_members(chrome)[0] == (holder, "holder", "0", True)
     keep(chrome, tmp_path, "run-holder")
 

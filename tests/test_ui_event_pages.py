@@ -58,6 +58,7 @@ async def _check(store: Any) -> None:
         {"limit": 500},
         {"before": 8, "limit": 3},
         {"before": 2, "limit": 3},
+        {"before": 6, "limit": 50},
         {"after": 0, "limit": 4},
         {"after": total - 2, "limit": 4},
         {"after": total, "limit": 4},
@@ -70,6 +71,8 @@ async def _check(store: Any) -> None:
         fast = await _browse.page_events(store, "r", **kw)
         cut = await _browse.page_events(slow, "r", **kw)  # type: ignore[arg-type]
         assert fast == cut, kw
+    short = await _browse.page_events(store, "r", before=6, limit=50)
+    assert [e.seq for e in short.events] == [1, 2, 3, 4, 5]  # (fewer than the limit)
     newest = await _browse.page_events(store, "r", limit=5)
     assert [e.seq for e in newest.events] == [e.seq for e in everything[-5:]]
     assert (newest.count, newest.first_seq, newest.last_seq) == (total, 1, total)

@@ -158,7 +158,8 @@ async def test_run_page_of_a_lane_holder_and_waiter(store: Any) -> None:
         doc = await _page(store, f"/runs/{current}")
         assert doc.one("body").get("data-page") == "run"
         live = doc.by_id("run-live")
-        assert live is not None and "data-live" in live.attrs
+        assert live is not None and "data-run-live" in live.attrs
+        assert (live.get("data-stream") or "").startswith(f"/events?run={current}&after=")
         assert doc.by_id("run-id").text == current  # type: ignore[union-attr]
         assert "mono" in doc.by_id("run-id").classes  # type: ignore[union-attr]
         badge = doc.by_id("run-status")
@@ -192,19 +193,14 @@ async def test_run_page_of_a_lane_holder_and_waiter(store: Any) -> None:
         assert ("singleton_gated" in types) == (current != "holder")
         actions = doc.by_id("actions")
         assert actions is not None and actions.parent is not None
-        assert actions.parent.get("id") != "run-live"  # (outside the live part)
-        for form, button in (
-            ("cancel-form", "cancel-button"),
-            ("retry-form", "retry-button"),
-            ("signal-form", "signal-button"),
-        ):
+        assert actions.parent.get("id") == "actions-live"  # (apart from the state)
+        for form, button in (("cancel-form", "cancel-button"), ("signal-form", "signal-button")):
             f = doc.by_id(form)
             assert f is not None and f.get("method") == "post" and f.get("data-confirm")
             assert f.get("action") == f"/runs/{current}/{form.split('-')[0]}"
             assert f.by_id(button) is not None
             assert f.one("input", name="csrf").get("value")
-        # (no new input without the workflow's code, ``--app``: tests/test_ui_edges.py)
-        assert doc.by_id("retry-same-input") is not None
+        assert doc.by_id("retry-form") is None  # (a suspended run: nothing to retry)
         doc.by_id("signal-form").one("input", name="name")  # type: ignore[union-attr]
         doc.by_id("signal-form").one("textarea", name="payload")  # type: ignore[union-attr]
 
@@ -225,7 +221,19 @@ async def test_run_page_of_a_failed_run(store: Any) -> None:
     for e in events:
         assert e.one("span", "event-type").text == e.get("data-type")
         assert e.one("span", "event-at").text.startswith("+")
-    assert XSS in events[-1].one("pre", "event-body").text
+    for e in events:  # (its time as a <time> app.js shows in local time; UTC until then)
+        t = e.one("time", "event-time")
+        assert t.get("data-format") == "local" and float(t.get("data-ts") or 0) > 0
+        assert (t.get("datetime") or "").endswith("Z") and t.text == t.get("datetime")
+    # the fields read as fields: the error by its headline (its JSON under "details")
+    err = events[-1].one("dd", data_field="error")
+    assert "field-error" in err.classes
+    assert err.one("span", "error-line").text == f"ValueError: bad row: {XSS}"
+    assert '"message"' in err.one("pre").text
+    started = events[0]
+    assert started.one("dd", data_field="workflow").text == "fails"
+    assert started.one("dd", data_field="input").text == f"{XSS}"  # (a string: as it is)
+    assert not started.all("dd", data_field="args_digest")
 
 
 async def test_run_page_of_a_parent_its_child_tags_and_search(store: Any) -> None:

@@ -149,7 +149,7 @@ def cut_page(
         page = [e for e in kept if e.seq > after][:n]
     else:
         below = [e for e in kept if before is None or e.seq < before]
-        page = below[len(below) - n :] if n else []
+        page = below[max(len(below) - n, 0) :] if n else []
     return EventPage(page, len(kept), kept[0].seq if kept else None, kept[-1].seq if kept else None)
 
 
