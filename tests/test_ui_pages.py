@@ -4,13 +4,15 @@ lane, parent and children, the lanes, 404s, and markup from the store always esc
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from ui_kit import SEEDED, XSS, El, client, parse, seed
+from ui_kit import SEEDED, XSS, El, client, parse, seed, until
 
-from flowkit import RunStatus
+from flowkit import Engine, RunStatus, Singleton, WorkflowCtx, workflow
+from flowkit.errors import SingletonQueueFullError
 
 
 async def _page(store: Any, url: str, status: int = 200) -> El:
@@ -320,3 +322,76 @@ async def test_markup_from_the_store_is_always_escaped(store: Any) -> None:
     assert XSS in markup.by_id("run-waiting").text  # type: ignore[union-attr]
     runs = await _page(store, f"/runs?workflow={quote(XSS)}")
     assert [r.get("data-run-id") for r in _rows(runs)] == ["markup"]
+
+
+@workflow(name="capped", singleton=Singleton(key=lambda inp: "k", limit=1, max_queue_depth=1))
+class Capped:
+    """One slot, one more may wait: two runs fill the key."""
+
+    async def run(self, ctx: WorkflowCtx, inp: Any) -> Any:
+        return await ctx.wait_for_signal("go")
+
+
+async def test_a_lanes_limit_and_full_queue(store: Any) -> None:
+    async with Engine(store, [Capped()], poll_interval=0.05) as engine:
+        await engine.start("capped", 1, "c-1")
+        await engine.start("capped", 2, "c-2")
+        with pytest.raises(SingletonQueueFullError):
+            await engine.start("capped", 3, "c-3")
+
+        async def rested() -> bool:
+            return bool((await store.get_run("c-1")).waiting_signals)
+
+        await until(rested, "the holder to wait")
+    # with the workflow's code (``--app``): the limit, the cap, and the queue full
+    async with client(store, workflows=[Capped()]) as c:
+        lanes = parse((await c.get("/lanes")).text)
+        (row,) = lanes.by_id("lanes").all("tr", "lane")  # type: ignore[union-attr]
+        assert row.get("data-full") == "true"
+        assert row.one("td", "limit").text == "1" and row.one("td", "cap").text == "1"
+        assert "full" in row.one("td", "depth").text
+        for url in ("/runs/c-2", "/lanes/capped/k"):
+            doc = parse((await c.get(url)).text)
+            assert doc.by_id("lane").get("data-full") == "true", url  # type: ignore[union-attr]
+            assert doc.by_id("lane-limit").text == "1" and doc.by_id("lane-cap").text == "1"  # type: ignore[union-attr]
+            assert doc.by_id("lane-full") is not None, url
+    # without it the dashboard cannot know them: it says so
+    async with client(store) as c:
+        lanes = parse((await c.get("/lanes")).text)
+        (row,) = lanes.by_id("lanes").all("tr", "lane")  # type: ignore[union-attr]
+        assert row.get("data-full") == "false" and row.one("td", "limit").text == "?"
+        doc = parse((await c.get("/runs/c-2")).text)
+        assert doc.by_id("lane-limit") is None and doc.by_id("lane-full") is None
+        assert "--app" in doc.by_id("lane-limits").text  # type: ignore[union-attr]
+
+
+@workflow(name="publisher")
+class Publisher:
+    """Publishes two keys (one twice), then waits."""
+
+    async def run(self, ctx: WorkflowCtx, inp: Any) -> Any:
+        await ctx.set_event("progress", {"done": 1})
+        await ctx.set_event("stage", XSS)
+        await ctx.set_event("progress", {"done": 2})
+        return await ctx.wait_for_signal("go")
+
+
+async def test_a_run_shows_its_published_values(store: Any) -> None:
+    async with Engine(store, [Publisher()], poll_interval=0.05) as engine:
+        await engine.start("publisher", None, "pub", search={"customer": "c-9"})
+
+        async def rested() -> bool:
+            return bool((await store.get_run("pub")).waiting_signals)
+
+        await until(rested, "the publisher to wait")
+    doc = await _page(store, "/runs/pub")
+    published = doc.by_id("run-published")
+    assert published is not None
+    keys = [dt.get("data-key") for dt in published.all("dt")]
+    assert keys == ["progress", "stage"]  # (the latest of each key, newest first)
+    values = [dd.one("pre").text for dd in published.all("dd")]
+    assert json.loads(values[0]) == {"done": 2} and json.loads(values[1]) == XSS
+    assert doc.by_id("run-version").text == "1"  # type: ignore[union-attr]
+    assert "c-9" in doc.by_id("run-search").text  # type: ignore[union-attr]
+    empty = await _page(store, "/runs/pub?before=1")  # (another page of the timeline: the same)
+    assert [dt.get("data-key") for dt in empty.by_id("run-published").all("dt")] == keys  # type: ignore[union-attr]

@@ -326,7 +326,7 @@ def _run_delta(d: Dashboard, request: Request) -> Callable[[], Awaitable[list[st
 
 
 async def _lanes(d: Dashboard, request: Request) -> Response:
-    return d.render(request, "lanes.html", await _views.lanes_context(d.store))
+    return d.render(request, "lanes.html", await _views.lanes_context(d.store, d.definitions))
 
 
 async def _lane(d: Dashboard, request: Request) -> Response:
@@ -339,7 +339,8 @@ async def _lane(d: Dashboard, request: Request) -> Response:
         wf, key = unquote(wf_part), unquote(key_part)
     else:
         wf, key = request.path_params["workflow"], request.path_params["key"]
-    return d.render(request, "lane.html", await _views.lane_context(d.store, wf, key))
+    ctx = await _views.lane_context(d.store, wf, key, d.definitions)
+    return d.render(request, "lane.html", ctx)
 
 
 async def _events(d: Dashboard, request: Request) -> Response:

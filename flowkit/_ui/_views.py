@@ -397,12 +397,27 @@ def _error_line(error: Any) -> str | None:
     return head
 
 
-async def lanes_context(store: Any) -> dict[str, Any]:
-    """The lanes page: every singleton lane with active runs."""
-    return {"page": "lanes", "lanes": await _browse.lanes(store)}
+async def lanes_context(store: Any, definitions: Any = ()) -> dict[str, Any]:
+    """The lanes page: every singleton lane with active runs, with its limit and whether its
+    queue is full when the dashboard has the workflow's code."""
+    rows = []
+    for lane in await _browse.lanes(store):
+        limits = lane_limits(definitions, lane.workflow, None)
+        rows.append({"lane": lane, "limits": limits, "full": queue_full(lane, limits)})
+    return {"page": "lanes", "lanes": rows}
 
 
-async def lane_context(store: Any, workflow: str, key: str) -> dict[str, Any]:
-    """One lane in full: holders then waiters in FIFO order."""
+async def lane_context(
+    store: Any, workflow: str, key: str, definitions: Any = ()
+) -> dict[str, Any]:
+    """One lane in full: holders then waiters in FIFO order, its limit and queue cap."""
     lane = await _browse.lane(store, workflow, key)
-    return {"page": "lanes", "lane": lane, "members": _members(lane), "run": None}
+    limits = lane_limits(definitions, workflow, None)
+    return {
+        "page": "lanes",
+        "lane": lane,
+        "members": _members(lane),
+        "run": None,
+        "limits": limits,
+        "queue_full": queue_full(lane, limits),
+    }
