@@ -1,6 +1,7 @@
 """The dashboard's routes (the DOM they render: docs/ui.md): pages behind the token cookie,
-``POST`` actions behind the cookie, the CSRF value and a same-origin check, ``/events`` for
-live updates, ``/static`` for app.js and app.css."""
+``POST`` actions behind the cookie, the CSRF value, a same-origin check and the run's status,
+``/events`` for live updates (a run's page: what changed, ``_run_delta``; the others: a
+``change`` to fetch themselves again), ``/static`` for app.js and app.css."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The dashboard's reads: each page's template context, built from ``flowkit._browse`` (runs
-newest first, counts, lanes) and the store's ``get_run`` / ``load_events`` /
-``list_runs(parent_id=...)``. A filter that does not parse becomes the page's error message,
-not an exception."""
+newest first, counts, lanes, a page of a run's history) and the store's ``get_run`` /
+``list_runs(parent_id=..., after=...)``; every page is bounded (a run's timeline and children
+are paged). A filter that does not parse becomes the page's error message, not an
+exception."""
 
 from __future__ import annotations
 
