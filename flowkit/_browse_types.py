@@ -5,9 +5,12 @@ layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._run import Run
-from .events import Event
+
+if TYPE_CHECKING:  # (a layer above this one: for the annotations only)
+    from .events import Event
 
 
 @dataclass(frozen=True)
