@@ -11,12 +11,13 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
 from starlette.requests import Request
 from store_kit import Backend
 from ui_kit import TOKEN, WORKFLOWS, client, parse, until
 
 from flowkit import Engine, WorkflowCtx, workflow
-from flowkit._ui import create_app
+from flowkit._ui import _app, _views, create_app
 from flowkit._ui._app import _run_delta
 from flowkit._ui._sse import Changes
 
@@ -120,7 +121,9 @@ def _stream_request(url: str, last_event_id: str | None = None) -> Request:
     )
 
 
-async def test_a_run_page_gets_what_changed_not_the_page(store: Any) -> None:
+async def test_a_run_page_gets_what_changed_not_the_page(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The run page's stream (``/events?run=...``) sends the new timeline rows past the last
     the page has, its state part when it changed and its actions when the allowed set
     changed; nothing when nothing changed."""
@@ -178,3 +181,11 @@ async def test_a_run_page_gets_what_changed_not_the_page(store: Any) -> None:
     older = _messages(await _run_delta(d, _stream_request(url.replace("follow=1", "follow=0")))())
     assert older[0][0] == "events" and "html" not in older[0][2]
     assert older[0][2]["count"] == len(await store.load_events("g"))
+    # a page far behind (more than MAX_PAGES_PER_CHANGE pages) gets the newest page instead
+    monkeypatch.setattr(_views, "EVENT_PAGE", 2)
+    monkeypatch.setattr(_app, "MAX_PAGES_PER_CHANGE", 1)
+    far = _messages(await _run_delta(d, _stream_request(url.replace("after=", "after=0&x=")))())
+    everything = await store.load_events("g")
+    assert far[0][0] == "events" and far[0][2]["reset"] is True
+    rows = [int(s) for s in re.findall(r'data-seq="(\d+)"', far[0][2]["html"])]
+    assert rows == [e.seq for e in everything[-2:]]

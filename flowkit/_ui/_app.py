@@ -294,7 +294,7 @@ def _run_delta(d: Dashboard, request: Request) -> Callable[[], Awaitable[list[st
         if run is None:
             return [_sse("gone", {})]
         out = []
-        for _ in range(MAX_PAGES_PER_CHANGE if follow else 1):
+        for i in range(MAX_PAGES_PER_CHANGE if follow else 1):
             page = await _browse.page_events(
                 d.store, run_id, after=seen.after, limit=_views.EVENT_PAGE if follow else 0
             )
@@ -305,10 +305,16 @@ def _run_delta(d: Dashboard, request: Request) -> Callable[[], Awaitable[list[st
                 break
             if not page.events:
                 break
+            reset = False
+            behind = (page.last_seq or 0) - seen.after
+            if i == 0 and behind > MAX_PAGES_PER_CHANGE * _views.EVENT_PAGE:
+                # (far behind: the newest page, not every row since; older ones a link away)
+                page = await _browse.page_events(d.store, run_id, limit=_views.EVENT_PAGE)
+                reset = True
             seen.after = page.events[-1].seq
             rows = {"timeline": _views.timeline_items(page.events, run.created_at)}
             html = str(d.fragment("_events.html", rows))
-            body = {"html": html, "last": seen.after, "count": page.count}
+            body = {"html": html, "last": seen.after, "count": page.count, "reset": reset}
             out.append(_sse("events", body, id=seen.after))
         ctx = await _views.state_context(d.store, run, q, d.definitions)
         ctx["retry_with_input"] = run.workflow in d.known

@@ -117,6 +117,10 @@
     if (!data.html) return;
     var rows = fragment(data.html).querySelectorAll("li.event");
     var added = 0;
+    if (data.reset) { // (far behind: the newest rows replace the page's, older ones "Earlier")
+      list.replaceChildren();
+      last = 0;
+    }
     for (var i = 0; i < rows.length; i++) {
       var seq = parseInt(rows[i].getAttribute("data-seq"), 10);
       if (!(seq > last)) continue; // (already here: a reconnect sent it again)
@@ -131,7 +135,7 @@
     var all = list.querySelectorAll("li.event");
     var cut = all.length - MAX_ROWS;
     for (var j = 0; j < cut; j++) all[j].remove();
-    if (cut > 0) earlierLink(list);
+    if (cut > 0 || data.reset) earlierLink(list);
     freshenTimes(list);
     appended += added;
     document.body.dataset.appended = String(appended);
