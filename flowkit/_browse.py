@@ -1,8 +1,10 @@
 """What an operator browses (the dashboard, ``flowkit ui``; DESIGN §12): runs newest first with
-counts per status, every singleton lane with its holders and queue, one lane in FIFO order, and
-a doorbell that rings after writes. Each read is pushed down to the store when it has the
-``BrowsesRuns`` capability (``flowkit.stores._capabilities``); otherwise it falls back to
-``Store.list_runs`` (correct, but it reads every run: fine for a small store only)."""
+counts per status, every singleton lane with its holders and queue, one lane in FIFO order, a
+page of a run's history, and a doorbell that rings after writes. Each read is pushed down to
+the store when it has the ``BrowsesRuns`` (``PagesEvents``) capability
+(``flowkit.stores._capabilities``); otherwise it falls back to ``Store.list_runs``
+(``load_events``): correct, but it reads every run (the whole history): fine for a small store
+only."""
 
 from __future__ import annotations
 
@@ -12,20 +14,23 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ._browse_types import Lane, LaneSummary, capped
+from ._browse_types import EventPage, Lane, LaneSummary, capped
 from ._run import Run, RunStatus
 from .errors import UnsupportedStoreError
-from .stores._capabilities import takes
+from .stores._capabilities import pages_events, takes
+from .stores._memory_browse import cut_page
 from .stores.base import Store, Term, browses_runs, changes_stamped, lists_by_search
 
 __all__ = [
     "COUNT_LIMIT",
+    "EventPage",
     "Lane",
     "LaneSummary",
     "browses_runs",
     "count_runs",
     "lane",
     "lanes",
+    "page_events",
     "page_runs",
     "watch_changes",
 ]
@@ -120,6 +125,26 @@ async def lane(store: Store, workflow: str, key: str, *, limit: int = 200) -> La
     holders = [r for r in active if r.admitted]
     waiters = [r for r in active if not r.admitted]
     return Lane(workflow, key, holders, waiters[:limit], len(waiters))
+
+
+async def page_events(
+    store: Store,
+    run_id: str,
+    *,
+    after: int | None = None,
+    before: int | None = None,
+    limit: int = 100,
+    types: Sequence[str] = (),
+) -> EventPage:
+    """A page of ``run_id``'s history (``PagesEvents.events_page``): with ``after``, the oldest
+    ``limit`` events past that ``seq``; else the newest ``limit`` before ``before`` (or the
+    newest of all). A store without ``events_page`` has the whole history loaded and cut."""
+    if pages_events(store):
+        found: EventPage = await store.events_page(  # type: ignore[attr-defined]
+            run_id, after=after, before=before, limit=limit, types=types
+        )
+        return found
+    return cut_page(await store.load_events(run_id), after, before, limit, types)
 
 
 async def watch_changes(

@@ -5,8 +5,12 @@ layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._run import Run, RunStatus
+
+if TYPE_CHECKING:  # (a layer above this one: for the annotations only)
+    from .events import Event
 
 
 @dataclass(frozen=True)
@@ -41,4 +45,17 @@ def capped(counts: dict[RunStatus, int], limit: int) -> dict[RunStatus, int]:
     return {s: min(n, top) for s, n in counts.items()}
 
 
-__all__ = ["Lane", "LaneSummary", "capped"]
+@dataclass(frozen=True)
+class EventPage:
+    """A page of a run's history (``flowkit._browse.page_events``): ``events`` in ``seq``
+    order, and of the run's events of the types asked for (all types: every event) how many
+    there are and the first and last ``seq`` (``None``: none), so a page knows whether events
+    come before or after it."""
+
+    events: list[Event]
+    count: int
+    first_seq: int | None
+    last_seq: int | None
+
+
+__all__ = ["EventPage", "Lane", "LaneSummary", "capped"]

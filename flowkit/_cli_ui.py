@@ -39,6 +39,12 @@ def add_parser(sub: Any) -> None:
         help="the workflows (as for flowkit worker): retry with a new input, typed signals",
     )
     u.add_argument("--token", default=None, help="the token pages need ($FLOWKIT_UI_TOKEN)")
+    u.add_argument(
+        "--token-file",
+        metavar="PATH",
+        default=None,
+        help="read the token from this file (kept out of the process' command line)",
+    )
 
 
 def loopback(host: str) -> bool:
@@ -65,7 +71,14 @@ def prepare(args: argparse.Namespace) -> None:
         ) from None
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port takes 0..65535 (0: any free port), got {args.port}")
-    token = args.token if args.token is not None else os.environ.get("FLOWKIT_UI_TOKEN")
+    if args.token is not None and args.token_file is not None:
+        raise CliError("give --token or --token-file, not both")
+    if args.token_file is not None:
+        token: str | None = _read_token(args.token_file)
+    elif args.token is not None:
+        token = args.token
+    else:
+        token = os.environ.get("FLOWKIT_UI_TOKEN")
     if token is not None and not token.strip():
         raise CliError("--token (or $FLOWKIT_UI_TOKEN) is empty")
     if token is None:
@@ -81,6 +94,21 @@ def prepare(args: argparse.Namespace) -> None:
     args.ui_token = token
     # (imported now, before the store opens and the loop starts: a bad app is one line)
     args.ui_workflows = [] if args.app is None else load_app(args.app)
+
+
+def _read_token(path: str) -> str:
+    """The token in the file ``path``: its first line, without surrounding whitespace."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(4096)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CliError(f"--token-file {path}: {reason}") from None
+    lines = text.strip().splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise CliError(f"--token-file {path} is empty")
+    return token
 
 
 def _url(host: str, port: int, token: str | None) -> str:
@@ -122,6 +150,15 @@ async def ui(args: argparse.Namespace, out: Any, store: Any) -> int:
         otherwise hold the shutdown until the grace period ends), and exiting 0 on a signal
         rather than raising it again."""
 
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            # (the URL is printed once the socket accepts connections: whoever waits for the
+            # line may connect at once)
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit:
+                print(f"flowkit ui: serving {_url(args.host, port, shown)}", flush=True)
+                if args.read_only:
+                    print("flowkit ui: read-only (no actions)", flush=True)
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             loop.call_soon_threadsafe(dashboard.changes.close_streams)
             if self.should_exit:
@@ -129,11 +166,8 @@ async def ui(args: argparse.Namespace, out: Any, store: Any) -> int:
             self.should_exit = True
 
     loop = asyncio.get_running_loop()
-    server = Server(config)
     shown = args.ui_token if args.ui_token_shown else None
-    print(f"flowkit ui: serving {_url(args.host, port, shown)}", flush=True)
-    if args.read_only:
-        print("flowkit ui: read-only (no actions)", flush=True)
+    server = Server(config)
     try:
         await server.serve(sockets=[sock])
     finally:

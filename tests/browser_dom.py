@@ -162,14 +162,17 @@ def click(driver: Any, selector: str) -> None:
 
 
 def timeline(driver: Any) -> list[dict[str, Any]]:
-    """``ol#timeline``'s events (type, seq, label, relative time, body), in one script."""
+    """``ol#timeline``'s events (type, seq, label, time since the run's creation, the time as
+    shown and its epoch seconds, and the fields as text), in one script."""
     got: list[dict[str, Any]] = driver.execute_script(
         "return [...document.querySelectorAll('ol#timeline li.event')].map(li => ({"
         "  type: li.dataset.type, seq: Number(li.dataset.seq),"
         "  label: li.querySelector('span.event-type').innerText.trim(),"
         "  at: li.querySelector('span.event-at').innerText.trim(),"
-        "  body: li.querySelector('pre.event-body') ?"
-        "        li.querySelector('pre.event-body').innerText : ''}));"
+        "  time: li.querySelector('time.event-time').innerText.trim(),"
+        "  ts: Number(li.querySelector('time.event-time').dataset.ts),"
+        "  body: li.querySelector('dl.event-fields') ?"
+        "        li.querySelector('dl.event-fields').innerText : ''}));"
     )
     return got
 

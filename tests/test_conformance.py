@@ -154,6 +154,7 @@ def test_registry_covers_every_check_function() -> None:
         "prune_runs",
         "browse_runs_newest_first",
         "count_runs_matches_list_runs",
+        "events_page_cuts_the_history",
         "change_stamp_sees_other_writers",
     }
     browsing = {n for n, c in CHECKS.items() if "browse_runs" in c.requires}
@@ -246,6 +247,7 @@ async def test_run_all_skips_checks_of_optional_methods_the_store_lacks() -> Non
         "publishes_events",
         "prune_runs",
         "browse_runs",
+        "events_page",
         "change_stamp",
     }
     assert ran == [n for n, c in CHECKS.items() if set(c.requires) <= kept]

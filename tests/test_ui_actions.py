@@ -8,15 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from ui_kit import WORKFLOWS, XSS, client, csrf_of, parse, seed, status_of, until
+from ui_kit import TOKEN, WORKFLOWS, XSS, client, csrf_of, parse, seed, status_of, until
 
-from flowkit import Engine
+from flowkit import Engine, WorkflowCtx, workflow
+from flowkit._ui._auth import Keys
 
 
 async def _post(c: httpx.AsyncClient, run_id: str, action: str, **fields: str) -> Any:
-    """Post an action form as a browser would (the CSRF value read off the run's page), follow
-    the redirect; the run page after it, parsed."""
-    csrf = csrf_of((await c.get(f"/runs/{run_id}")).text)
+    """Post an action form as a browser would (the CSRF value read off the run's page; one
+    with no action form: a crafted request with the right value), follow the redirect; the
+    run page after it, parsed."""
+    html = (await c.get(f"/runs/{run_id}")).text
+    csrf = csrf_of(html) if 'name="csrf"' in html else Keys(TOKEN).csrf
     r = await c.post(f"/runs/{run_id}/{action}", data={"csrf": csrf, **fields})
     assert r.status_code == 303, r.text
     assert r.headers["location"] == f"/runs/{run_id}"
@@ -50,7 +53,9 @@ async def test_cancel_of_a_settled_run_changes_nothing(store: Any) -> None:
     before = await _frozen(store, "tagged")
     async with client(store) as c:
         kind, text, _ = await _post(c, "tagged", "cancel")
-    assert kind == "ok" and "already completed" in text
+    assert kind == "error" and text == (
+        "cancel refused: the run is completed: only an active run can be cancelled"
+    )
     assert await _frozen(store, "tagged") == before
 
 
@@ -171,3 +176,91 @@ async def test_a_live_refresh_between_the_redirect_and_the_page_leaves_the_flash
         page = await c.get(r.headers["location"])
         flash = parse(page.text).by_id("flash")
         assert flash is not None and flash.get("data-kind") == "ok"
+
+
+FORMS = {"cancel": "cancel-form", "retry": "retry-form", "signal": "signal-form"}
+
+
+def _offered(doc: Any) -> set[str]:
+    """The actions a run page offers (its forms)."""
+    return {a for a, form in FORMS.items() if doc.by_id(form) is not None}
+
+
+async def test_a_run_page_offers_only_what_its_status_allows(store: Any) -> None:
+    await seed(store)
+    async with client(store) as c:
+        await _post(c, "waiter-2", "cancel")  # (cancelled at once: never admitted)
+        csrf = csrf_of((await c.get("/runs/holder")).text)
+        assert (await c.post("/runs/holder/cancel", data={"csrf": csrf})).status_code == 303
+        want = {
+            "waiter-1": {"cancel", "signal"},  # suspended
+            "holder": {"signal"},  # cancelling
+            "failed": {"retry"},
+            "tagged": set(),  # completed
+            "waiter-2": set(),  # cancelled
+        }
+        for run_id, offered in want.items():
+            doc = parse((await c.get(f"/runs/{run_id}")).text)
+            assert _offered(doc) == offered, run_id
+            actions = doc.by_id("actions")
+            assert actions is not None and actions.get("data-actions") == " ".join(
+                a for a in FORMS if a in offered
+            )
+            assert (doc.by_id("no-actions") is None) == bool(offered), run_id
+
+
+async def test_a_post_the_status_does_not_allow_is_refused_and_writes_nothing(
+    store: Any,
+) -> None:
+    await seed(store)
+    frozen = {rid: await _frozen(store, rid) for rid in ("tagged", "failed", "waiter-1")}
+    async with client(store) as c:
+        refusals = [
+            ("tagged", "cancel", {}, "only an active run can be cancelled"),
+            ("tagged", "signal", {"name": "go"}, "only an active run takes signals"),
+            ("failed", "cancel", {}, "the run is failed"),
+            ("failed", "signal", {"name": "go"}, "the run is failed"),
+            ("waiter-1", "retry", {}, "only failed or dead runs can be retried"),
+        ]
+        for run_id, action, fields, says in refusals:
+            kind, text, _ = await _post(c, run_id, action, **fields)
+            assert kind == "error" and says in text and "refused" in text, (run_id, action)
+    for rid, before in frozen.items():
+        assert await _frozen(store, rid) == before
+    assert await store.peek_signal("tagged", "go") is None
+    assert await store.peek_signal("failed", "go") is None
+
+
+@workflow(name="saga")
+class Saga:
+    """Books, then fails: its compensation undoes the booking."""
+
+    async def book(self) -> str:
+        return "booked"
+
+    async def undo(self, booking: str) -> None:
+        return None
+
+    async def run(self, ctx: WorkflowCtx, inp: Any) -> Any:
+        await ctx.step(self.book, compensate=self.undo)
+        raise ValueError("no car left")
+
+
+async def test_a_failed_run_whose_compensations_ran_offers_no_retry(store: Any) -> None:
+    async with Engine(store, [Saga()], poll_interval=0.05) as engine:
+        await engine.start("saga", None, "saga")
+
+        async def failed() -> bool:
+            return await status_of(store, "saga") == "failed"
+
+        await until(failed, "the saga to fail")
+    types = [e.type for e in await store.load_events("saga")]
+    assert "compensation_completed" in types
+    before = await _frozen(store, "saga")
+    async with client(store) as c:
+        doc = parse((await c.get("/runs/saga")).text)
+        assert _offered(doc) == set()
+        assert "compensations ran" in doc.by_id("no-actions").text  # type: ignore[union-attr]
+        kind, text, _ = await _post(c, "saga", "retry")
+    assert kind == "error" and "compensations ran" in text
+    assert await _frozen(store, "saga") == before

@@ -51,6 +51,7 @@ from browser_kit import (
 )
 
 from flowkit import Engine
+from flowkit._ui._views import EVENT_PAGE
 
 pytestmark = pytest.mark.browser
 
@@ -196,6 +197,15 @@ def test_run_page_shows_timeline_and_lane(chrome: Any, dash: Dash, tmp_path: Pat
     assert items[0]["at"] == "+0.000s"
     assert all(i["at"].startswith("+") and i["at"].endswith("s") for i in items)
     assert "prepared prod" in items[types.index("step_completed")]["body"]
+    # each event's time in the browser's time zone (app.js), to the millisecond
+    local = chrome.execute_script(
+        "return arguments[0].map(ts => { const d = new Date(ts * 1000);"
+        " const p = (n, w) => String(n).padStart(w || 2, '0');"
+        " return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}"
+        ":${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`; });",
+        [i["ts"] for i in items],
+    )
+    assert [i["time"] for i in items] == local and all(ev.at > 0 for ev in events)
     assert lane_members(chrome)[0] == (holder, "holder", "0", True)
     keep(chrome, tmp_path, "run-holder")
 
@@ -464,3 +474,64 @@ def test_login_form(chrome: Any, dash: Dash, tmp_path: Path) -> None:
     assert "token=" not in chrome.current_url
     chrome.get(f"{dash.base}/runs")  # the cookie is kept
     assert attr(chrome, "body", "data-page") == "runs"
+
+
+def _events_of(dash: Dash, run_id: str) -> list[int]:
+    return [ev.seq for ev in with_engine(dash.db, lambda e: e.history(run_id))]
+
+
+def _waits_after(dash: Dash, run_id: str, steps: int) -> bool:
+    """Whether the stepper made ``steps`` steps in all and waits for a signal again."""
+    history = with_engine(dash.db, lambda e: e.history(run_id))
+    done = sum(ev.type == "step_completed" for ev in history)
+    return done == steps and bool(dash.run(run_id).waiting_signals)
+
+
+def test_a_long_timeline_is_paged_and_grows_live(chrome: Any, dash: Dash, tmp_path: Path) -> None:
+    """A run's page shows its newest ``EVENT_PAGE`` events with a link to earlier ones; new
+    events are appended live (no reload: ``window.__marker`` survives); an earlier page says
+    newer events exist instead of appending them; the actions follow the status live."""
+    (run_id,) = with_engine(dash.db, lambda e: start_all(e, [(ui_app.Stepper, "s")]))
+    poll(lambda: dash.status(run_id) == "suspended", "the stepper to wait")
+    with_engine(dash.db, lambda e: e.signal(run_id, "more", EVENT_PAGE + 20))
+    poll(lambda: _waits_after(dash, run_id, EVENT_PAGE + 20), "the steps")
+    seqs = _events_of(dash, run_id)
+    goto(chrome, dash.base, f"/runs/{run_id}", TOKEN, "run")
+    wait_live(chrome)
+    assert [i["seq"] for i in timeline(chrome)] == seqs[-EVENT_PAGE:]
+    assert text(chrome, "#event-count") == str(len(seqs))
+    assert href(chrome, "a#events-earlier").endswith(f"?before={seqs[-EVENT_PAGE]}")
+    assert {"cancel-form", "signal-form"} <= {f.get_attribute("id") for f in css(chrome, "form")}
+    set_marker(chrome)
+
+    with_engine(dash.db, lambda e: e.signal(run_id, "more", 3))
+    poll(lambda: _waits_after(dash, run_id, EVENT_PAGE + 23), "three more steps")
+    grown = _events_of(dash, run_id)
+    wait_for(
+        chrome,
+        lambda d: [i["seq"] for i in timeline(d)] == seqs[-EVENT_PAGE:] + grown[len(seqs) :],
+        "the new events appended",
+    )
+    assert marker(chrome) == 1  # (appended, not reloaded)
+    assert int(attr(chrome, "body", "data-appended")) == len(grown) - len(seqs)
+    wait_for(chrome, lambda d: text(d, "#event-count") == str(len(grown)), "the count")
+    keep(chrome, tmp_path, "run-appended")
+
+    # an earlier page: the events before, and newer ones announced, not appended
+    click(chrome, "a#events-earlier")
+    wait_for(chrome, lambda d: "before=" in d.current_url, "the earlier page")
+    wait_live(chrome)
+    first = seqs[-EVENT_PAGE]
+    assert [i["seq"] for i in timeline(chrome)] == grown[: first - 1][-EVENT_PAGE:]
+    assert attr(chrome, "ol#timeline", "data-follow") == "false"
+    assert href(chrome, "a#events-newest") == f"{dash.base}/runs/{run_id}"
+    set_marker(chrome)
+    with_engine(dash.db, lambda e: e.signal(run_id, "more", None))
+    wait_for(chrome, lambda d: d.find_element("id", "events-newer").is_displayed(), "newer")
+    assert [i["seq"] for i in timeline(chrome)] == grown[: first - 1][-EVENT_PAGE:]
+    # the run completed: its actions go, live (nothing to cancel, retry or signal)
+    wait_for(chrome, lambda d: css(d, "#no-actions"), "the actions to go")
+    assert not css(chrome, "form#cancel-form") and not css(chrome, "form#signal-form")
+    assert attr(chrome, "span#run-status", "data-status") == "completed"
+    assert marker(chrome) == 1
+    keep(chrome, tmp_path, "run-earlier-page")

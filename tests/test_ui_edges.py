@@ -43,20 +43,24 @@ async def test_the_lane_of_a_workflow_named_with_a_slash(store: Any) -> None:
 
 async def test_json_nested_too_deeply_is_an_error_flash(store: Any) -> None:
     await seed(store)
-    before = await store.get_run("holder")
+    before = {rid: await store.get_run(rid) for rid in ("holder", "failed")}
     async with client(store) as c:
         csrf = csrf_of((await c.get("/runs/holder")).text)
         deep = "[" * 100_000 + "]" * 100_000
-        for action, field in (("signal", "payload"), ("retry", "input")):
+        for run_id, action, field in (
+            ("holder", "signal", "payload"),
+            ("failed", "retry", "input"),
+        ):
             r = await c.post(
-                f"/runs/holder/{action}", data={"csrf": csrf, "name": "go", field: deep}
+                f"/runs/{run_id}/{action}", data={"csrf": csrf, "name": "go", field: deep}
             )
             assert r.status_code == 303, r.text
-            flash = parse((await c.get("/runs/holder")).text).by_id("flash")
+            flash = parse((await c.get(f"/runs/{run_id}")).text).by_id("flash")
             assert flash is not None and flash.get("data-kind") == "error"
             assert "nested too deeply" in flash.text
     assert await store.peek_signal("holder", "go") is None
-    assert (await store.get_run("holder")) == before
+    for run_id, run in before.items():
+        assert (await store.get_run(run_id)) == run
 
 
 @pytest.mark.parametrize("before", ["nan:x", "inf:x", "-inf:x"])

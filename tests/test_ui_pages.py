@@ -4,13 +4,15 @@ lane, parent and children, the lanes, 404s, and markup from the store always esc
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from ui_kit import SEEDED, XSS, El, client, parse, seed
+from ui_kit import SEEDED, XSS, El, client, parse, seed, until
 
-from flowkit import RunStatus
+from flowkit import Engine, RunStatus, Singleton, WorkflowCtx, workflow
+from flowkit.errors import SingletonQueueFullError
 
 
 async def _page(store: Any, url: str, status: int = 200) -> El:
@@ -158,7 +160,8 @@ async def test_run_page_of_a_lane_holder_and_waiter(store: Any) -> None:
         doc = await _page(store, f"/runs/{current}")
         assert doc.one("body").get("data-page") == "run"
         live = doc.by_id("run-live")
-        assert live is not None and "data-live" in live.attrs
+        assert live is not None and "data-run-live" in live.attrs
+        assert (live.get("data-stream") or "").startswith(f"/events?run={current}&after=")
         assert doc.by_id("run-id").text == current  # type: ignore[union-attr]
         assert "mono" in doc.by_id("run-id").classes  # type: ignore[union-attr]
         badge = doc.by_id("run-status")
@@ -192,19 +195,14 @@ async def test_run_page_of_a_lane_holder_and_waiter(store: Any) -> None:
         assert ("singleton_gated" in types) == (current != "holder")
         actions = doc.by_id("actions")
         assert actions is not None and actions.parent is not None
-        assert actions.parent.get("id") != "run-live"  # (outside the live part)
-        for form, button in (
-            ("cancel-form", "cancel-button"),
-            ("retry-form", "retry-button"),
-            ("signal-form", "signal-button"),
-        ):
+        assert actions.parent.get("id") == "actions-live"  # (apart from the state)
+        for form, button in (("cancel-form", "cancel-button"), ("signal-form", "signal-button")):
             f = doc.by_id(form)
             assert f is not None and f.get("method") == "post" and f.get("data-confirm")
             assert f.get("action") == f"/runs/{current}/{form.split('-')[0]}"
             assert f.by_id(button) is not None
             assert f.one("input", name="csrf").get("value")
-        # (no new input without the workflow's code, ``--app``: tests/test_ui_edges.py)
-        assert doc.by_id("retry-same-input") is not None
+        assert doc.by_id("retry-form") is None  # (a suspended run: nothing to retry)
         doc.by_id("signal-form").one("input", name="name")  # type: ignore[union-attr]
         doc.by_id("signal-form").one("textarea", name="payload")  # type: ignore[union-attr]
 
@@ -225,7 +223,19 @@ async def test_run_page_of_a_failed_run(store: Any) -> None:
     for e in events:
         assert e.one("span", "event-type").text == e.get("data-type")
         assert e.one("span", "event-at").text.startswith("+")
-    assert XSS in events[-1].one("pre", "event-body").text
+    for e in events:  # (its time as a <time> app.js shows in local time; UTC until then)
+        t = e.one("time", "event-time")
+        assert t.get("data-format") == "local" and float(t.get("data-ts") or 0) > 0
+        assert (t.get("datetime") or "").endswith("Z") and t.text == t.get("datetime")
+    # the fields read as fields: the error by its headline (its JSON under "details")
+    err = events[-1].one("dd", data_field="error")
+    assert "field-error" in err.classes
+    assert err.one("span", "error-line").text == f"ValueError: bad row: {XSS}"
+    assert '"message"' in err.one("pre").text
+    started = events[0]
+    assert started.one("dd", data_field="workflow").text == "fails"
+    assert started.one("dd", data_field="input").text == f"{XSS}"  # (a string: as it is)
+    assert not started.all("dd", data_field="args_digest")
 
 
 async def test_run_page_of_a_parent_its_child_tags_and_search(store: Any) -> None:
@@ -334,3 +344,76 @@ async def test_the_counts_stop_at_the_count_limit(monkeypatch: pytest.MonkeyPatc
         assert shown == ("1+" if n > 1 else str(n)), s
     total = doc.by_id("count-total").one("span", "n").text  # type: ignore[union-attr]
     assert total == f"{sum(min(n, 1) for n in real.values())}+"
+
+
+@workflow(name="capped", singleton=Singleton(key=lambda inp: "k", limit=1, max_queue_depth=1))
+class Capped:
+    """One slot, one more may wait: two runs fill the key."""
+
+    async def run(self, ctx: WorkflowCtx, inp: Any) -> Any:
+        return await ctx.wait_for_signal("go")
+
+
+async def test_a_lanes_limit_and_full_queue(store: Any) -> None:
+    async with Engine(store, [Capped()], poll_interval=0.05) as engine:
+        await engine.start("capped", 1, "c-1")
+        await engine.start("capped", 2, "c-2")
+        with pytest.raises(SingletonQueueFullError):
+            await engine.start("capped", 3, "c-3")
+
+        async def rested() -> bool:
+            return bool((await store.get_run("c-1")).waiting_signals)
+
+        await until(rested, "the holder to wait")
+    # with the workflow's code (``--app``): the limit, the cap, and the queue full
+    async with client(store, workflows=[Capped()]) as c:
+        lanes = parse((await c.get("/lanes")).text)
+        (row,) = lanes.by_id("lanes").all("tr", "lane")  # type: ignore[union-attr]
+        assert row.get("data-full") == "true"
+        assert row.one("td", "limit").text == "1" and row.one("td", "cap").text == "1"
+        assert "full" in row.one("td", "depth").text
+        for url in ("/runs/c-2", "/lanes/capped/k"):
+            doc = parse((await c.get(url)).text)
+            assert doc.by_id("lane").get("data-full") == "true", url  # type: ignore[union-attr]
+            assert doc.by_id("lane-limit").text == "1" and doc.by_id("lane-cap").text == "1"  # type: ignore[union-attr]
+            assert doc.by_id("lane-full") is not None, url
+    # without it the dashboard cannot know them: it says so
+    async with client(store) as c:
+        lanes = parse((await c.get("/lanes")).text)
+        (row,) = lanes.by_id("lanes").all("tr", "lane")  # type: ignore[union-attr]
+        assert row.get("data-full") == "false" and row.one("td", "limit").text == "?"
+        doc = parse((await c.get("/runs/c-2")).text)
+        assert doc.by_id("lane-limit") is None and doc.by_id("lane-full") is None
+        assert "--app" in doc.by_id("lane-limits").text  # type: ignore[union-attr]
+
+
+@workflow(name="publisher")
+class Publisher:
+    """Publishes two keys (one twice), then waits."""
+
+    async def run(self, ctx: WorkflowCtx, inp: Any) -> Any:
+        await ctx.set_event("progress", {"done": 1})
+        await ctx.set_event("stage", XSS)
+        await ctx.set_event("progress", {"done": 2})
+        return await ctx.wait_for_signal("go")
+
+
+async def test_a_run_shows_its_published_values(store: Any) -> None:
+    async with Engine(store, [Publisher()], poll_interval=0.05) as engine:
+        await engine.start("publisher", None, "pub", search={"customer": "c-9"})
+
+        async def rested() -> bool:
+            return bool((await store.get_run("pub")).waiting_signals)
+
+        await until(rested, "the publisher to wait")
+    doc = await _page(store, "/runs/pub")
+    published = doc.by_id("run-published")
+    assert published is not None
+    keys = [dt.get("data-key") for dt in published.all("dt")]
+    assert keys == ["progress", "stage"]  # (the latest of each key, newest first)
+    values = [dd.one("pre").text for dd in published.all("dd")]
+    assert json.loads(values[0]) == {"done": 2} and json.loads(values[1]) == XSS
+    assert doc.by_id("run-version").text == "1"  # type: ignore[union-attr]
+    assert "c-9" in doc.by_id("run-search").text  # type: ignore[union-attr]
+    empty = await _page(store, "/runs/pub?before=1")  # (another page of the timeline: the same)
+    assert [dt.get("data-key") for dt in empty.by_id("run-published").all("dt")] == keys  # type: ignore[union-attr]

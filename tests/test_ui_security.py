@@ -190,3 +190,42 @@ async def test_create_app_needs_a_token(store: Any) -> None:
         assert r.status_code == 303 and r.headers["location"] == "/"
         r = await c.get("/")
         assert r.status_code == 303 and r.headers["location"] == "/runs"
+
+
+class _Clock:
+    """A clock the test moves."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def now(self) -> float:
+        return self.at
+
+
+async def test_the_login_cookie_expires() -> None:
+    from flowkit._ui._auth import SESSION_SECONDS
+    from flowkit.stores import MemoryStore
+
+    clock = _Clock(1_000_000.0)
+    app = create_app(MemoryStore(), token=TOKEN, clock=clock)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
+        r = await c.get(f"/runs?token={TOKEN}")
+        assert r.status_code == 303
+        low = r.headers["set-cookie"].lower()
+        assert f"max-age={SESSION_SECONDS}" in low
+        value = c.cookies["flowkit_ui"]
+        assert TOKEN not in value
+        clock.at += SESSION_SECONDS - 1
+        assert (await c.get("/runs")).status_code == 200
+        # a value with a later expiry of its own making does not pass: the expiry is signed
+        stamp, _, mac = value.partition(".")
+        c.cookies.set("flowkit_ui", f"{int(stamp) + 3600}.{mac}")
+        assert (await c.get("/runs")).status_code == 401
+        # past its lifetime the cookie (even kept by a browser that ignores Max-Age) is refused
+        c.cookies.set("flowkit_ui", value)
+        clock.at += 1
+        r = await c.get("/runs")
+        assert r.status_code == 401 and parse(r.text).by_id("login") is not None
+        c.cookies.clear()
+        assert (await c.get(f"/runs?token={TOKEN}")).status_code == 303  # (log in again)
+        assert (await c.get("/runs")).status_code == 200

@@ -6,6 +6,7 @@ browser's event stream still open."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -70,26 +72,78 @@ def server(db: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
                 f.close()
 
 
-async def _ready(base: str) -> None:
-    """Poll the server until it answers (it prints its URL just before serving)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    async with httpx.AsyncClient() as c:
-        while True:
-            try:
-                await c.get(base + "/static/app.css")
-                return
-            except httpx.TransportError:
-                if loop.time() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+def _get_at_once(base: str, path: str = "/static/app.css") -> int:
+    """One GET on a fresh connection, with no retry: the status (a refused connection
+    raises). The server prints its URL only once it accepts connections."""
+    parts = urlsplit(base)
+    assert parts.hostname is not None and parts.port is not None
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_the_url_is_printed_once_it_accepts_connections(
+    server: tuple[subprocess.Popen[str], str, str],
+) -> None:
+    _proc, base, _token = server
+    # (right after the line, no retry: a connection refused fails the test)
+    assert _get_at_once(base) == 200
+
+
+async def test_a_token_file_keeps_the_token_off_the_command_line(db: str, tmp_path: Path) -> None:
+    secret = "token-from-a-file-" + "x" * 20
+    path = tmp_path / "ui-token"
+    path.write_text(secret + "\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "flowkit.cli", "--db", db, "ui", "--port", "0", "--token-file", str(path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(30):
+            line = (await proc.stdout.readline()).decode().strip()
+        m = re.match(r"^flowkit ui: serving (http://127\.0\.0\.1:\d+)/$", line)
+        assert m is not None, line  # (an operator's token is never printed)
+        cmdline = await asyncio.to_thread(Path(f"/proc/{proc.pid}/cmdline").read_bytes)
+        assert secret.encode() not in cmdline and str(path).encode() in cmdline
+        async with httpx.AsyncClient(base_url=m.group(1)) as c:
+            assert (await c.get("/runs?token=nope")).status_code == 401
+            assert (await c.get(f"/runs?token={secret}")).status_code == 303
+            assert (await c.get("/runs")).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_a_bad_token_file_is_one_line(db: str, tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("  \n")
+    for args, says in (
+        (("--token-file", str(tmp_path / "missing")), "No such file"),
+        (("--token-file", str(tmp_path / "empty")), "is empty"),
+        (("--token-file", str(tmp_path / "empty"), "--token", "t"), "not both"),
+    ):
+        out = flowkit(tmp_path, "--db", db, "ui", "--port", "0", *args)
+        assert out.returncode == 2, args
+        assert len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
 
 
 async def test_live_change_after_another_process_writes_and_a_clean_sigterm(
     server: tuple[subprocess.Popen[str], str, str], db: str
 ) -> None:
     proc, base, token = server
-    await _ready(base)
     async with httpx.AsyncClient(base_url=base, timeout=30) as c:
         r = await c.get(f"/runs?token={token}")
         assert r.status_code == 303 and r.headers["location"] == "/runs"
@@ -167,7 +221,6 @@ async def test_a_given_token_elsewhere_and_sigint(db: str, tmp_path: Path) -> No
         m = re.match(r"^flowkit ui: serving http://0\.0\.0\.0:(\d+)/$", line)
         assert m is not None, line
         base = f"http://127.0.0.1:{m.group(1)}"
-        await _ready(base)
         async with httpx.AsyncClient(base_url=base) as c:
             assert (await c.get("/runs?token=nope")).status_code == 401
             assert (await c.get("/runs?token=from-env")).status_code == 303

@@ -2,7 +2,7 @@
 ``flowkit worker ui_app:WORKFLOWS``: a singleton deploy per environment that holds its lane
 until signalled ``go`` (so a lane has a holder and waiters), an approval that waits for a
 signal and returns its payload, a charge that fails with its input in the error, an order that
-waits for a child shipment, and a quick greeting."""
+waits for a child shipment, a quick greeting, and a stepper whose history grows on signals."""
 
 from __future__ import annotations
 
@@ -60,4 +60,19 @@ class Greet:
         return f"hello {input}"
 
 
-WORKFLOWS = [Deploy, Approval, Charge, Ship, Order, Greet]
+@workflow(name="stepper")
+class Stepper:
+    """Runs ``n`` steps for each ``more`` signal ``n``; completes on ``None``."""
+
+    async def run(self, ctx: WorkflowCtx, input: str) -> int:
+        done = 0
+        while True:
+            n = await ctx.wait_for_signal("more")
+            if n is None:
+                return done
+            for _ in range(n):
+                done += 1
+                await ctx.step(prepare, f"{input} {done}")
+
+
+WORKFLOWS = [Deploy, Approval, Charge, Ship, Order, Greet, Stepper]

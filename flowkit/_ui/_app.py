@@ -1,18 +1,23 @@
 """The dashboard's routes (the DOM they render: docs/ui.md): pages behind the token cookie,
-``POST`` actions behind the cookie, the CSRF value and a same-origin check, ``/events`` for
-live updates, ``/static`` for app.js and app.css."""
+``POST`` actions behind the cookie, the CSRF value, a same-origin check and the run's status,
+``/events`` for live updates (a run's page: what changed, ``_run_delta``; the others: a
+``change`` to fetch themselves again), ``/static`` for app.js and app.css."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -21,14 +26,23 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .. import _browse, _retry
 from .._clock import SystemClock
 from .._definition import definition_of
 from .._engine import Engine
 from .._run import RunStatus
 from ..errors import FlowkitError
+from ..events import Event
 from ..stores.base import UNSET
 from . import _views
-from ._auth import SECURITY_HEADERS, Keys, cookie_name, same_origin, url_without_token
+from ._auth import (
+    SECURITY_HEADERS,
+    SESSION_SECONDS,
+    Keys,
+    cookie_name,
+    same_origin,
+    url_without_token,
+)
 from ._fmt import ago, iso
 from ._sse import Changes
 
@@ -75,6 +89,7 @@ class Dashboard:
         self.clock = clock
         self.changes = Changes(store)
         self.workflows: list[Any] = []  # (``create_app(workflows=)``)
+        self.definitions: list[Any] = []  # (their definitions: lane limits)
         self.known: set[str] = set()
         self.env = Environment(
             loader=FileSystemLoader(HERE / "templates"),
@@ -107,6 +122,14 @@ class Dashboard:
             resp.delete_cookie(FLASH_COOKIE, path="/")
         return resp
 
+    def fragment(self, name: str, ctx: dict[str, Any]) -> Markup:
+        """A part of a page (a run's state, its actions, timeline rows), rendered alone: what
+        a run's page embeds and its live stream sends when it changed."""
+        html = self.env.get_template(name).render(
+            **ctx, read_only=self.read_only, csrf=self.keys.csrf, now=self.clock.now()
+        )
+        return Markup(html)
+
     def login(self, request: Request, wrong: bool) -> Response:
         html = self.env.get_template("login.html").render(
             page="login",
@@ -128,9 +151,16 @@ class Dashboard:
                 return self.login(request, wrong=True)
             resp = RedirectResponse(url_without_token(request), status_code=303)
             name = cookie_name(request)
-            resp.set_cookie(name, self.keys.session, httponly=True, samesite="strict", path="/")
+            resp.set_cookie(
+                name,
+                self.keys.session(self.clock.now()),
+                max_age=SESSION_SECONDS,
+                httponly=True,
+                samesite="strict",
+                path="/",
+            )
             return resp
-        if self.keys.cookie_ok(request):
+        if self.keys.cookie_ok(request, self.clock.now()):
             return None
         return self.login(request, wrong=False)
 
@@ -194,13 +224,117 @@ async def _run(d: Dashboard, request: Request) -> Response:
     run = await d.store.get_run(run_id)
     if run is None:
         return await _not_found(d, request, f"run {run_id}")
-    ctx = await _views.run_context(d.store, run)
+    ctx = await _views.run_context(d.store, run, request.query_params, d.definitions)
     ctx["retry_with_input"] = run.workflow in d.known  # (``--app``: its code checks an input)
-    return d.render(request, "run.html", ctx)
+    state_html = d.fragment("_run_state.html", ctx)
+    actions_html = d.fragment("_run_actions.html", ctx)
+    ctx["state_html"] = state_html
+    ctx["state_tag"] = _tag(state_html)
+    ctx["actions_html"] = actions_html
+    ctx["events_html"] = d.fragment("_events.html", ctx)
+    stream = {
+        "run": run.id,
+        "after": str(ctx["last_seq"]),
+        "follow": "1" if ctx["follow"] else "0",
+        "tag": ctx["state_tag"],
+        "actions": _tag(actions_html),
+    }
+    if ctx["children_after"]:
+        stream["children_after"] = ctx["children_after"]
+    ctx["stream_url"] = "/events?" + urlencode(stream)
+    return d.render(request, "run.html", ctx, status=400 if ctx["errors"] else 200)
+
+
+_TIME_TEXT = re.compile(r"(<time\b[^>]*>)[^<]*(</time>)")
+
+
+def _tag(html: str) -> str:
+    """A fingerprint of a rendered part, blind to the relative times in it ("3 s ago", which
+    the page keeps fresh itself): equal tags, nothing to send."""
+    return hashlib.sha256(_TIME_TEXT.sub(r"\1\2", html).encode()).hexdigest()[:20]
+
+
+def _sse(name: str, data: dict[str, Any], id: int | None = None) -> str:
+    head = f"event: {name}\n" + (f"id: {id}\n" if id is not None else "")
+    return head + "data: " + json.dumps(data, ensure_ascii=False) + "\n\n"
+
+
+MAX_PAGES_PER_CHANGE = 10
+
+
+@dataclass
+class _Seen:
+    """What a run's live stream has sent (or the page had): the last event, the count of
+    events (``follow=0``), the tags of the state and actions parts."""
+
+    after: int
+    tag: str
+    actions: str
+    count: int = -1
+
+
+def _run_delta(d: Dashboard, request: Request) -> Callable[[], Awaitable[list[str]]]:
+    """What a run's page needs after a change, as server-sent events: ``events`` (the rows
+    past the last the page has; with ``follow=0`` only how many there are), ``state`` (its
+    live part, when it changed), ``actions`` (the forms, when the allowed set changed),
+    ``gone`` (the run was deleted)."""
+    params = request.query_params
+    run_id = params.get("run", "")
+    q, _ = _views.run_query({"children_after": params.get("children_after", "")})
+    follow = params.get("follow") == "1"
+    last = params.get("after", "")
+    resumed = request.headers.get("last-event-id", "")  # (a reconnect: what it got last)
+    seen = _Seen(
+        after=max(int(v) for v in (last, resumed, "0") if v.isdigit() and len(v) < 16),
+        tag=params.get("tag", ""),
+        actions=params.get("actions", ""),
+    )
+
+    async def delta() -> list[str]:
+        run = await d.store.get_run(run_id)
+        if run is None:
+            return [_sse("gone", {})]
+        out = []
+        for i in range(MAX_PAGES_PER_CHANGE if follow else 1):
+            page = await _browse.page_events(
+                d.store, run_id, after=seen.after, limit=_views.EVENT_PAGE if follow else 0
+            )
+            if not follow:
+                if page.count != seen.count:
+                    seen.count = page.count
+                    out.append(_sse("events", {"count": page.count, "last": page.last_seq}))
+                break
+            if not page.events:
+                break
+            reset = False
+            behind = (page.last_seq or 0) - seen.after
+            if i == 0 and behind > MAX_PAGES_PER_CHANGE * _views.EVENT_PAGE:
+                # (far behind: the newest page, not every row since; older ones a link away)
+                page = await _browse.page_events(d.store, run_id, limit=_views.EVENT_PAGE)
+                reset = True
+            seen.after = page.events[-1].seq
+            rows = {"timeline": _views.timeline_items(page.events, run.created_at)}
+            html = str(d.fragment("_events.html", rows))
+            body = {"html": html, "last": seen.after, "count": page.count, "reset": reset}
+            out.append(_sse("events", body, id=seen.after))
+        ctx = await _views.state_context(d.store, run, q, d.definitions)
+        ctx["retry_with_input"] = run.workflow in d.known
+        state = d.fragment("_run_state.html", ctx)
+        if _tag(state) != seen.tag:
+            seen.tag = _tag(state)
+            out.append(_sse("state", {"html": str(state), "tag": seen.tag}))
+        if not d.read_only:
+            actions = d.fragment("_run_actions.html", ctx)
+            if _tag(actions) != seen.actions:
+                seen.actions = _tag(actions)
+                out.append(_sse("actions", {"html": str(actions), "tag": seen.actions}))
+        return out
+
+    return delta
 
 
 async def _lanes(d: Dashboard, request: Request) -> Response:
-    return d.render(request, "lanes.html", await _views.lanes_context(d.store))
+    return d.render(request, "lanes.html", await _views.lanes_context(d.store, d.definitions))
 
 
 async def _lane(d: Dashboard, request: Request) -> Response:
@@ -213,12 +347,14 @@ async def _lane(d: Dashboard, request: Request) -> Response:
         wf, key = unquote(wf_part), unquote(key_part)
     else:
         wf, key = request.path_params["workflow"], request.path_params["key"]
-    return d.render(request, "lane.html", await _views.lane_context(d.store, wf, key))
+    ctx = await _views.lane_context(d.store, wf, key, d.definitions)
+    return d.render(request, "lane.html", ctx)
 
 
 async def _events(d: Dashboard, request: Request) -> Response:
+    delta = _run_delta(d, request) if request.query_params.get("run") else None
     return StreamingResponse(
-        d.changes.stream(request.is_disconnected),
+        d.changes.stream(request.is_disconnected, delta),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
@@ -270,15 +406,23 @@ def _action(action: str) -> Callable[[Request], Awaitable[Response]]:
             return _plain("the dashboard is read-only", 403)
         if not same_origin(request):
             return _plain("cross-site request refused", 403)
-        if not d.keys.cookie_ok(request):
+        if not d.keys.cookie_ok(request, d.clock.now()):
             return _plain("actions need the token (open the dashboard's URL first)", 403)
         form = await request.form()
         if not d.keys.csrf_ok(str(form.get("csrf") or "")):
             return _plain("missing or wrong CSRF value (reload the page)", 403)
         run_id = request.path_params["run_id"]
-        if await d.store.get_run(run_id) is None:
+        run = await d.store.get_run(run_id)
+        if run is None:
             return await _not_found(d, request, f"run {run_id}")
         back = f"/runs/{_views.quote(run_id)}"
+        comp = await _views.compensation_events(d.store, run_id) if action == "retry" else []
+        if action not in _views.allowed_actions(run, bool(comp)):  # (no such form offered)
+            what = action
+            if action == "signal":
+                what = f"signal {str(form.get('name') or '').strip()!r}"
+            why = _refusal(action, run, comp)
+            return _redirect_with_flash(back, "error", f"{what} refused: {why}")
         try:
             text = await _act(d, request, run_id, action, form)
         except (FlowkitError, ValueError, TypeError) as exc:
@@ -286,6 +430,21 @@ def _action(action: str) -> Callable[[Request], Awaitable[Response]]:
         return _redirect_with_flash(back, "ok", text)
 
     return endpoint
+
+
+def _refusal(action: str, run: Any, compensations: Sequence[Event]) -> str:
+    """Why ``action`` is not offered for ``run`` (``_views.allowed_actions``)."""
+    status = run.status
+    if action == "cancel":
+        if status is RunStatus.CANCELLING:
+            return "the run is already cancelling"
+        return f"the run is {status}: only an active run can be cancelled"
+    if action == "retry":
+        why = _retry.retry_refusal(run, compensations) if compensations else None
+        if why is not None:
+            return why
+        return f"the run is {status}: only failed or dead runs can be retried"
+    return f"the run is {status}: only an active run takes signals"
 
 
 def _plain(text: str, status: int) -> Response:
@@ -307,7 +466,8 @@ def create_app(
         raise ValueError("the dashboard needs a non-empty token")
     dashboard = Dashboard(store, token, read_only, clock or SystemClock())
     dashboard.workflows = list(workflows)
-    dashboard.known = {d.name for wf in workflows if (d := definition_of(wf)) is not None}
+    dashboard.definitions = [d for wf in workflows if (d := definition_of(wf)) is not None]
+    dashboard.known = {d.name for d in dashboard.definitions}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

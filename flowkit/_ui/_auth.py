@@ -13,6 +13,7 @@ from starlette.requests import Request
 __all__ = [
     "COOKIE",
     "SECURITY_HEADERS",
+    "SESSION_SECONDS",
     "Keys",
     "cookie_name",
     "same_origin",
@@ -23,6 +24,11 @@ COOKIE = "flowkit_ui"
 """The login cookie's name, ``flowkit_ui_<port>`` when the dashboard's URL has a port
 (``cookie_name``): cookies ignore ports, so two dashboards on one host would otherwise log
 each other out."""
+
+
+SESSION_SECONDS = 12 * 3600
+"""How long a login lasts: the cookie's ``Max-Age``, and the expiry signed into its value (a
+copy of the value stops working then too, whatever the browser does with it)."""
 
 
 def cookie_name(request: Request) -> str:
@@ -43,23 +49,33 @@ SECURITY_HEADERS = {
 
 
 class Keys:
-    """What the token derives: the cookie value (so the cookie never holds the token itself)
-    and the CSRF value of the action forms, both HMACs of the token."""
+    """What the token derives: the cookie value (so the cookie never holds the token itself:
+    its expiry and an HMAC of the token over it) and the CSRF value of the action forms (another
+    HMAC of the token)."""
 
     def __init__(self, token: str) -> None:
         self.token = token
-        self.session = self._mac(b"flowkit-ui session")
         self.csrf = self._mac(b"flowkit-ui csrf")
 
     def _mac(self, what: bytes) -> str:
         return hmac.new(self.token.encode(), what, hashlib.sha256).hexdigest()
 
+    def session(self, now: float) -> str:
+        """A login cookie's value, good for ``SESSION_SECONDS`` from ``now``."""
+        expires = int(now) + SESSION_SECONDS
+        return f"{expires}.{self._mac(b'flowkit-ui session %d' % expires)}"
+
     def token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.token.encode())
 
-    def cookie_ok(self, request: Request) -> bool:
+    def cookie_ok(self, request: Request, now: float) -> bool:
+        """Whether the request carries a login cookie of this token, not expired at ``now``."""
         got = request.cookies.get(cookie_name(request), "")
-        return hmac.compare_digest(got.encode(), self.session.encode())
+        stamp, sep, mac = got.partition(".")
+        if not sep or not stamp.isdigit() or len(stamp) > 12:
+            return False
+        want = self._mac(b"flowkit-ui session %d" % int(stamp))
+        return hmac.compare_digest(mac.encode(), want.encode()) and int(stamp) > now
 
     def csrf_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.csrf.encode())

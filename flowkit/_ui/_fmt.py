@@ -1,14 +1,16 @@
 """How the dashboard shows values: times (ISO-8601 UTC, epoch seconds and a relative text that
-app.js keeps fresh), JSON payloads pretty-printed (escaped by the templates), durations."""
+app.js keeps fresh, or turns into local time), JSON payloads pretty-printed (escaped by the
+templates), durations, and an event's fields as a readable list."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["ago", "compact", "iso", "offset", "pretty"]
+__all__ = ["Field", "ago", "compact", "event_fields", "iso", "offset", "pretty"]
 
 
 def iso(ts: float) -> str:
@@ -56,3 +58,46 @@ def compact(value: Any, width: int = 100) -> str:
     except (TypeError, ValueError):
         return repr(value)
     return line if len(line) <= width else pretty(value)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of an event as the timeline shows it: ``kind`` is ``time`` (``value`` is
+    epoch seconds, shown as a local time by app.js), ``text`` (a string, a number, a bool:
+    shown as it is), ``none``, ``error`` (``value``: its one-line headline; ``detail`` the
+    whole of it as JSON) or ``json`` (``value``: indented JSON)."""
+
+    name: str
+    kind: str
+    value: Any
+    detail: str = ""
+
+
+_HIDDEN = frozenset({"seq", "type", "at", "args_digest"})
+
+
+def event_fields(body: dict[str, Any]) -> list[Field]:
+    """The fields of an event (its JSON form, ``events.event_to_json``) worth reading, in
+    order: times (``*_at`` fields holding a number) as times, errors by their headline,
+    structured payloads as indented JSON, the rest as text. The sequence number, type and time
+    are shown apart; ``args_digest`` (a hash) is left out."""
+    out = []
+    for name, value in body.items():
+        if name in _HIDDEN:
+            continue
+        if value is None:
+            out.append(Field(name, "none", None))
+        elif name.endswith("_at") and isinstance(value, int | float) and math.isfinite(value):
+            out.append(Field(name, "time", float(value)))
+        elif name == "error" and isinstance(value, dict):
+            head = f"{value.get('type') or 'Error'}: {value.get('message') or ''}".strip()
+            out.append(Field(name, "error", head, pretty(value)))
+        elif isinstance(value, str | int | float | bool):
+            out.append(Field(name, "text", value if isinstance(value, str) else compact(value)))
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value) and value:
+            out.append(Field(name, "text", ", ".join(value)))
+        elif isinstance(value, list | dict) and not value:
+            continue  # (an empty list of tags, no attributes: nothing to read)
+        else:
+            out.append(Field(name, "json", compact(value, 80)))
+    return out

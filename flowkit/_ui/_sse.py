@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -64,8 +65,14 @@ class Changes:
         if stop is not None:
             await stop()
 
-    async def stream(self, disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
-        """One browser's event stream (text/event-stream lines)."""
+    async def stream(
+        self,
+        disconnected: Callable[[], Awaitable[bool]],
+        delta: Callable[[], Awaitable[list[str]]] | None = None,
+    ) -> AsyncIterator[str]:
+        """One browser's event stream (text/event-stream lines): ``event: change`` after each
+        change; with ``delta``, its messages instead (what changed, for a run's page), and
+        once at once, for what changed between the page's rendering and this stream."""
         closed = self._closed_event()
         if closed.is_set():
             return
@@ -74,6 +81,9 @@ class Changes:
         self._queues.add(queue)
         try:
             yield "retry: 2000\n: connected\n\n"
+            if delta is not None:
+                for message in await _safely(delta):
+                    yield message
             while not closed.is_set():
                 got = asyncio.ensure_future(queue.get())
                 ended = asyncio.ensure_future(closed.wait())
@@ -89,7 +99,10 @@ class Changes:
                                 await t
                 if closed.is_set() or await disconnected():
                     break
-                if got in done:
+                if got in done and delta is not None:
+                    for message in await _safely(delta):
+                        yield message
+                elif got in done:
                     yield "event: change\ndata: {}\n\n"
                 else:
                     yield ": keep-alive\n\n"
@@ -109,6 +122,17 @@ class Changes:
             stop, self._stop = self._stop, None
             await stop()
 
+
+async def _safely(delta: Callable[[], Awaitable[list[str]]]) -> list[str]:
+    """``delta()``; nothing when the store failed (a blip: the next change tries again)."""
+    try:
+        return await delta()
+    except Exception:
+        log.debug("reading what changed for a live page failed", exc_info=True)
+        return []
+
+
+log = logging.getLogger("flowkit")
 
 _idle_stops: set[asyncio.Future[None]] = set()
 """Watchers being stopped after their last browser left (a task needs a reference)."""

@@ -1,12 +1,13 @@
 """The dashboard's reads: each page's template context, built from ``flowkit._browse`` (runs
-newest first, counts, lanes) and the store's ``get_run`` / ``load_events`` /
-``list_runs(parent_id=...)``. A filter that does not parse becomes the page's error message,
-not an exception."""
+newest first, counts, lanes, a page of a run's history) and the store's ``get_run`` /
+``list_runs(parent_id=..., after=...)``; every page is bounded (a run's timeline and children
+are paged). A filter that does not parse becomes the page's error message, not an
+exception."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote as _quote
@@ -17,16 +18,27 @@ from .._cli_common import CliError
 from .._cli_search import search_terms
 from .._run import Run, RunStatus
 from ..errors import FlowkitError
-from ..events import event_to_json
-from ._fmt import compact, offset, pretty
+from ..events import Event, event_to_json
+from ..stores.base import lists_by_search
+from ._fmt import event_fields, offset, pretty
 
 __all__ = [
+    "EVENT_PAGE",
     "Filters",
+    "LaneLimits",
+    "RunQuery",
+    "allowed_actions",
+    "compensated",
     "lane_context",
+    "lane_limits",
     "lanes_context",
+    "queue_full",
     "quote",
     "run_context",
+    "run_query",
     "runs_context",
+    "state_context",
+    "timeline_items",
 ]
 
 MAX_LIMIT = 500
@@ -179,30 +191,171 @@ def _members(lane: _browse.Lane) -> list[Member]:
     return out
 
 
-async def run_context(store: Any, run: Run) -> dict[str, Any]:
-    """A run's page: its state and payloads, history timeline, lane, parent and children."""
-    events = await store.load_events(run.id)
-    first = events[0].at if events else 0.0
-    timeline = []
+EVENT_PAGE = 100
+"""Events on one page of a run's timeline (the newest by default; ``?before=``/``?after=``)."""
+CHILDREN_PAGE = 50
+"""Children listed on one page of a run (``?children_after=``)."""
+PUBLISHED_SCAN = 200
+"""How many of a run's newest ``ctx.set_event`` records its page reads for the published
+values."""
+COMPENSATION_TYPES = ("compensation_completed", "compensation_failed")
+
+
+@dataclass
+class RunQuery:
+    """A run page's query: which page of the timeline and of the children."""
+
+    before: int | None = None
+    after: int | None = None
+    children_after: tuple[float, str] | None = None
+    children_after_text: str = ""
+
+
+def _seq(params: Any, name: str, errors: list[str]) -> int | None:
+    raw = str(params.get(name, "")).strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 15:
+        errors.append(f"{name} takes an event's sequence number, got {raw!r}")
+        return None
+    return int(raw)
+
+
+def run_query(params: Any) -> tuple[RunQuery, list[str]]:
+    """The timeline and children paging of a run page (errors: what does not parse)."""
+    errors: list[str] = []
+    q = RunQuery(before=_seq(params, "before", errors), after=_seq(params, "after", errors))
+    if q.before is not None and q.after is not None:
+        errors.append("give before or after, not both")
+        q.before = None
+    raw = str(params.get("children_after", "")).strip()
+    if raw:
+        try:
+            q.children_after = _before(raw)
+            q.children_after_text = raw
+        except ValueError:
+            errors.append(f"children_after takes <created_at>:<run id>, got {raw!r}")
+    return q, errors
+
+
+def allowed_actions(run: Run, compensated: bool) -> list[str]:
+    """The actions a run's status allows (docs/ui.md "Actions"): ``cancel`` an active run not
+    already cancelling, ``retry`` a failed or dead run whose compensations did not run,
+    ``signal`` an active run."""
+    out = []
+    if run.status.active and run.status is not RunStatus.CANCELLING:
+        out.append("cancel")
+    if run.status in (RunStatus.FAILED, RunStatus.DEAD) and not compensated:
+        out.append("retry")
+    if run.status.active:
+        out.append("signal")
+    return out
+
+
+async def compensation_events(store: Any, run_id: str) -> list[Event]:
+    """The run's compensation events (the newest 100): not empty when its compensations ran,
+    so a retry would undo their effects twice (``engine.retry`` refuses it)."""
+    page = await _browse.page_events(store, run_id, limit=100, types=COMPENSATION_TYPES)
+    return list(page.events)
+
+
+async def compensated(store: Any, run_id: str) -> bool:
+    """Whether the run's compensations ran (a retry would run its steps again)."""
+    page = await _browse.page_events(store, run_id, limit=0, types=COMPENSATION_TYPES)
+    return page.count > 0
+
+
+def timeline_items(events: Sequence[Event], since: float) -> list[dict[str, Any]]:
+    """A timeline's rows: each event's seq, type, time, time since ``since`` (the run's
+    creation) and readable fields."""
+    out = []
     for e in events:
-        body = event_to_json(e)
-        for k in ("seq", "type", "at"):
-            body.pop(k, None)
-        timeline.append(
+        out.append(
             {
                 "seq": e.seq,
                 "type": e.type,
                 "at": e.at,
-                "offset": offset(e.at - first),
-                "body": compact(body) if body else "",
+                "offset": offset(e.at - since),
+                "fields": event_fields(event_to_json(e)),
             }
         )
-    children = await store.list_runs(parent_id=run.id)
+    return out
+
+
+@dataclass(frozen=True)
+class LaneLimits:
+    """A lane's limit and queue cap, from the workflow's code (``--app``)."""
+
+    limit: int
+    max_queue_depth: int | None
+
+
+def lane_limits(definitions: Any, workflow: str, version: str | None) -> LaneLimits | None:
+    """The singleton limits of ``workflow`` (at ``version`` when it is known, else its only or
+    last registered version), when the dashboard has its code; ``None`` otherwise."""
+    found = [d for d in definitions if d.name == workflow and d.singleton is not None]
+    if version is not None:
+        found = [d for d in found if d.version == version] or found
+    if not found:
+        return None
+    sg = found[-1].singleton
+    return LaneLimits(sg.limit, sg.max_queue_depth)
+
+
+def queue_full(lane: _browse.Lane | _browse.LaneSummary, limits: LaneLimits | None) -> bool:
+    """Whether the lane's queue is full: a new run of its key would be refused
+    (``SingletonQueueFullError``)."""
+    if limits is None or limits.max_queue_depth is None:
+        return False
+    holders = lane.holders if isinstance(lane.holders, int) else len(lane.holders)
+    return holders + lane.waiting >= limits.limit + limits.max_queue_depth
+
+
+async def _children(store: Any, run: Run, q: RunQuery) -> tuple[list[Run], str | None]:
+    """One page of the run's children, oldest first, and the link to the next page."""
+    if lists_by_search(store):
+        got = await store.list_runs(
+            parent_id=run.id, after=q.children_after, limit=CHILDREN_PAGE + 1
+        )
+    else:
+        got = await store.list_runs(parent_id=run.id)
+        if q.children_after is not None:
+            got = [c for c in got if (c.created_at, c.id) > q.children_after]
+        got = got[: CHILDREN_PAGE + 1]
+    more = len(got) > CHILDREN_PAGE
+    kids = got[:CHILDREN_PAGE]
+    nxt = None
+    if more and kids:
+        last = kids[-1]
+        nxt = f"/runs/{quote(run.id)}?children_after={_quote(f'{last.created_at!r}:{last.id}')}"
+    return kids, nxt
+
+
+async def _published(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """The run's published values (``ctx.set_event``): the latest of each key, newest first."""
+    page = await _browse.page_events(store, run_id, limit=PUBLISHED_SCAN, types=("event_set",))
+    latest: dict[str, Any] = {}
+    for e in reversed(page.events):
+        key = getattr(e, "key", None)
+        if isinstance(key, str) and key not in latest:
+            latest[key] = e
+    return [
+        {"key": k, "value": pretty(getattr(e, "value", None)), "at": e.at, "seq": e.seq}
+        for k, e in latest.items()
+    ]
+
+
+async def state_context(store: Any, run: Run, q: RunQuery, definitions: Any = ()) -> dict[str, Any]:
+    """The live part of a run's page: its state, payloads, published values, lane and
+    children (one page), and the actions its status allows."""
+    children, children_next = await _children(store, run, q)
     lane = None
     if run.singleton_key is not None:
         lane = await _browse.lane(store, run.workflow, run.singleton_key)
+    limits = lane_limits(definitions, run.workflow, run.workflow_version)
+    comp_events = await compensation_events(store, run.id)
+    comp = bool(comp_events)
     return {
-        "page": "run",
         "run": run,
         "input": pretty(run.input),
         "output": None if run.output is None else pretty(run.output),
@@ -210,15 +363,54 @@ async def run_context(store: Any, run: Run) -> dict[str, Any]:
         "error_line": _error_line(run.error),
         "tags": [t for t in run.tags if not t.startswith("flowkit:")],
         "search": sorted(run.search.items()),
-        "timeline": timeline,
+        "published": await _published(store, run.id),
         "children": children,
+        "children_next": children_next,
+        "children_first": f"/runs/{quote(run.id)}" if q.children_after is not None else None,
         "lane": lane,
+        "limits": limits,
+        "queue_full": lane is not None and queue_full(lane, limits),
         "members": _members(lane) if lane is not None else [],
-        # (no Retry for a run whose compensations ran: ``engine.retry`` refuses it)
-        "retry_refused": (
-            _retry.retry_refusal(run, events) if _retry.compensations_ran(events) else None
-        ),
+        "compensated": comp,
+        # (why no Retry: ``engine.retry`` refuses a run whose compensations ran)
+        "retry_refused": _retry.retry_refusal(run, comp_events) if comp else None,
+        "actions": allowed_actions(run, comp),
     }
+
+
+async def run_context(
+    store: Any, run: Run, params: Any = None, definitions: Any = ()
+) -> dict[str, Any]:
+    """A run's page: its live state (``state_context``) and one page of its history
+    timeline (the newest ``EVENT_PAGE`` events unless ``?before=``/``?after=`` say
+    otherwise), with the links to the pages around it."""
+    q, errors = run_query(params or {})
+    page = await _browse.page_events(
+        store, run.id, after=q.after, before=q.before, limit=EVENT_PAGE
+    )
+    evs = page.events
+    first, last = page.first_seq, page.last_seq
+    at_end = not evs or evs[-1].seq == last
+    at_start = not evs or evs[0].seq == first
+    base = f"/runs/{quote(run.id)}"
+    follow = at_end and q.before is None
+    ctx = await state_context(store, run, q, definitions)
+    ctx.update(
+        {
+            "page": "run",
+            "errors": errors,
+            "timeline": timeline_items(evs, run.created_at),
+            "event_count": page.count,
+            "follow": follow,
+            "last_seq": evs[-1].seq if evs else 0,
+            "earlier_url": None if at_start else f"{base}?before={evs[0].seq}",
+            "first_url": None if at_start else f"{base}?after=0",
+            "later_url": None if at_end else f"{base}?after={evs[-1].seq}",
+            "newest_url": None if follow else base,
+            "children_after": q.children_after_text,
+        }
+    )
+    return ctx
 
 
 def _error_line(error: Any) -> str | None:
@@ -231,12 +423,27 @@ def _error_line(error: Any) -> str | None:
     return head
 
 
-async def lanes_context(store: Any) -> dict[str, Any]:
-    """The lanes page: every singleton lane with active runs."""
-    return {"page": "lanes", "lanes": await _browse.lanes(store)}
+async def lanes_context(store: Any, definitions: Any = ()) -> dict[str, Any]:
+    """The lanes page: every singleton lane with active runs, with its limit and whether its
+    queue is full when the dashboard has the workflow's code."""
+    rows = []
+    for lane in await _browse.lanes(store):
+        limits = lane_limits(definitions, lane.workflow, None)
+        rows.append({"lane": lane, "limits": limits, "full": queue_full(lane, limits)})
+    return {"page": "lanes", "lanes": rows}
 
 
-async def lane_context(store: Any, workflow: str, key: str) -> dict[str, Any]:
-    """One lane in full: holders then waiters in FIFO order."""
+async def lane_context(
+    store: Any, workflow: str, key: str, definitions: Any = ()
+) -> dict[str, Any]:
+    """One lane in full: holders then waiters in FIFO order, its limit and queue cap."""
     lane = await _browse.lane(store, workflow, key)
-    return {"page": "lanes", "lane": lane, "members": _members(lane), "run": None}
+    limits = lane_limits(definitions, workflow, None)
+    return {
+        "page": "lanes",
+        "lane": lane,
+        "members": _members(lane),
+        "run": None,
+        "limits": limits,
+        "queue_full": queue_full(lane, limits),
+    }

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._browse_types import Lane, LaneSummary
+from .._browse_types import EventPage, Lane, LaneSummary
 from .._event_keys import TakenEvent
 from .._run import Run, RunStatus
 from .._search_terms import Term
@@ -204,6 +204,34 @@ def browses_runs(store: Any) -> bool:
     return all(
         callable(getattr(store, m, None)) for m in ("browse_runs", "count_runs", "lanes", "lane")
     )
+
+
+class PagesEvents(Protocol):
+    """The optional method ``events_page`` (``MemoryStore``, ``SqlStore``; ``CodecStore`` when
+    the store it wraps has it): a page of a run's history without loading all of it (the
+    dashboard's run page, ``flowkit._browse.page_events``; a store without it has the whole
+    history loaded and cut)."""
+
+    async def events_page(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        limit: int = 100,
+        types: Sequence[str] = (),
+    ) -> EventPage:
+        """The run's events of ``types`` (empty: every type): with ``after``, the oldest
+        ``limit`` whose ``seq`` is above it; else the newest ``limit`` below ``before`` (no
+        bound when ``None``); in ``seq`` order either way, with the count and the first and
+        last ``seq`` of all its events of ``types``. ``RunNotFoundError`` for an unknown run
+        (or one of another namespace). Reads only; indexed on ``(run_id, seq)``."""
+        ...
+
+
+def pages_events(store: Any) -> bool:
+    """Whether ``store`` has ``events_page`` (``PagesEvents``)."""
+    return callable(getattr(store, "events_page", None))
 
 
 class ChangeStamp(Protocol):
@@ -416,6 +444,7 @@ __all__ = [
     "ClaimsGated",
     "GateCheck",
     "LatestEvent",
+    "PagesEvents",
     "PrunesRuns",
     "PublishedEvent",
     "PublishesEvents",
@@ -428,6 +457,7 @@ __all__ = [
     "claims_by_version",
     "claims_gated",
     "lists_by_search",
+    "pages_events",
     "prunes_runs",
     "publishes_events",
     "records_schemas",

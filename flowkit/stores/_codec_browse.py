@@ -9,10 +9,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .._browse_types import Lane, LaneSummary, capped
+from .._browse_types import EventPage, Lane, LaneSummary, capped
 from .._run import Run, RunStatus
 from .._search_terms import Term
-from ._capabilities import browses_runs, changes_stamped, takes
+from ._capabilities import browses_runs, changes_stamped, pages_events, takes
 
 
 def _bare(run: Run) -> Run:
@@ -20,8 +20,8 @@ def _bare(run: Run) -> Run:
 
 
 def forward_browse(outer: Any, inner: Any) -> None:
-    """Give ``outer`` (a ``CodecStore``) the ``BrowsesRuns`` and ``ChangeStamp`` methods
-    ``inner`` has, forwarding to it."""
+    """Give ``outer`` (a ``CodecStore``) the ``BrowsesRuns``, ``PagesEvents`` and
+    ``ChangeStamp`` methods ``inner`` has, forwarding to it (a page's events decoded)."""
     if browses_runs(inner):
 
         async def browse_runs(
@@ -69,6 +69,23 @@ def forward_browse(outer: Any, inner: Any) -> None:
         outer.count_runs = count_runs
         outer.lanes = lanes
         outer.lane = lane
+    if pages_events(inner):
+
+        async def events_page(
+            run_id: str,
+            *,
+            after: int | None = None,
+            before: int | None = None,
+            limit: int = 100,
+            types: Sequence[str] = (),
+        ) -> EventPage:
+            got: EventPage = await inner.events_page(
+                run_id, after=after, before=before, limit=limit, types=types
+            )
+            decoded = [outer._event_out(e, run_id) for e in got.events]
+            return dataclasses.replace(got, events=decoded)
+
+        outer.events_page = events_page
     if changes_stamped(inner):
 
         async def change_stamp() -> object:

@@ -9,9 +9,10 @@ import heapq
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._browse_types import Lane, LaneSummary, capped
+from .._browse_types import EventPage, Lane, LaneSummary, capped
 from .._run import Run, RunStatus
 from .._search_terms import Term, matches
+from ..events import Event
 
 
 def _bare(run: Run) -> Run:
@@ -23,8 +24,8 @@ def _order(r: Run) -> tuple[float, str]:
 
 
 class MemoryBrowse:
-    """Mixed into ``MemoryStore`` (which supplies ``_visible_runs``, ``_active_runs`` and
-    ``_version``)."""
+    """Mixed into ``MemoryStore`` (which supplies ``_visible_runs``, ``_active_runs``,
+    ``_version``, ``_get`` and ``_d``)."""
 
     def _visible_runs(self) -> Iterable[Run]:
         raise NotImplementedError
@@ -34,6 +35,15 @@ class MemoryBrowse:
 
     def _version(self) -> int:
         raise NotImplementedError
+
+    def _get(self, run_id: str) -> Run:
+        raise NotImplementedError
+
+    _d: Any  # (MemoryStore's data: ``events`` maps a run id to its history)
+
+    def _history_of(self, run_id: str) -> Sequence[Event]:
+        found: Sequence[Event] = self._d.events.get(run_id, ())
+        return found
 
     def _filtered(
         self, workflow: str | None, tag: str | None, search: Sequence[Term]
@@ -107,10 +117,41 @@ class MemoryBrowse:
             workflow, key, holders, [_bare(r) for r in waiters[: max(limit, 0)]], len(waiters)
         )
 
+    async def events_page(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        limit: int = 100,
+        types: Sequence[str] = (),
+    ) -> EventPage:
+        """``PagesEvents.events_page``."""
+        self._get(run_id)  # (RunNotFoundError)
+        return cut_page(self._history_of(run_id), after, before, limit, types)
+
     async def change_stamp(self) -> object:
         """``ChangeStamp.change_stamp``: the data's write counter (shared by every scoped
         view of it)."""
         return self._version()
 
 
-__all__ = ["MemoryBrowse"]
+def cut_page(
+    history: Sequence[Event],
+    after: int | None,
+    before: int | None,
+    limit: int,
+    types: Sequence[str] = (),
+) -> EventPage:
+    """``PagesEvents.events_page`` of a whole history (``history``, in ``seq`` order)."""
+    kept = [e for e in history if not types or e.type in types]
+    n = max(limit, 0)
+    if after is not None:
+        page = [e for e in kept if e.seq > after][:n]
+    else:
+        below = [e for e in kept if before is None or e.seq < before]
+        page = below[max(len(below) - n, 0) :] if n else []
+    return EventPage(page, len(kept), kept[0].seq if kept else None, kept[-1].seq if kept else None)
+
+
+__all__ = ["MemoryBrowse", "cut_page"]

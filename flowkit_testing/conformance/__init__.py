@@ -30,6 +30,7 @@ from ._browse import (
     check_browse_runs_newest_first,
     check_change_stamp_sees_other_writers,
     check_count_runs_matches_list_runs,
+    check_events_page_cuts_the_history,
     check_lanes_follow_the_gate,
 )
 from ._commits import (
@@ -260,6 +261,7 @@ __all__ = [
     "check_due_runs_by_version",
     "check_due_schedules",
     "check_event_seqs_gap_free",
+    "check_events_page_cuts_the_history",
     "check_expect_status_conflict_writes_nothing",
     "check_gated_claim_admits_and_claims",
     "check_gated_claim_denied_writes_only_the_next_recheck",

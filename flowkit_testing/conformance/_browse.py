@@ -1,5 +1,6 @@
 """Checks of the dashboard's reads (``BrowsesRuns``: ``browse_runs``, ``count_runs``,
-``lanes``, ``lane``) against ``list_runs`` and the singleton gate, and of ``ChangeStamp``
+``lanes``, ``lane``) against ``list_runs`` and the singleton gate, of ``PagesEvents``
+(``events_page``) against ``load_events``, and of ``ChangeStamp``
 (a write through a second store object on the same data changes the stamp)."""
 
 from __future__ import annotations
@@ -8,13 +9,16 @@ import dataclasses
 from typing import Any, cast
 
 from flowkit._search_terms import SearchValue
+from flowkit.errors import RunNotFoundError
 from flowkit.events import RunCompleted, StepCompleted
 from flowkit.stores._capabilities import takes
+from flowkit.stores._memory_browse import cut_page
 from flowkit.stores.base import Update, parse_filter
 
 from ._registry import check
 from ._support import (
     T0,
+    ConformanceError,
     PairFactory,
     S,
     StoreFactory,
@@ -197,6 +201,54 @@ async def check_lanes_follow_the_gate(factory: StoreFactory) -> None:
     expect_eq(admitted, ["q0", "Q1", "q1", "q2", "q3"], "the order lane() listed the waiters in")
     cut = await s.lane("wf", "k", limit=0)
     expect_eq((cut.waiters, cut.waiting), ([], 0), "lane(limit=0) of a drained lane")
+
+
+@check(requires=["events_page"])
+async def check_events_page_cuts_the_history(factory: StoreFactory) -> None:
+    """``events_page`` answers what cutting the whole history (``load_events``) answers: the
+    newest page, ``before`` and ``after`` pages, a page longer than what is left, a type
+    filter, with the count and the first and last ``seq``; ``RunNotFoundError`` for an
+    unknown run."""
+    s = cast(Any, await make_store(factory))
+    await put(s, mk("p", t=T0))
+    steps = [StepCompleted(pos=str(i), name="s", result=i, at=T0 + i) for i in range(1, 12)]
+    await s.commit("p", None, T0 + 12, Update(events=steps, ignore_lease=True))
+    history = await s.load_events("p")
+    expect_eq(len(history), 12, "the history's length")
+    cases: list[dict[str, Any]] = [
+        {"limit": 5},
+        {"limit": 50},
+        {"before": 4, "limit": 2},
+        {"before": 4, "limit": 10},
+        {"after": 0, "limit": 3},
+        {"after": 10, "limit": 5},
+        {"after": 12, "limit": 5},
+        {"limit": 0},
+        {"types": ["run_started"], "limit": 5},
+        {"types": ["step_completed"], "after": 3, "limit": 2},
+        {"types": ["compensation_failed"], "limit": 1},
+    ]
+    for kw in cases:
+        page = await s.events_page("p", **kw)
+        want = cut_page(
+            history, kw.get("after"), kw.get("before"), kw["limit"], kw.get("types", ())
+        )
+        expect_eq(
+            [(e.seq, e.type) for e in page.events],
+            [(e.seq, e.type) for e in want.events],
+            f"events_page({kw}) events",
+        )
+        expect_eq(
+            (page.count, page.first_seq, page.last_seq),
+            (want.count, want.first_seq, want.last_seq),
+            f"events_page({kw}) count and bounds",
+        )
+    try:
+        await s.events_page("nope")
+    except RunNotFoundError:
+        pass
+    else:
+        raise ConformanceError("events_page of an unknown run did not raise RunNotFoundError")
 
 
 @check(kind="pair", requires=["change_stamp"])

@@ -28,6 +28,7 @@ OPTIONAL_METHODS = (
     "latest_event",
     "prune_runs",
     "browse_runs",
+    "events_page",
     "change_stamp",
 )
 """Store methods the contract lets a store leave out (absent or ``None``)."""

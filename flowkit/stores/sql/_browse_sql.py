@@ -15,13 +15,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..._browse_types import Lane, LaneSummary
+from ..._browse_types import EventPage, Lane, LaneSummary
 from ..._run import ACTIVE_STATUSES, Run, RunStatus
 from ..._search_terms import Term
+from ...errors import RunNotFoundError
+from .. import limits as _limits
 from ._database import Database
 from ._group_commit import GroupCommit
-from ._rows import has_tag, run_from_mapping, visible
-from ._schema import BY_ID, WAITING_SQL, runs
+from ._rows import has_tag, run_from_mapping, to_event, visible
+from ._schema import BY_ID, WAITING_SQL, events, runs
 from ._search_sql import LIST_COLUMNS, term_clause
 from ._statements import Statements
 
@@ -223,6 +225,49 @@ class Browsing:
             return Lane(workflow, key, holders, waiters, waiting + len(cancelling))
 
         found: Lane = await self._browse_read(read)
+        return found
+
+    async def events_page(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        limit: int = 100,
+        types: Sequence[str] = (),
+    ) -> EventPage:
+        """``PagesEvents.events_page``: the run's row, the count and bounds of its events and
+        one page of them, each on the primary key ``(run_id, seq)``."""
+        if not _limits.storable(run_id):
+            raise RunNotFoundError(run_id)
+        e = events.c
+        exists = sa.select(runs.c.id).where(runs.c.id == run_id, visible(self.namespace))
+        where: list[sa.ColumnElement[bool]] = [e.run_id == run_id]
+        if types:
+            where.append(e.type.in_(list(types)))
+        bounds = sa.select(sa.func.count(), sa.func.min(e.seq), sa.func.max(e.seq)).where(*where)
+        page = sa.select(e.seq, sa.cast(e.body, sa.Text)).where(*where)
+        n = max(limit, 0)
+        if after is not None:
+            page = page.where(e.seq > after).order_by(e.seq).limit(n)
+        else:
+            if before is not None:
+                page = page.where(e.seq < before)
+            page = page.order_by(e.seq.desc()).limit(n)
+
+        def read(conn: sa.Connection) -> EventPage | None:
+            if conn.execute(exists).first() is None:
+                return None
+            count, first, last = conn.execute(bounds).one()
+            rows = list(conn.execute(page))
+            if after is None:
+                rows.reverse()
+            got = [to_event(int(seq), body) for seq, body in rows]
+            return EventPage(got, int(count or 0), first, last)
+
+        found: EventPage | None = await self._browse_read(read)
+        if found is None:
+            raise RunNotFoundError(run_id)
         return found
 
     async def change_stamp(self) -> object:
