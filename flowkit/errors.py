@@ -24,7 +24,7 @@ ValueError`` / ``LookupError`` / ``TimeoutError`` keeps catching it; the three t
     │   │                          lacks (also a ReplayError)
     │   ├── RunNotFoundError       signal()/cancel()/result()/...: no run with that id
     │   └── ScheduleNotFoundError  engine.schedules: no schedule with that id
-    ├── RunNotCompletedError       the run ended without an output: read why   (``run_id``,
+    ├── RunNotCompletedError       the run ended without an output: read why (``run_id``,
     │   │                          ``cause``), then retry() it, compensate or give up
     │   ├── WorkflowFailedError    result(): the run settled `failed` or `dead`; `.cause` says why
     │   ├── RunCancelledError      result(): the run settled `cancelled`
