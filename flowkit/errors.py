@@ -1,36 +1,65 @@
-"""The error tree of flowkit; every error says who raises it.
+"""The error tree of flowkit, grouped by what the caller can do; every error says who raises it.
+
+Catch a group to handle all its errors one way (docs/writing-workflows.md, "Errors"). Every
+error also keeps the built-in bases it has always had ("also a ..."), so an ``except
+ValueError`` / ``LookupError`` / ``TimeoutError`` keeps catching it; the three timeouts have
+``TimeoutError`` as their group.
 
 ::
 
-    FlowkitError
-    ├── InvalidInputError          start(): the input does not validate against run()'s annotation
-    ├── SingletonQueueFullError    start(): the singleton key's queue is at limit + max_queue_depth
-    ├── UnsupportedStoreError      start()/Engine(): the store lacks an operation the workflow needs
-    ├── NonDeterminismError        replay: the body issued a different ctx call than the history
-    ├── WorkflowNotFoundError      start()/replay: no workflow registered under that name
-    │   └── VersionMismatchError   replay: the history was recorded on a version the code lacks
-    ├── RunNotFoundError           signal()/cancel()/result()/...: no run with that id
-    ├── RunIdTakenError            start(): the run id belongs to another namespace
-    ├── RunStateError              retry()/signal(): the run is in a status that forbids the call
-    ├── WorkflowFailedError        result(): the run settled `failed`; `.cause` says why
-    ├── RunCancelledError          result(): the run settled `cancelled`
-    ├── SignalTimeout              ctx.wait_for_signal(): the timeout elapsed (also a TimeoutError)
-    ├── ResultTimeoutError         result(): the run did not settle in time (also a TimeoutError)
+    FlowkitError                   anything flowkit raises on purpose
+    ├── CallRefusedError           refused before anything was written: change the call, or try
+    │   │                          it again later; the engine, the store and the run are as before
+    │   ├── InvalidInputError      start()/signal()/update(), stores: a value or an identifier is
+    │   │                          not valid (run()'s annotation, a limit) (also a ValueError)
+    │   ├── SingletonQueueFullError  start(): the singleton key's queue is at limit +
+    │   │                          max_queue_depth: shed the request or start it later
+    │   ├── RunIdTakenError        start(): the run id belongs to another namespace
+    │   ├── RunStateError          retry()/signal(): the run is in a status that forbids the call
+    │   └── UpdateRejectedError    update(): the workflow's update validator refused it
+    ├── NotFoundError              no such workflow, run or schedule: check the name or id
+    │   │                          (also a LookupError)
+    │   ├── WorkflowNotFoundError  start()/replay: no workflow registered under that name
+    │   │   └── VersionMismatchError  replay: the history was recorded on a version the code
+    │   │                          lacks (also a ReplayError)
+    │   ├── RunNotFoundError       signal()/cancel()/result()/...: no run with that id
+    │   └── ScheduleNotFoundError  engine.schedules: no schedule with that id
+    ├── RunNotCompletedError       the run ended without an output: read why (``run_id``,
+    │   │                          ``cause``), then retry() it, compensate or give up
+    │   ├── WorkflowFailedError    result(): the run settled `failed` or `dead`; `.cause` says why
+    │   ├── RunCancelledError      result(): the run settled `cancelled`
+    │   └── ChildWorkflowError     ctx.child(): the child failed, was cancelled, died or never
+    │                              started
+    ├── ReplayError                the recorded history and the code disagree: keep the old code
+    │   │                          path (ctx.patched, a new version) or fix the history file
+    │   ├── NonDeterminismError    replay: the body issued a different ctx call than the history
+    │   ├── HistoryError           History.from_json()/replay: a corrupt or foreign history
+    │   │                          (also a ValueError)
+    │   └── ReplayFailedError      replay_dir report: some recorded histories no longer replay
+    │                              (also an AssertionError; defined in flowkit._replay.replayer)
+    ├── StoreError                 the store, not the call, is at fault: fix its setup (URL,
+    │   │                          schema, keys, store class), or try again later
+    │   ├── StoreUnavailableError  SqlStore: the database cannot be reached now: try again later
+    │   ├── UnsupportedStoreError  start()/Engine(): the store lacks an operation the workflow needs
+    │   ├── UnsupportedDatabaseError  SqlStore(url): not a supported database URL
+    │   │                          (also a ValueError)
+    │   ├── NotAFlowkitDatabaseError  SqlStore.check(url): the URL names no flowkit database
+    │   ├── SchemaVersionError     SqlStore: the database has a newer schema version
+    │   ├── CodecError             CodecStore: a stored payload cannot be decoded
+    │   │   └── EncryptedStoreError  a plain store met a database whose payloads are encrypted
+    │   ├── LeaseLostError         stores: the caller no longer owns the run's lease (the engine
+    │   │                          handles it)
+    │   └── ConflictError          Store.commit(): a precondition (status, signal) no longer holds
+    │                              (the engine re-reads and decides again)
     ├── StepFailedError            ctx.step(): the step's final attempt failed
     ├── SerializationError         ctx.step()/start(): a value cannot be stored as JSON
-    ├── HistoryError               History.from_json(): corrupt or foreign history
-    ├── LeaseLostError             stores: the caller no longer owns the run's lease
-    ├── ConflictError              Store.commit(): a precondition (status, signal) no longer holds
-    ├── CodecError                 CodecStore: a stored payload cannot be decoded
-    ├── SchemaVersionError         SqlStore: the database has a newer schema version
-    ├── UnsupportedDatabaseError   SqlStore(url): not a supported database URL (a ValueError too)
-    ├── StoreUnavailableError      SqlStore: the database cannot be reached
-    ├── NotAFlowkitDatabaseError   SqlStore.check(url): the URL names no flowkit database
-    ├── UpdateRejectedError        update(): the workflow's update validator refused it
+    │                              (also a TypeError)
     ├── UpdateNotRepliedError      update(): the run settled without replying
-    ├── ScheduleNotFoundError      engine.schedules: no schedule with that id
-    └── ReplayFailedError          replay_dir report: some recorded histories no longer replay
-                                   (defined in flowkit._replay.replayer, exported from flowkit)
+    ├── SignalTimeout              ctx.wait_for_signal(): the timeout elapsed; also named
+    │                              SignalTimeoutError (also a TimeoutError)
+    ├── ResultTimeoutError         result(): the run did not settle in time (also a TimeoutError)
+    └── StepTimeoutError           ctx.step(timeout=): an attempt ran too long
+                                   (also a TimeoutError)
 """
 
 from __future__ import annotations
@@ -43,7 +72,46 @@ class FlowkitError(Exception):
     """Base class of every error flowkit raises on purpose."""
 
 
-class InvalidInputError(FlowkitError, ValueError):
+class CallRefusedError(FlowkitError):
+    """The call was refused before it wrote anything: change the call, or try it again later.
+
+    The engine, the store and the run are as they were, so dropping or retrying the call is
+    safe (a web handler answers 400 or 409). The subclass and its fields say what was wrong."""
+
+
+class NotFoundError(FlowkitError, LookupError):
+    """No workflow, run or schedule by that name or id: check the name, the id, the namespace.
+
+    Nothing was written (a web handler answers 404); the subclass names what was looked for."""
+
+
+class RunNotCompletedError(FlowkitError):
+    """The run ended without an output (failed, dead, cancelled) and never will have one.
+
+    Raised by ``Engine.result`` and, in a parent's body, by ``ctx.child`` (also for a child
+    that could not start). ``run_id`` is the run that did not complete; the subclass says how
+    it ended. A caller reads why, then retries the run (``Engine.retry``), compensates, or
+    gives up."""
+
+    run_id: str
+
+
+class ReplayError(FlowkitError):
+    """The recorded history and the workflow code disagree, or the history cannot be read.
+
+    No store or retry fixes it: keep the old code path for recorded runs (``ctx.patched``, a
+    new version of the workflow), or fix the history file."""
+
+
+class StoreError(FlowkitError):
+    """The store, not the call or the workflow, is at fault: fix its setup, or try again later.
+
+    ``StoreUnavailableError`` is worth trying again later; the others need a change of setup
+    (the URL, the schema, the codec's keys, a store that has the operation). ``LeaseLostError``
+    and ``ConflictError`` are the engine's to handle."""
+
+
+class InvalidInputError(CallRefusedError, ValueError):
     """Raised by ``Engine.start`` when the input does not validate, and by any call given an
     identifier or payload no store keeps (docs/stores.md, "Limits"); nothing is written.
     ``workflow`` is ``None`` where the caller named no workflow (a store's own check)."""
@@ -55,7 +123,7 @@ class InvalidInputError(FlowkitError, ValueError):
         super().__init__(f"invalid input{where}: {detail}")
 
 
-class SingletonQueueFullError(FlowkitError):
+class SingletonQueueFullError(CallRefusedError):
     """Raised by ``Engine.start`` when a singleton key already has ``limit + max_queue_depth``
     active runs; no run is created."""
 
@@ -71,11 +139,11 @@ class SingletonQueueFullError(FlowkitError):
         )
 
 
-class UnsupportedStoreError(FlowkitError):
+class UnsupportedStoreError(StoreError):
     """Raised by ``Engine.start`` when the store lacks an operation (e.g. singleton admission)."""
 
 
-class NonDeterminismError(FlowkitError):
+class NonDeterminismError(ReplayError):
     """Raised during replay when the body's ctx calls diverge from the recorded history.
 
     ``position`` is the body's call position, ``recorded`` describes the recorded event (or
@@ -110,7 +178,7 @@ class NonDeterminismError(FlowkitError):
         return "\n".join(lines)
 
 
-class WorkflowNotFoundError(FlowkitError, LookupError):
+class WorkflowNotFoundError(NotFoundError):
     """Raised when a workflow name (or class) is not registered on the engine; ``version``
     names the version a start pinned (or the class's own) when that is what is missing."""
 
@@ -121,7 +189,7 @@ class WorkflowNotFoundError(FlowkitError, LookupError):
         super().__init__(f"unknown workflow {workflow!r}{at}")
 
 
-class VersionMismatchError(WorkflowNotFoundError):
+class VersionMismatchError(WorkflowNotFoundError, ReplayError):
     """Raised by ``replay`` (and reported by ``replay_dir`` / ``flowkit replay``) before any
     replay when the history was recorded on a version of its workflow that the code given
     does not have: a run resumes only on the version it started on, so replaying it against
@@ -140,7 +208,7 @@ class VersionMismatchError(WorkflowNotFoundError):
         )
 
 
-class RunNotFoundError(FlowkitError, LookupError):
+class RunNotFoundError(NotFoundError):
     """Raised by engine calls that name a run id the store does not know."""
 
     def __init__(self, run_id: str) -> None:
@@ -148,7 +216,7 @@ class RunNotFoundError(FlowkitError, LookupError):
         super().__init__(f"unknown run {run_id!r}")
 
 
-class RunIdTakenError(FlowkitError):
+class RunIdTakenError(CallRefusedError):
     """Raised by ``Engine.start`` on a namespace-scoped store when the run id already exists
     in another namespace (ids are unique per store, not per namespace)."""
 
@@ -157,7 +225,7 @@ class RunIdTakenError(FlowkitError):
         super().__init__(f"run id {run_id!r} is already used in another namespace")
 
 
-class RunStateError(FlowkitError):
+class RunStateError(CallRefusedError):
     """Raised when a call is not allowed in the run's current status (e.g. retry of a
     completed run)."""
 
@@ -167,7 +235,7 @@ class RunStateError(FlowkitError):
         super().__init__(f"run {run_id!r} is {status}: {detail}")
 
 
-class WorkflowFailedError(FlowkitError):
+class WorkflowFailedError(RunNotCompletedError):
     """Raised by ``Engine.result`` for a run that settled ``failed``; ``cause`` holds the
     reconstructed failure (e.g. a ``StepFailedError``)."""
 
@@ -181,7 +249,7 @@ class WorkflowFailedError(FlowkitError):
         self.__cause__ = cause
 
 
-class ChildWorkflowError(FlowkitError):
+class ChildWorkflowError(RunNotCompletedError):
     """Raised in a parent's body by ``ctx.child`` / ``ChildHandle.result()`` when the child
     failed, was cancelled, died, or could not start (queue full, unknown workflow, invalid
     input, a store without what it needs, a singleton parent awaiting a child queued behind
@@ -199,7 +267,7 @@ class ChildWorkflowError(FlowkitError):
         self.__cause__ = cause
 
 
-class RunCancelledError(FlowkitError):
+class RunCancelledError(RunNotCompletedError):
     """Raised by ``Engine.result`` for a run that settled ``cancelled``."""
 
     def __init__(self, run_id: str) -> None:
@@ -209,12 +277,17 @@ class RunCancelledError(FlowkitError):
 
 class SignalTimeout(FlowkitError, TimeoutError):
     """Raised inside a workflow by ``ctx.wait_for_signal`` when its timeout elapses; it is a
-    ``TimeoutError`` and so an ``asyncio.TimeoutError``."""
+    ``TimeoutError`` and so an ``asyncio.TimeoutError``. ``SignalTimeoutError`` is the same
+    class."""
 
     def __init__(self, name: str, timeout: float) -> None:
         self.name = name
         self.timeout = timeout
         super().__init__(f"no signal {name!r} within {timeout} s")
+
+
+SignalTimeoutError = SignalTimeout
+"""``SignalTimeout`` under the name the other errors follow: the same class, either catches it."""
 
 
 class ResultTimeoutError(FlowkitError, TimeoutError):
@@ -260,11 +333,11 @@ class SerializationError(FlowkitError, TypeError):
     """Raised when a value (input, step result, output, signal payload) cannot be stored."""
 
 
-class HistoryError(FlowkitError, ValueError):
+class HistoryError(ReplayError, ValueError):
     """Raised by ``History.from_json`` and replay for corrupt or foreign histories."""
 
 
-class LeaseLostError(FlowkitError):
+class LeaseLostError(StoreError):
     """Raised by stores when the caller no longer owns the run's execution lease."""
 
     def __init__(self, run_id: str) -> None:
@@ -272,12 +345,12 @@ class LeaseLostError(FlowkitError):
         super().__init__(f"lease on run {run_id!r} lost")
 
 
-class ConflictError(FlowkitError):
+class ConflictError(StoreError):
     """Raised by ``Store.commit`` when a precondition (expected status, signal still in the
     inbox, lease) no longer holds; the caller re-reads and decides again."""
 
 
-class CodecError(FlowkitError):
+class CodecError(StoreError):
     """A stored payload cannot be decoded: encrypted with a key id the codec does not have,
     tampered with, moved from another run or field, or not encoded at all. ``key_id`` names
     the key when it is known; ``run_id`` and ``field`` (``"input"``,
@@ -314,7 +387,7 @@ class EncryptedStoreError(CodecError):
         super().__init__(message, missing_key=True)
 
 
-class SchemaVersionError(FlowkitError):
+class SchemaVersionError(StoreError):
     """The database carries a flowkit schema version this code does not understand."""
 
     def __init__(self, found: int, supported: int) -> None:
@@ -326,11 +399,11 @@ class SchemaVersionError(FlowkitError):
         )
 
 
-class UnsupportedDatabaseError(FlowkitError, ValueError):
+class UnsupportedDatabaseError(StoreError, ValueError):
     """``SqlStore`` was given a URL of a database it does not support (or cannot load)."""
 
 
-class StoreUnavailableError(FlowkitError):
+class StoreUnavailableError(StoreError):
     """The store cannot reach or use its database now (server down or restarting, a reset or
     stalled connection, a lock held too long): worth trying again later. ``unsettled``: an
     abandoned call that may still commit sets it to an awaitable that is done once the call
@@ -339,7 +412,7 @@ class StoreUnavailableError(FlowkitError):
     unsettled: Awaitable[None] | None = None
 
 
-class NotAFlowkitDatabaseError(FlowkitError):
+class NotAFlowkitDatabaseError(StoreError):
     """Raised by ``SqlStore.check`` for a URL that names no flowkit database: an in-memory
     one, another application's, or none at all (``missing``: no file at that path)."""
 
@@ -348,7 +421,7 @@ class NotAFlowkitDatabaseError(FlowkitError):
         super().__init__(message)
 
 
-class UpdateRejectedError(FlowkitError):
+class UpdateRejectedError(CallRefusedError):
     """Raised by ``Engine.update`` when the workflow's ``@update_validator`` for ``name``
     raised: nothing was written to the run. ``cause`` is the validator's exception."""
 
@@ -373,7 +446,7 @@ class UpdateNotRepliedError(FlowkitError):
         super().__init__(f"run {run_id!r} settled {status} without replying to update {name!r}")
 
 
-class ScheduleNotFoundError(FlowkitError, LookupError):
+class ScheduleNotFoundError(NotFoundError):
     """Raised by ``engine.schedules`` calls given a schedule id the store does not have."""
 
     def __init__(self, schedule_id: str) -> None:
@@ -382,6 +455,7 @@ class ScheduleNotFoundError(FlowkitError, LookupError):
 
 
 __all__ = [
+    "CallRefusedError",
     "ChildWorkflowError",
     "CodecError",
     "ConflictError",
@@ -392,18 +466,23 @@ __all__ = [
     "LeaseLostError",
     "NonDeterminismError",
     "NotAFlowkitDatabaseError",
+    "NotFoundError",
+    "ReplayError",
     "ResultTimeoutError",
     "RunCancelledError",
     "RunIdTakenError",
+    "RunNotCompletedError",
     "RunNotFoundError",
     "RunStateError",
     "ScheduleNotFoundError",
     "SchemaVersionError",
     "SerializationError",
     "SignalTimeout",
+    "SignalTimeoutError",
     "SingletonQueueFullError",
     "StepFailedError",
     "StepTimeoutError",
+    "StoreError",
     "StoreUnavailableError",
     "UnsupportedDatabaseError",
     "UnsupportedStoreError",

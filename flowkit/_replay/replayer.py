@@ -20,6 +20,7 @@ from ..errors import (
     FlowkitError,
     HistoryError,
     NonDeterminismError,
+    ReplayError,
     VersionMismatchError,
     WorkflowNotFoundError,
 )
@@ -346,7 +347,7 @@ class ReplayReport:
             raise ReplayFailedError(self)
 
 
-class ReplayFailedError(FlowkitError, AssertionError):
+class ReplayFailedError(ReplayError, AssertionError):
     """Raised by ``ReplayReport.raise_for_failures``: some recorded histories no longer replay
     against the current code (or could not be replayed). ``report`` is the ``ReplayReport``;
     the message lists every failure. It is an ``AssertionError``, so test runners show it as a
