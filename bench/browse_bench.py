@@ -1,4 +1,4 @@
-"""The dashboard's reads on 100,000 runs (``flowkit._browse``, DESIGN §12), each pushed down
+"""The dashboard's reads on 100,000 runs (``flowkit._browse``, docs/ui.md), each pushed down
 to the store (``BrowsesRuns``, ``ChangeStamp``) against the ``list_runs`` fallback the same
 functions use on a store without them (the capability hidden): the same-run baseline, printed
 as a ratio. Seeded by ``_seed.seed_runs`` (bulk ``INSERT``: a mix of workflows, statuses and

@@ -78,7 +78,7 @@ async def _window(store: SqlStore, seconds: float) -> dict[str, float]:
 
 async def _rest(store: SqlStore, keys: int, timeout: float = 300.0) -> float:
     """Wait until the queue is at rest: every waiter had its first re-check (a first denial
-    keeps its ~1 s timer, DESIGN §4), so that only the heads (one per key) re-check within
+    keeps its ~1 s timer, docs/singleton.md), so that only the heads (one per key) re-check within
     the next 2 s. The seconds it took: the one-time cost of the arrivals."""
     t = time.perf_counter()
     while len(await store.due_runs(time.time() + 2.0, keys + 50)) > keys:

@@ -1,5 +1,5 @@
-"""Search over many runs (DESIGN §11): ``list_runs(search=...)`` on 100,000 runs, each with
-two search attributes (``customer``: one of 1,000; ``amount``: 0..4,999), filled by bulk
+"""Search over many runs (docs/search-and-retention.md): ``list_runs(search=...)`` on 100,000 runs,
+each with two search attributes (``customer``: one of 1,000; ``amount``: 0..4,999), filled by bulk
 ``INSERT`` (``tests/search_kit.py``) on a SQLite file and a throwaway PostgreSQL.
 
 Figures, in ms (median of ``REPEAT`` calls, after one warm-up): the first page (50 runs)

@@ -1,4 +1,4 @@
-"""The dashboard's time to first byte (``flowkit ui``, DESIGN §12) with 100,000 runs, on a
+"""The dashboard's time to first byte (``flowkit ui``, docs/ui.md) with 100,000 runs, on a
 SQLite file and a throwaway PostgreSQL: a real ``flowkit ui`` process per database, real HTTP
 requests on loopback (``http.client``), the time from sending a request to its status line.
 

@@ -75,7 +75,8 @@ async def deadline_passed(drive: Drive, run: Run, events: Sequence[Event], t: Tr
     fired = await _deadline_passed(drive, run, events, t)
     fresh = fired or await drive.store.get_run(run.id)
     if fresh is not None and fresh.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
-        # its unfinished children are cancelled with it (DESIGN §9, §10)
+        # its unfinished children are cancelled with it (docs/deadlines-and-dead-letters.md,
+        # docs/composing-workflows.md)
         seat = drive._seat
         await _cancel.children(
             drive.store,

@@ -1,4 +1,4 @@
-"""What an operator browses (the dashboard, ``flowkit ui``; DESIGN §12): runs newest first with
+"""What an operator browses (the dashboard, ``flowkit ui``; docs/ui.md): runs newest first with
 counts per status, every singleton lane with its holders and queue, one lane in FIFO order, a
 page of a run's history, and a doorbell that rings after writes. Each read is pushed down to
 the store when it has the ``BrowsesRuns`` (``PagesEvents``) capability

@@ -82,9 +82,9 @@ async def request(
     ``deliver`` hands the cancellation to an activation of this process (``False``: none
     here, so ``wake`` has a worker claim the run). ``compensate`` (recorded in the request):
     the body's compensations run once it let the cancellation out (``_replay/compensation.py``).
-    Its unfinished children (DESIGN §10) are cancelled with it, recursively (``children``),
-    with the same ``compensate``. ``telemetry`` counts the runs settled at once here (the
-    others settle in an activation, which counts them)."""
+    Its unfinished children (docs/composing-workflows.md) are cancelled with it, recursively
+    (``children``), with the same ``compensate``. ``telemetry`` counts the runs settled at once
+    here (the others settle in an activation, which counts them)."""
     run = await _request(
         store,
         clock,

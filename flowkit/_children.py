@@ -1,4 +1,4 @@
-"""Child runs, the engine's side (DESIGN §10 "Children"; the body's side is
+"""Child runs, the engine's side (docs/composing-workflows.md "Children"; the body's side is
 ``_replay/children.py``): starting a child for a parent's activation (``start_child``,
 idempotent by the child's id), reading a child's outcome (``child_run``), waking a parent as
 soon as its child settles and cancelling a parent's unfinished children (``Kin``)."""

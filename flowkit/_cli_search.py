@@ -1,5 +1,5 @@
-"""The ``flowkit`` command's search and retention parts (DESIGN §11): ``runs --search``,
-the search attributes ``show`` prints, and ``prune --older-than 30d``."""
+"""The ``flowkit`` command's search and retention parts (docs/search-and-retention.md): ``runs
+--search``, the search attributes ``show`` prints, and ``prune --older-than 30d``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``flowkit ui``: the web dashboard (DESIGN §12; ``flowkit._ui``), served by uvicorn. Needs the
+"""``flowkit ui``: the web dashboard (docs/ui.md; ``flowkit._ui``), served by uvicorn. Needs the
 ``ui`` extra (``pip install 'flowkit[ui]'``): without it the command says so and exits 2.
 
 Bound to a loopback address it makes up a token when none is given and prints the URL that

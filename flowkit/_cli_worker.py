@@ -1,5 +1,5 @@
 """``flowkit worker`` (a worker process that drains on SIGTERM/SIGINT: ``Engine.serve``) and
-``flowkit retry`` (``Engine.retry`` from the command line); DESIGN §12.
+``flowkit retry`` (``Engine.retry`` from the command line); docs/deploying.md.
 
 Each option of ``worker`` defaults to an environment variable (``FLOWKIT_DB``,
 ``FLOWKIT_CONCURRENCY``, ``FLOWKIT_NAMESPACE``, ``FLOWKIT_INSTANCE_ID``, ``FLOWKIT_GRACE``,

@@ -294,14 +294,14 @@ class WorkflowCtx:
 
     def continue_as_new(self, input: Any) -> NoReturn:
         """End this run and start its successor ``f"{base}~{n}"`` (same workflow and version)
-        with ``input`` and a fresh history, in one transaction (DESIGN §10). It never returns:
-        it raises an internal control-flow exception (a ``BaseException``) that the body must
-        let through; a body that catches it and goes on fails its run. A pending cancel wins
-        (the run settles ``cancelled``, no successor); an ``input`` that does not validate
+        with ``input`` and a fresh history, in one transaction (docs/composing-workflows.md). It
+        never returns: it raises an internal control-flow exception (a ``BaseException``) that the
+        body must let through; a body that catches it and goes on fails its run. A pending cancel
+        wins (the run settles ``cancelled``, no successor); an ``input`` that does not validate
         fails the run. See docs/composing-workflows.md, "Continue-as-new"."""
         self._rt.continue_as_new(input)
 
-    # -- talking to the world (DESIGN §11) ----------------------------------------------
+    # -- talking to the world (docs/updates.md) ----------------------------------------------
     def set_event(self, key: str, value: Any) -> Awaitable[None]:
         """Publish ``value`` under ``key`` for ``engine.get_event(run_id, key)`` readers (the
         latest value wins). The call takes its position and records at once when awaited

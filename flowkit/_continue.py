@@ -1,4 +1,5 @@
-"""Continue-as-new (DESIGN §10): settle a run whose body called ``ctx.continue_as_new(input)``.
+"""Continue-as-new (docs/composing-workflows.md): settle a run whose body called
+``ctx.continue_as_new(input)``.
 
 One commit settles the run ``completed`` (``run_continued`` right before ``run_completed``)
 and creates its successor ``f"{base}~{n}"`` (``Update.successor``, a store with

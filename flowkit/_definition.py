@@ -177,7 +177,7 @@ class WorkflowDefinition:
     execution_timeout: float | None = None
     # lost activations a run survives before it settles ``dead`` (``None``: unbounded)
     max_recovery_attempts: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS
-    # DESIGN §11: the published event that starts one run each (``None``: none), and the
+    # docs/events.md: the published event that starts one run each (``None``: none), and the
     # payload types of signals and updates by name (validated before anything is written)
     on_event: str | None = None
     signals: dict[str, Any] = field(default_factory=dict)
@@ -316,7 +316,7 @@ def workflow(
     raises ``TypeError`` here (or, for a name a later line of the module may define, when
     the workflow is first used).
 
-    DESIGN §11: ``on_event`` names a published event that starts one run per event;
+    docs/events.md: ``on_event`` names a published event that starts one run per event;
     ``signals`` / ``updates`` map a signal's / an update's name to its payload type."""
     limits = (execution_timeout, max_recovery_attempts, on_event, signals, updates)
 

@@ -141,7 +141,7 @@ class Engine:
         self.is_worker = worker
         self.bus = bus or Bus()
         self.config.recorded = self.bus.recorded
-        # durable schedules (DESIGN §11): ``engine.schedules.create(...)`` and the rest
+        # durable schedules (docs/schedules.md): ``engine.schedules.create(...)`` and the rest
         self.schedules = Schedules(self)
         self.config.fire_schedules = self.schedules.fire_due
         self._gate = gate.Gate(store, self.config.clock, rng, lambda: self.config.notify_on_release)
@@ -173,8 +173,8 @@ class Engine:
     # -- registration ------------------------------------------------------------------
     def register(self, wf: Any) -> None:
         """Register a decorated workflow instance (or class with a no-argument constructor).
-        Several versions of one name may be registered (DESIGN §9, "Versions"); the same
-        ``(name, version)`` twice raises ``ValueError``."""
+        Several versions of one name may be registered (docs/writing-workflows.md, "Versions"); the
+        same ``(name, version)`` twice raises ``ValueError``."""
         defn = definition_of(wf)
         if defn is None:
             raise TypeError(f"{wf!r} is not a @workflow class or instance")
@@ -241,8 +241,8 @@ class Engine:
 
     async def serve(self, grace: float | timedelta = _serve.DEFAULT_GRACE) -> None:
         """Run the worker until cancelled or SIGTERM/SIGINT, then drain: claim nothing more, let
-        activations reach a durable point within ``grace`` s, give the leases back (DESIGN §12).
-        A second signal exits the process at once (``flowkit._serve``)."""
+        activations reach a durable point within ``grace`` s, give the leases back
+        (docs/deploying.md). A second signal exits the process at once (``flowkit._serve``)."""
         await _serve.serve(self, grace)
 
     # -- what tools see of the worker (``flowkit_testing.TestEnv``) ---------------------
@@ -303,7 +303,7 @@ class Engine:
         ``WorkflowNotFoundError`` and writes nothing. An existing ``run_id`` returns that run
         as it is, even where a new start would be refused (input the current code rejects, a
         store without singleton admission). ``search`` sets its first search attributes
-        (DESIGN §11; a bad one raises ``InvalidInputError``, nothing written)."""
+        (docs/updates.md; a bad one raises ``InvalidInputError``, nothing written)."""
         defn = self._resolve(workflow, version)
         if run_id is not None:
             limits.check_identifier("run_id", run_id, limits.MAX_RUN_ID_LENGTH, defn.name)
@@ -311,7 +311,8 @@ class Engine:
             raise TypeError("tags must be a sequence of strings")
         for t in tags:
             limits.check_identifier("tag", t, limits.MAX_TAG_LENGTH, defn.name)
-        attrs = _search.start_attrs(search, defn.name)  # (search attributes: DESIGN §11)
+        # (search attributes: docs/search-and-retention.md)
+        attrs = _search.start_attrs(search, defn.name)
         try:
             input_json, clean, key = self._admissible(defn, input, tags)
         except (InvalidInputError, UnsupportedStoreError):
@@ -599,7 +600,7 @@ class Engine:
         st = RunStatus(status) if status is not None else None
         return await _search.list_runs(self, workflow, st, tag, search, limit, after, parent_id)
 
-    # -- talking to runs (DESIGN §11) ---------------------------------------------------
+    # -- talking to runs (docs/updates.md) ---------------------------------------------------
     async def get_event(
         self, run_id: str, key: str, timeout: float | timedelta | None = None
     ) -> Any:

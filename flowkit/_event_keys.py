@@ -1,4 +1,4 @@
-"""How published events are matched (DESIGN §11): a ``ctx.wait_for_event(match=...)`` waiter
+"""How published events are matched (docs/events.md): a ``ctx.wait_for_event(match=...)`` waiter
 receives an event when each of its ``match`` items equals the payload's top-level item of that
 key. Stores compare digests of the values (``PublishesEvents``), never the values themselves:
 a ``CodecStore``'s payloads stay opaque, and equal JSON values give equal digests."""

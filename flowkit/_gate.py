@@ -238,7 +238,7 @@ class Gate:
     def _rechecks(self, events: Sequence[Event]) -> bool:
         """Whether a denial of a run with ``events`` may park it without a timer behind the
         heads of the queue: it was gated before (a first denial keeps its ~1 s re-check,
-        DESIGN §4 clause 4), this engine's releases arm the next heads, and the store
+        docs/singleton.md, "Deep queues"), this engine's releases arm the next heads, and the store
         decides so (``rechecks_heads``)."""
         return self.notify_on_release and self._heads_only and not needs_gated_event(events)
 

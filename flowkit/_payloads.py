@@ -1,5 +1,5 @@
-"""The typed payloads of signals and updates (``@workflow(signals=..., updates=...)``, DESIGN
-§11) and the reserved inbox names updates travel under: what ``Engine.signal`` /
+"""The typed payloads of signals and updates (``@workflow(signals=..., updates=...)``,
+docs/updates.md) and the reserved inbox names updates travel under: what ``Engine.signal`` /
 ``Engine.update`` validate before writing and what the body gets back, live and on replay
 (``_replay.waits``, ``_replay.updates``)."""
 

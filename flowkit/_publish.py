@@ -1,4 +1,4 @@
-"""Published values and events (DESIGN §11): ``Engine.get_event`` (a run's latest
+"""Published values and events (docs/updates.md): ``Engine.get_event`` (a run's latest
 ``ctx.set_event`` value) and ``Engine.publish_event`` (fan-out to ``ctx.wait_for_event``
 waiters, buffering, ``event_id`` dedupe, and the runs of ``@workflow(on_event=...)``)."""
 
@@ -113,7 +113,7 @@ def _on_event(engine: Engine, name: str) -> list[str]:
 
 
 def _run_id(event_id: str, workflow: str) -> str:
-    """The id of the run ``event_id`` starts for an ``on_event`` workflow (DESIGN §11)."""
+    """The id of the run ``event_id`` starts for an ``on_event`` workflow (docs/events.md)."""
     return f"evt:{event_id}:{workflow}"
 
 

@@ -1,7 +1,7 @@
-"""Retention (DESIGN §11): ``Engine.prune`` deletes terminal runs settled long enough ago, with
-everything that belongs to them, in short batches (``Store.prune_runs``, one transaction per
-``BATCH`` runs: no long lock); ``Engine(retention=...)`` has the worker do it periodically, on
-the engine's clock."""
+"""Retention (docs/search-and-retention.md): ``Engine.prune`` deletes terminal runs settled long
+enough ago, with everything that belongs to them, in short batches (``Store.prune_runs``, one
+transaction per ``BATCH`` runs: no long lock); ``Engine(retention=...)`` has the worker do it
+periodically, on the engine's clock."""
 
 from __future__ import annotations
 

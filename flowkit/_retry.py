@@ -1,4 +1,5 @@
-"""``Engine.retry``: re-open a ``failed`` or ``dead`` run (DESIGN §9, "Dead letters").
+"""``Engine.retry``: re-open a ``failed`` or ``dead`` run (docs/deadlines-and-dead-letters.md,
+"Dead letters").
 
 A run whose compensations ran is never re-opened (docs/composing-workflows.md, "Retrying a
 compensated run"): its effects were undone, and running it again would either undo them a

@@ -92,8 +92,9 @@ class Run:
     parent_id: str | None = None
     # ``ctx.continue_as_new``: the successor this (completed) run continued as
     continued_as: str | None = None
-    # search attributes (DESIGN §11): set at start, merged by ``ctx.upsert_search``; values
-    # str, int, float or bool (kept out of the hash: a dict is not hashable)
+    # search attributes (docs/search-and-retention.md): set at start, merged by
+    # ``ctx.upsert_search``; values str, int, float or bool (kept out of the hash: a dict is not
+    # hashable)
     search: dict[str, str | int | float | bool] = field(default_factory=dict, hash=False)
 
     @property

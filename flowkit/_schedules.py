@@ -1,4 +1,4 @@
-"""Durable schedules (DESIGN §11): ``Schedule`` (cron with a time zone, or a fixed interval),
+"""Durable schedules (docs/schedules.md): ``Schedule`` (cron with a time zone, or a fixed interval),
 ``Schedules`` (``engine.schedules``: create, pause, resume, delete, trigger, list), and the
 worker's part (``Schedules.fire_due``, called from its poll loop) that starts each due tick's
 run exactly once.

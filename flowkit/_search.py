@@ -1,4 +1,4 @@
-"""Search attributes (DESIGN §11): checking the values a run is started with, and
+"""Search attributes (docs/search-and-retention.md): checking the values a run is started with, and
 ``Engine.list_runs``'s filters and paging, pushed down to the store (the terms' meaning:
 ``flowkit._search_terms``)."""
 

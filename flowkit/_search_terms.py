@@ -1,5 +1,6 @@
-"""Search attributes (DESIGN §11), the part every layer shares: what a valid attribute is,
-what a ``list_runs(search=...)`` filter means, and how an ``Update`` changes a run's map.
+"""Search attributes (docs/search-and-retention.md), the part every layer shares: what a valid
+attribute is, what a ``list_runs(search=...)`` filter means, and how an ``Update`` changes a run's
+map.
 
 A run's search attributes map identifier names to a ``str``, an ``int``, a ``float`` or a
 ``bool`` (a ``bool`` is never a number here: ``True`` does not equal ``1``). Values of

@@ -55,7 +55,7 @@ class WorkerConfig:
     # told the run id after an activation here records an event readers wait for
     # (``event_set``, ``update_replied``): ``Engine`` passes its ``Bus.recorded``
     recorded: Callable[[str], None] | None = None
-    # DESIGN §11: the schedules this engine declares (``Engine(schedules=...)``) and the age
+    # docs/schedules.md: the schedules this engine declares (``Engine(schedules=...)``) and the age
     # (seconds) past which its worker prunes terminal runs (``Engine(retention=...)``)
     schedules: Mapping[str, Any] | None = None
     retention: float | None = None

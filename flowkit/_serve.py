@@ -1,5 +1,5 @@
 """``Engine.serve``: run an engine's worker until cancelled or told to stop by SIGTERM/SIGINT,
-then drain it (DESIGN §12). ``flowkit worker`` is this in a process of its own.
+then drain it (docs/deploying.md). ``flowkit worker`` is this in a process of its own.
 
 The drain (``Worker.drain``) claims nothing more, lets each activation reach a durable point
 within ``grace`` seconds and gives every lease back, so another worker takes the runs at once

@@ -1,4 +1,4 @@
-"""Updates (DESIGN §11): ``@update_validator`` and ``Engine.update``, request/response with a
+"""Updates (docs/updates.md): ``@update_validator`` and ``Engine.update``, request/response with a
 running run, and the typed payloads of signals and updates (``@workflow(signals=...,
 updates=...)``).
 

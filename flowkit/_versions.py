@@ -1,9 +1,10 @@
 """The workflows an engine has registered (``Registry``): every ``(name, version)`` pair, and
 the newest version of each name by natural order (``natural_key``).
 
-Several classes may share one workflow name with different versions (DESIGN §9, "Versions"):
-new runs take the newest, a pinned start takes the one it names, and a run always resumes on
-the version it started on, so the worker needs every pair, not one definition per name."""
+Several classes may share one workflow name with different versions (docs/writing-workflows.md,
+"Versions"): new runs take the newest, a pinned start takes the one it names, and a run always
+resumes on the version it started on, so the worker needs every pair, not one definition per
+name."""
 
 from __future__ import annotations
 

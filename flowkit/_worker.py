@@ -128,7 +128,8 @@ class Worker:
             asyncio.ensure_future(self._poll_loop()),
             asyncio.ensure_future(self._renew_loop()),
         ]
-        if self.config.retention is not None:  # (``Engine(retention=...)``: DESIGN §11)
+        # (``Engine(retention=...)``: docs/search-and-retention.md)
+        if self.config.retention is not None:
             self._loops.append(asyncio.ensure_future(retention_loop(self.config, self._on)))
         self._watch()
         self._make_known()

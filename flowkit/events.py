@@ -255,7 +255,7 @@ class PatchMarker(_Base):
 
 class EventSet(_Base):
     """``ctx.set_event(key, value)``: the run published ``value`` under ``key``; readers
-    (``engine.get_event``) see the latest one (DESIGN §11)."""
+    (``engine.get_event``) see the latest one (docs/updates.md)."""
 
     type: Literal["event_set"] = "event_set"
     pos: str

@@ -1,7 +1,7 @@
-"""OpenTelemetry for flowkit (DESIGN §12; ``pip install 'flowkit[otel]'``): ``instrument(engine)``
-adds a span per run activation and per step attempt, carries the trace context of
-``engine.start``'s caller into the run (stored on its ``run_started``, so every activation, in
-any process and after a crash, continues that trace), and records metrics through the
+"""OpenTelemetry for flowkit (docs/observability.md; ``pip install 'flowkit[otel]'``):
+``instrument(engine)`` adds a span per run activation and per step attempt, carries the trace
+context of ``engine.start``'s caller into the run (stored on its ``run_started``, so every
+activation, in any process and after a crash, continues that trace), and records metrics through the
 OpenTelemetry metrics API. docs/observability.md lists the spans and metrics.
 
 This is the only module of flowkit that imports ``opentelemetry``; the engine calls it through

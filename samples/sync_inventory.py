@@ -1,7 +1,7 @@
 """sync_inventory: a singleton workflow, one inventory sync per store at a time.
 
-``SyncInventory`` (the example of DESIGN §1) is a singleton keyed by ``store:<id>`` with
-``limit=1`` and ``max_queue_depth=2``: per store, one run holds the slot and at most two more
+``SyncInventory`` (the example of docs/writing-workflows.md) is a singleton keyed by ``store:<id>``
+with ``limit=1`` and ``max_queue_depth=2``: per store, one run holds the slot and at most two more
 wait. The script starts four runs for store A (the fourth is rejected with
 ``SingletonQueueFullError``) and one for store B, which runs right away on its own slot while
 A's queue waits. Once A's backlog drains, the rejected request is accepted.

@@ -1,4 +1,4 @@
-"""Child workflows (DESIGN §10 "Children"): ``ctx.child``, ``ctx.start_child`` with
+"""Child workflows (docs/composing-workflows.md "Children"): ``ctx.child``, ``ctx.start_child`` with
 ``ChildHandle.result()``, deterministic ids, the parent woken by its child's settlement, a
 child that cannot start, cancellation of a parent's children, crashes around the child's
 start; on MemoryStore, a SQLite file and PostgreSQL (``backend``)."""

@@ -1,7 +1,7 @@
 """``flowkit retry`` (``Engine.retry`` from the command line: ``--input`` validated by the
 schema the run's workers recorded, or by ``--app``'s code; every error one line, exit 2,
 nothing written) and the checks ``flowkit worker`` makes of its options and app before it
-opens a store (DESIGN §12). The worker's drain:
+opens a store (docs/deploying.md). The worker's drain:
 tests/test_worker_drain.py."""
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ async def test_run_all_returns_every_check_name() -> None:
 
 
 class NoSingletonStore(MemoryStore):
-    """A store without singleton support (allowed: DESIGN §4.8), nor namespaces, nor a way to
+    """A store without singleton support (allowed: docs/singleton.md), nor namespaces, nor a way to
     give back a restarted worker's leases."""
 
     try_admit_singleton = None  # type: ignore[assignment]

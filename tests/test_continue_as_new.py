@@ -1,6 +1,6 @@
-"""Continue-as-new (DESIGN §10): ``ctx.continue_as_new`` settles the run and starts its
-successor ``base~n`` in one transaction, with a fresh history; ``engine.result`` follows the
-chain; a singleton holder passes its slot on; a pending cancel wins; crashes around the
+"""Continue-as-new (docs/composing-workflows.md): ``ctx.continue_as_new`` settles the run and
+starts its successor ``base~n`` in one transaction, with a fresh history; ``engine.result`` follows
+the chain; a singleton holder passes its slot on; a pending cancel wins; crashes around the
 continuation's commit leave exactly one successor. On MemoryStore, a SQLite file and
 PostgreSQL (the ``store`` fixture), in ``TestEnv``."""
 

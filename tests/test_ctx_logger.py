@@ -1,6 +1,6 @@
-"""``ctx.logger`` (DESIGN §12): silent while the body replays, so each line of a body is logged
-once across suspensions, crashes and replays; every record tagged with the run id, workflow,
-step, position and attempt; ``flowkit.logging.JsonFormatter`` writes them as JSON."""
+"""``ctx.logger`` (docs/writing-workflows.md): silent while the body replays, so each line of a
+body is logged once across suspensions, crashes and replays; every record tagged with the run id,
+workflow, step, position and attempt; ``flowkit.logging.JsonFormatter`` writes them as JSON."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Dead letters (``@workflow(max_recovery_attempts=N)``, DESIGN §9): lost activations are
-counted durably in ``Run.recoveries`` by the claim that takes over a dead worker's lease (and
-by ``release_leases`` of a restarted worker, never by a graceful stop); past ``N`` the run
-settles ``dead`` before its body runs again, releasing its singleton slot to the next
+"""Dead letters (``@workflow(max_recovery_attempts=N)``, docs/deadlines-and-dead-letters.md): lost
+activations are counted durably in ``Run.recoveries`` by the claim that takes over a dead worker's
+lease (and by ``release_leases`` of a restarted worker, never by a graceful stop); past ``N`` the
+run settles ``dead`` before its body runs again, releasing its singleton slot to the next
 waiter. ``engine.retry`` revives a dead run with the counter reset, optionally with a new
 input validated as ``start`` validates it."""
 

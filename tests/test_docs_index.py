@@ -23,3 +23,22 @@ def test_the_index_lists_each_page_once() -> None:
     assert not set(linked) - pages, (
         f"docs/README.md links missing pages: {sorted(set(linked) - pages)}"
     )
+
+
+def test_no_file_cites_the_teams_design_notes() -> None:
+    """Code, docs, tests and samples cite the docs pages a user can read, never the team's
+    design notes (which users do not have)."""
+    root = DOCS.parent
+    word = "DESI" + "GN"  # (spelt in two parts so that this file does not cite it either)
+    cite = re.compile(word + r"(\.md| *§)")
+    found = []
+    for folder in ("flowkit", "flowkit_testing", "tests", "docs", "samples", "bench"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix in {".py", ".md", ".html", ".js", ".toml", ".txt"} and path.is_file():
+                for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                    if cite.search(line):
+                        found.append(f"{path.relative_to(root)}:{n}")
+    for name in ("README.md", "Makefile", "pyproject.toml"):
+        if cite.search((root / name).read_text()):
+            found.append(name)
+    assert not found, f"these cite the design notes instead of a docs page: {found}"

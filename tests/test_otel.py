@@ -1,6 +1,6 @@
-"""OpenTelemetry (DESIGN §12, ``flowkit.otel``), in process with the SDK's in-memory exporters:
-the span tree of a run (an activation span per activation, a step span per attempt that ran,
-with the fixed attributes), retries, failures recorded on spans, no span for a replayed step,
+"""OpenTelemetry (docs/observability.md, ``flowkit.otel``), in process with the SDK's in-memory
+exporters: the span tree of a run (an activation span per activation, a step span per attempt that
+ran, with the fixed attributes), retries, failures recorded on spans, no span for a replayed step,
 the trace of ``engine.start``'s caller continued by every activation (after a crash too), the
 metrics, ``uninstrument``, the trace context in histories and the CLI, and flowkit without
 OpenTelemetry installed. On MemoryStore, a SQLite file and PostgreSQL (the ``store``

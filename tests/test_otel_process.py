@@ -1,5 +1,5 @@
-"""OpenTelemetry across real processes (DESIGN §12): a run started in this process inside a
-span is executed by a real ``flowkit worker --metrics-port`` process whose app configures a
+"""OpenTelemetry across real processes (docs/observability.md): a run started in this process
+inside a span is executed by a real ``flowkit worker --metrics-port`` process whose app configures a
 tracer provider (tests/otel_app.py, spans written to a file): the worker's activation and step
 spans continue the trace of the start request, and the worker serves flowkit's metrics for
 Prometheus over HTTP. On a SQLite file and PostgreSQL (``sql_backend``)."""

@@ -1,6 +1,6 @@
-"""``ctx.patched`` / ``ctx.deprecate_patch`` (DESIGN §9, "Patching"): a deploy changes a body
-in place while runs of the old code are in flight. The whole life cycle (v1 → patched →
-deprecated → patch removed) on every store, then each rule on its own."""
+"""``ctx.patched`` / ``ctx.deprecate_patch`` (docs/writing-workflows.md, "Patching"): a deploy
+changes a body in place while runs of the old code are in flight. The whole life cycle (v1 →
+patched → deprecated → patch removed) on every store, then each rule on its own."""
 
 from __future__ import annotations
 

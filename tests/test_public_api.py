@@ -1,4 +1,4 @@
-"""Pins the public names of DESIGN.md: removing or renaming one must fail here."""
+"""Pins the public names the docs promise: removing or renaming one must fail here."""
 
 import flowkit
 import flowkit.errors
@@ -29,7 +29,7 @@ def test_flowkit_exports_the_fixed_names() -> None:
         "SignalTimeout",
         "StepFailedError",
         "StepTimeoutError",
-        # DESIGN §11
+        # docs/updates.md
         "Schedule",
         "update_validator",
         "UpdateRejectedError",

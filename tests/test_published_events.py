@@ -1,4 +1,4 @@
-"""Published events (DESIGN §11): ``engine.publish_event`` / ``ctx.wait_for_event(match=...)``
+"""Published events (docs/events.md): ``engine.publish_event`` / ``ctx.wait_for_event(match=...)``
 / ``@workflow(on_event=...)`` on every store (MemoryStore, a SQLite file, PostgreSQL), with
 several ``TestEnv`` instances: fan-out, buffering, dedupe, timeouts, ``on_event`` starts, the
 race between a publish and a waiter about to park, and crashes around both."""

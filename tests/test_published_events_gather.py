@@ -1,4 +1,4 @@
-"""Event waits in ``ctx.gather`` (DESIGN §11), on every store: two waits side by side, a wait
+"""Event waits in ``ctx.gather`` (docs/events.md), on every store: two waits side by side, a wait
 next to a step, live and on replay; and a wait the run's cancellation abandons, which must
 drop its registration and give back an event delivered to it and not received."""
 

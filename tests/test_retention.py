@@ -1,5 +1,5 @@
-"""Retention (DESIGN §11): ``engine.prune`` deletes terminal runs settled more than
-``older_than`` seconds before the engine clock's now, with their events, signals and search
+"""Retention (docs/search-and-retention.md): ``engine.prune`` deletes terminal runs settled more
+than ``older_than`` seconds before the engine clock's now, with their events, signals and search
 rows, in batches; never an active run nor the child of an active parent.
 ``Engine(retention=...)`` prunes periodically on the engine clock (``TestEnv``'s virtual
 one). On MemoryStore, a SQLite file and PostgreSQL (the ``store`` fixture)."""

@@ -1,8 +1,8 @@
-"""Run deadlines (``@workflow(execution_timeout=...)``, DESIGN §9): a run still active that
-long after its start is cancelled (``cancel_requested`` with ``reason="execution_timeout"``)
-and settles ``cancelled``, whether it is running, sleeping, waiting for a signal, gated
-behind a singleton holder or recovered after a crash. The deadline is durable and fires
-through the timer machinery: virtual time drives a 30-day deadline in no real time."""
+"""Run deadlines (``@workflow(execution_timeout=...)``, docs/deadlines-and-dead-letters.md): a run
+still active that long after its start is cancelled (``cancel_requested`` with
+``reason="execution_timeout"``) and settles ``cancelled``, whether it is running, sleeping, waiting
+for a signal, gated behind a singleton holder or recovered after a crash. The deadline is durable
+and fires through the timer machinery: virtual time drives a 30-day deadline in no real time."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 body fails, or ``engine.cancel(run_id, compensate=True)`` cancels the run, the undos run in
 reverse order as durable steps (``compensation_completed`` / ``compensation_failed`` at
 positions ``c<n>``), retried by their step's policy, never twice after a crash, before the run
-settles ``failed`` / ``cancelled`` (DESIGN §10; docs/composing-workflows.md)."""
+settles ``failed`` / ``cancelled`` (docs/composing-workflows.md)."""
 
 from __future__ import annotations
 

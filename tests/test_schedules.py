@@ -1,4 +1,4 @@
-"""Durable schedules (DESIGN §11, docs/schedules.md): each tick starts one run however many
+"""Durable schedules (docs/schedules.md): each tick starts one run however many
 instances fire it and however they crash; cron with time zones and DST; overlap; catch-up
 after downtime; pause, resume, delete, trigger, list; bad schedules write nothing. On
 MemoryStore, a SQLite file and PostgreSQL (``backend``), in ``TestEnv`` (virtual clock)."""

@@ -1,4 +1,4 @@
-"""Durable schedules fired by several workers (DESIGN §11, docs/schedules.md): a worker reads
+"""Durable schedules fired by several workers (docs/schedules.md): a worker reads
 only the due schedules of its own workflows (those of a worker group that is down must not
 take its batch), by index on the SQL stores; and with ``overlap="skip"`` a run a worker
 started for a tick stays the schedule's last run when another worker skipped that tick

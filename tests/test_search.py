@@ -1,7 +1,7 @@
-"""Search attributes (DESIGN §11): ``engine.start(search=...)``, ``ctx.upsert_search`` (event
-``search_upserted``, awaited or riding with the next write), ``list_runs(search=...)`` with
-every operator, keyset paging (``limit``/``after``) and rows without payloads. On MemoryStore,
-a SQLite file and PostgreSQL (the ``store`` fixture), in ``TestEnv``."""
+"""Search attributes (docs/search-and-retention.md): ``engine.start(search=...)``,
+``ctx.upsert_search`` (event ``search_upserted``, awaited or riding with the next write),
+``list_runs(search=...)`` with every operator, keyset paging (``limit``/``after``) and rows without
+payloads. On MemoryStore, a SQLite file and PostgreSQL (the ``store`` fixture), in ``TestEnv``."""
 
 from __future__ import annotations
 

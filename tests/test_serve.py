@@ -1,4 +1,4 @@
-"""``await engine.serve()`` in code (DESIGN §12) on every store: cancelled, it drains as
+"""``await engine.serve()`` in code (docs/deploying.md) on every store: cancelled, it drains as
 ``flowkit worker`` does on SIGTERM: the step running then may end within the grace and is
 recorded, no new step starts, and the lease is given back for another engine to take at once.
 The processes and signals themselves: tests/test_worker_drain.py."""

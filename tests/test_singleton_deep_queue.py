@@ -93,7 +93,7 @@ async def test_a_retried_run_re_enters_a_deep_queue_in_its_place(store: Any) -> 
         await env.start("lane", inp("A", "signal"), "h")  # holds the slot
         for w in ("w1", "w2"):
             await env.start("lane", inp("A"), w)
-        # first denials re-check wherever they stand (DESIGN §4 clause 4) ...
+        # first denials re-check wherever they stand (docs/singleton.md, "Deep queues") ...
         assert None not in [await wake(env, "w1"), await wake(env, "w2")]
         await env.advance(1.5)  # ... and a re-check behind the head parks without a timer
         assert (await wake(env, "w1")) is not None and (await wake(env, "w2")) is None

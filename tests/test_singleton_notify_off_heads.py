@@ -1,6 +1,6 @@
 """Deep queues with engines with and without notify-on-release on one key (issue #24 item 1,
 found in review): no head of a key's queue is left without a re-check timer, so that nothing
-would ever admit it (DESIGN §4: no waiter is stranded for ever).
+would ever admit it (docs/singleton.md: no waiter is stranded for ever).
 
 The waiters behind the head are parked without a timer by the re-check of an engine with
 notify-on-release;
@@ -35,8 +35,8 @@ async def test_a_waiter_cancelled_during_its_check_on_a_notify_off_engine_strand
         await e0.start("lane", inp("K", "signal"), "h")
         for w in ("w1", "w2", "w3"):
             await e0.start("lane", inp("K"), w)
-        # a first denial re-checks (DESIGN §4 clause 4); a re-check behind the head parks
-        # without a timer
+        # a first denial re-checks (docs/singleton.md, "Deep queues"); a re-check behind the head
+        # parks without a timer
         assert [(await get(env, w)).wake_at is None for w in ("w1", "w2", "w3")] == [False] * 3
         await env.advance(1.5)
         e1.notify_on_release = False

@@ -17,7 +17,7 @@ async def test_a_waiter_whose_worker_died_after_its_denial_is_parked_with_its_ga
     """The worker's gate check denies a pending waiter (``try_admit_singleton`` stores it
     ``suspended`` under the worker's lease) and the worker dies before the commit that
     records ``singleton_gated`` and gives the lease back. Once that lease expires, the next
-    re-check must still record the denial (DESIGN §4, docs/singleton.md: ``singleton_gated``
+    re-check must still record the denial (docs/singleton.md: ``singleton_gated``
     once per waiting episode) and leave no lease of the dead worker: the claim cannot decide
     this run without its history."""
     lane = make_lane()

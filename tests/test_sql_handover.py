@@ -269,7 +269,7 @@ async def test_admission_and_release_read_only_the_holders_and_the_first_waiters
     # re-check timer in that transaction (no extra statement: one more index entry)
     assert read == [4]
     w6 = await s.get_run("w6")
-    # (a first denial: parked with its re-check timer wherever it stands, DESIGN §4)
+    # (a first denial: parked with its re-check timer wherever it stands, docs/singleton.md)
     assert w6 is not None and (w6.status, w6.wake_at) == (S.SUSPENDED, T0 + 50)
     assert await s.claim("h", "x", T0 + 2, T0 + 32)
     if sql_backend.name != "postgres":  # (SQLite's lean release reads one waiter: LIMIT 1)

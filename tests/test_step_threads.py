@@ -1,5 +1,5 @@
-"""Sync steps never run on the event loop (DESIGN §9, "Step timeouts and threads"; docs/
-writing-workflows.md, "Sync steps run in threads"): a synchronous step function runs in one of
+"""Sync steps never run on the event loop (docs/writing-workflows.md, "Step timeouts and threads";
+docs/ writing-workflows.md, "Sync steps run in threads"): a synchronous step function runs in one of
 the engine's step threads (``Engine(step_threads=N)``), so a blocking call in one run does not
 stall the others; an async one runs on the loop. Concurrency is asserted structurally (who is
 inside a function at once, with barriers), never by timing; bench/sync_steps_bench.py measures.

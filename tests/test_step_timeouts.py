@@ -1,8 +1,9 @@
-"""Step timeouts (DESIGN §9, "Step timeouts and threads"; docs/writing-workflows.md, "Step
-timeouts"): ``ctx.step(..., timeout=s)`` bounds each attempt on the engine's clock; an attempt
-that runs longer is cancelled (an async step) or abandoned in its thread (a sync one) and fails
-with ``StepTimeoutError``, which the retry policy sees like any failure, recorded so that a
-replay takes the same branch. In ``TestEnv`` virtual time drives them like timers.
+"""Step timeouts (docs/writing-workflows.md, "Step timeouts and threads";
+docs/writing-workflows.md, "Step timeouts"): ``ctx.step(..., timeout=s)`` bounds each attempt on
+the engine's clock; an attempt that runs longer is cancelled (an async step) or abandoned in its
+thread (a sync one) and fails with ``StepTimeoutError``, which the retry policy sees like any
+failure, recorded so that a replay takes the same branch. In ``TestEnv`` virtual time drives them
+like timers.
 
 Each behaviour runs on MemoryStore and on a SQLite file."""
 

@@ -1,4 +1,4 @@
-"""The dashboard (``flowkit ui``, DESIGN §12) in a real headless Chromium driven by Selenium,
+"""The dashboard (``flowkit ui``, docs/ui.md) in a real headless Chromium driven by Selenium,
 against a real ``flowkit ui`` process and a real ``flowkit worker`` process (tests/ui_app.py)
 on a SQLite file: the runs page (counts, rows, filters), a run (timeline, lane, parent and
 children), the lanes page, live updates without a reload (a cancel settling, a new run, a lane

@@ -1,6 +1,6 @@
 """Published values (``ctx.set_event`` / ``engine.get_event``), updates (``engine.update`` /
 ``ctx.wait_for_update`` / ``upd.reply`` / ``@update_validator``) and typed signals
-(``@workflow(signals=...)``), DESIGN §11: on MemoryStore, a SQLite file and PostgreSQL."""
+(``@workflow(signals=...)``), docs/updates.md: on MemoryStore, a SQLite file and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Versions (DESIGN §9): several versions of one workflow name on one engine, natural order,
-pinned starts, and workers that claim only the versions they have, on MemoryStore, a SQLite
-file and PostgreSQL (two engines in one process; the mixed fleet of processes is
+"""Versions (docs/writing-workflows.md): several versions of one workflow name on one engine,
+natural order, pinned starts, and workers that claim only the versions they have, on MemoryStore, a
+SQLite file and PostgreSQL (two engines in one process; the mixed fleet of processes is
 tests/test_versions_fleet.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``flowkit worker`` in real processes on a SQLite file and on PostgreSQL (DESIGN §12): on
+"""``flowkit worker`` in real processes on a SQLite file and on PostgreSQL (docs/deploying.md): on
 SIGTERM/SIGINT a worker claims nothing more, lets its activations reach a durable point within
 ``--grace``, gives their leases back and exits 0, so another worker finishes a run that was
 mid-step long before the lease TTL (300 s here); a second signal exits at once (143)."""

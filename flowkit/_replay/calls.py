@@ -175,7 +175,7 @@ class Calls:
             br.head = coro
         return coro
 
-    # -- talking to the world (DESIGN §11) ----------------------------------------------
+    # -- talking to the world (docs/updates.md) ----------------------------------------------
     def set_event(self, key: str, value: Any) -> Awaitable[None]:
         return published.set_event(self.st, key, value)
 

@@ -1,5 +1,5 @@
 """``ctx.set_event`` (a published value, event ``event_set``) and ``ctx.wait_for_event`` (a
-published event, ``event_received``): DESIGN §11."""
+published event, ``event_received``): docs/events.md."""
 
 from __future__ import annotations
 

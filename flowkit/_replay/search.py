@@ -1,4 +1,5 @@
-"""``ctx.upsert_search``: search attributes (event ``search_upserted``), DESIGN §11.
+"""``ctx.upsert_search``: search attributes (event ``search_upserted``),
+docs/search-and-retention.md.
 
 The call takes its position and is decided when it is made (validated, matched against the
 history): it needs no await. Its event rides with the run's next write (the store merges it

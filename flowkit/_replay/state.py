@@ -79,7 +79,7 @@ class Host(Protocol):
     async def take_event(
         self, pos: str, name: str, match: dict[str, str], *, wait: bool
     ) -> TakenEvent | None:
-        """The store's ``take_event`` for the wait at ``pos`` of this run (DESIGN §11)."""
+        """The store's ``take_event`` for the wait at ``pos`` of this run (docs/events.md)."""
         ...
 
     async def drop_event_wait(self, pos: str, name: str) -> None:

@@ -1,5 +1,5 @@
 """``ctx.wait_for_update`` (event ``update_received``) and ``UpdateRequest.reply``
-(``update_replied``): DESIGN §11.
+(``update_replied``): docs/updates.md.
 
 An update waits in the run's inbox as a signal of a reserved name (``_updates.inbox_name``)
 whose payload is ``{"update_id", "arg"}``; its receipt is recorded with the commit that

@@ -1,4 +1,4 @@
-"""The web dashboard behind ``flowkit ui`` (DESIGN §12, docs/ui.md): a Starlette app rendering
+"""The web dashboard behind ``flowkit ui`` (docs/ui.md): a Starlette app rendering
 Jinja2 templates, with a little plain JavaScript for live updates (server-sent events) and no
 build step. ``create_app`` builds it on a store; ``flowkit._cli_ui`` serves it with uvicorn.
 Needs the ``ui`` extra (starlette, jinja2, python-multipart; uvicorn to serve)."""

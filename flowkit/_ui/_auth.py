@@ -1,4 +1,4 @@
-"""The dashboard's security (DESIGN §12, docs/ui.md): the token a browser presents once (then a
+"""The dashboard's security (docs/ui.md): the token a browser presents once (then a
 cookie holding a key derived from it), the CSRF value of the action forms, the same-origin
 check of every ``POST``, and the headers every response carries."""
 

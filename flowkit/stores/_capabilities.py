@@ -1,8 +1,9 @@
 """Optional store capabilities, re-exported by ``flowkit.stores.base`` (the protocol's home)
 and kept apart so that each module stays readable: ``ClaimsByVersion`` and ``RecordsWorkers``
-(DESIGN §9, versions), those of DESIGN §11: ``LatestEvent`` (a run's newest event of a
-kind, for ``get_event`` and ``update``), ``PublishesEvents`` (published events, delivered or
-buffered atomically) and ``PrunesRuns`` (retention), and those of the dashboard (DESIGN §12):
+(docs/writing-workflows.md, versions), those of docs/updates.md: ``LatestEvent`` (a run's newest
+event of a kind, for ``get_event`` and ``update``), ``PublishesEvents`` (published events,
+delivered or
+buffered atomically) and ``PrunesRuns`` (retention), and those of the dashboard (docs/ui.md):
 ``BrowsesRuns`` (its reads, pushed down) and ``ChangeStamp`` (a cheap "anything written?")."""
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class PublishedEvent:
 
 class PublishesEvents(Protocol):
     """The optional capability ``publishes_events`` (``MemoryStore``, ``SqlStore``;
-    ``CodecStore`` when the store it wraps has it): published events (DESIGN §11), delivered
+    ``CodecStore`` when the store it wraps has it): published events (docs/events.md), delivered
     to waiting runs or buffered, atomically. Both methods are serialized per event ``name``
     (PostgreSQL: a transaction-scoped advisory lock; SQLite: its write lock), so a publish and
     a waiter registering cannot miss each other: the event is delivered or buffered, never
@@ -260,7 +261,7 @@ class ClaimsByVersion(Protocol):
     """The optional capability ``claims_by_version`` (``MemoryStore``, ``SqlStore``;
     ``CodecStore`` when the store it wraps has it): a worker claims only runs whose
     ``(workflow, workflow_version)`` it has registered, in the claim itself, so a run always
-    resumes on the code it started on (DESIGN §9, "Versions").
+    resumes on the code it started on (docs/writing-workflows.md, "Versions").
 
     ``claim`` and ``due_runs`` take a keyword ``versions`` (``WorkflowVersions``); ``None``
     means any run, as without the capability. A store without it (the attribute absent or
@@ -318,7 +319,7 @@ class GateCheck:
     transaction). ``admitted_at()``: the clock the ``singleton_admitted`` record is dated by
     (read once the key is serialized, as ``RecordsAdmission``'s). ``every_waiter_rechecks``:
     the engine has notify-on-release off, so a denied waiter behind the heads keeps its
-    re-check too (DESIGN §4)."""
+    re-check too (docs/singleton.md)."""
 
     limits: Mapping[tuple[str, str], int]
     retry_wake_at: Callable[[float | None], float]

@@ -238,7 +238,7 @@ class CodecFields:
         if isinstance(ev, ChildFailed):
             ctx = (run_id, "event", "child_failed", ev.pos)
             return ev.model_copy(update={"error": self._enc_info(ev.error, ctx)})
-        # DESIGN §11: a published value, an update's arg and its reply (the key, the name and
+        # docs/updates.md: a published value, an update's arg and its reply (the key, the name and
         # the update id stay clear: ``latest_event`` compares them in the store)
         if isinstance(ev, EventSet):
             ctx = (run_id, "event", "event_set", ev.pos, ev.key, "value")
@@ -306,7 +306,7 @@ class CodecFields:
         if isinstance(ev, ChildFailed):
             ctx = (run_id, "event", "child_failed", ev.pos)
             return ev.model_copy(update={"error": self._dec_info(ev.error, ctx)})
-        # DESIGN §11: a published value, an update's arg and its reply (the key, the name and
+        # docs/updates.md: a published value, an update's arg and its reply (the key, the name and
         # the update id stay clear: ``latest_event`` compares them in the store)
         if isinstance(ev, EventSet):
             ctx = (run_id, "event", "event_set", ev.pos, ev.key, "value")

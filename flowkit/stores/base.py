@@ -87,7 +87,7 @@ class Admission:
     (``"singleton:" + key``) plus the new run, with ``limit`` slots. Admitted: the run is
     stored with the admission marker, otherwise as passed. Denied: it is stored parked as
     ``flowkit.singleton.denial_patch`` says (``suspended``, ``wake_at=retry_wake_at``: a first
-    denial, DESIGN §4 clause 4) and without a lease, and
+    denial, docs/singleton.md, "Deep queues") and without a lease, and
     ``gated`` (the engine's ``singleton_gated`` record) is appended after the run's events.
     Admitted, a store with ``records_admission`` appends ``admitted`` (the
     ``singleton_admitted`` record) after them: the history shows the slot from the instant
@@ -347,7 +347,7 @@ class RecordsAdmission(Protocol):
       its first denial): denied behind the heads of the queue (``singleton.heads``), it
       parks without a timer (``denial_patch`` with the limit) until whatever makes it a head
       arms it. A first denial (``recheck=False``, the default) parks with
-      ``retry_wake_at`` as DESIGN §4 says, wherever the run stands in the queue;
+      ``retry_wake_at`` as docs/singleton.md says, wherever the run stands in the queue;
     * a hand-off (``Notify.claim_owner``) appends ``SingletonAdmitted(key, at=now)`` to the
       waiter it admits, and the ``HandOff``'s events include it.
 

@@ -1,4 +1,4 @@
-"""The optional store capability ``keeps_schedules`` (DESIGN §11, durable schedules): the
+"""The optional store capability ``keeps_schedules`` (docs/schedules.md, durable schedules): the
 rows of ``engine.schedules``, each with the instant of its next tick, advanced by
 compare-and-set so that however many workers fire a schedule each tick is taken once.
 

@@ -1,8 +1,8 @@
 """Checks of the waiting rule of deep queues (docs/singleton.md, "Deep queues"): only the
 heads of a key's queue (its ``limit`` oldest waiters) hold a re-check timer once every
 waiter has re-checked (``try_admit_singleton(..., recheck=True)``; a first denial re-checks
-wherever it stands, DESIGN §4 clause 4), and the waiter that becomes a head gets one in the
-transaction that made it one, on every way the head changes: a holder's release (hand-off or
+wherever it stands, docs/singleton.md, "Deep queues"), and the waiter that becomes a head gets one
+in the transaction that made it one, on every way the head changes: a holder's release (hand-off or
 wake-up), a waiter ahead cancelled, the head admitted by its own check. Stores without
 ``rechecks_heads`` pass them as not applicable."""
 

@@ -1,6 +1,6 @@
-"""Checks of dead letters and retries (DESIGN §9): a claim that takes over a dead worker's
-lease counts the lost activation in ``Run.recoveries`` (so does ``release_leases``; a
-graceful give-back does not), ``dead`` is terminal like the other settled statuses, and a
+"""Checks of dead letters and retries (docs/deadlines-and-dead-letters.md): a claim that takes over
+a dead worker's lease counts the lost activation in ``Run.recoveries`` (so does ``release_leases``;
+a graceful give-back does not), ``dead`` is terminal like the other settled statuses, and a
 retry's commit sets the run's new input, deadline and recovery count."""
 
 from __future__ import annotations

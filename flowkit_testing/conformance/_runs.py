@@ -168,8 +168,9 @@ async def check_list_runs_order_and_filters(factory: StoreFactory) -> None:
 @check()
 async def check_list_runs_by_parent(factory: StoreFactory) -> None:
     """``create_run`` keeps ``Run.parent_id``, and ``list_runs(parent_id=...)`` returns the
-    children of that run only (oldest first, with the other filters), for ``ctx.child`` (DESIGN
-    §10: cancelling a parent cancels its children, ``flowkit show`` lists them)."""
+    children of that run only (oldest first, with the other filters), for ``ctx.child``
+    (docs/composing-workflows.md: cancelling a parent cancels its children, ``flowkit show``
+    lists them)."""
     s = await make_store(factory)
     runs = [
         mk("p", t=T0),

@@ -1,4 +1,4 @@
-"""Checks of search attributes and retention (DESIGN §11): ``Run.search`` kept by
+"""Checks of search attributes and retention (docs/search-and-retention.md): ``Run.search`` kept by
 ``create_run`` and changed by ``commit`` (``Update.search``, or merged from the
 ``search_upserted`` events it appends), ``list_runs(search=..., after=..., limit=...)``
 without payloads, and ``prune_runs``."""

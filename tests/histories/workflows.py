@@ -382,8 +382,8 @@ class ChargeCard:
 
 @workflow(name="checkout")
 class Checkout:
-    """A parent (DESIGN §10 "Children"): a child awaited in place, one started and awaited
-    through its handle (it fails), and one that cannot start (invalid input)."""
+    """A parent (docs/composing-workflows.md "Children"): a child awaited in place, one started and
+    awaited through its handle (it fails), and one that cannot start (invalid input)."""
 
     async def run(self, ctx: WorkflowCtx, input: str) -> dict[str, Any]:
         first = await ctx.child(ChargeCard, {"amount": 10})
@@ -443,7 +443,8 @@ class Payment:
 
 @workflow(name="shipment")
 class Shipment:
-    """Search attributes (DESIGN §11): one upsert awaited, one riding with the next write."""
+    """Search attributes (docs/search-and-retention.md): one upsert awaited, one riding with the
+    next write."""
 
     async def pack(self, order: str) -> str:
         return f"box-{order}"

@@ -280,10 +280,10 @@ published_events = sa.Table(
     sa.Column("at", _TIME, nullable=False),
     sa.Index("ix_flowkit_published_events_at", "at"),
 )
-# the search attributes of each run (``Run.search``, DESIGN §11), one row per attribute, its
-# value in the column of its kind (``_search_terms.kind_of``): ``text`` (str), ``num`` (int,
-# float: a double), ``flag`` (bool). Written in the transaction that creates the run or
-# commits its ``search_upserted``; ``list_runs(search=...)`` filters through these indexes
+# the search attributes of each run (``Run.search``, docs/search-and-retention.md), one row per
+# attribute, its value in the column of its kind (``_search_terms.kind_of``): ``text`` (str),
+# ``num`` (int, float: a double), ``flag`` (bool). Written in the transaction that creates the run
+# or commits its ``search_upserted``; ``list_runs(search=...)`` filters through these indexes
 # (``_search_sql``). An additive table, created on existing databases by ``create_all``.
 search = sa.Table(
     "flowkit_search",

@@ -1,7 +1,7 @@
-"""``SqlStore``'s search attributes and retention (DESIGN §11): the rows of ``flowkit_search``
-written with a run's create or commit, the ``list_runs`` query (filters pushed into SQL on
-that table's indexes, keyset paging, no payload columns), and ``prune_runs`` (``Pruning``,
-mixed into the store)."""
+"""``SqlStore``'s search attributes and retention (docs/search-and-retention.md): the rows of
+``flowkit_search`` written with a run's create or commit, the ``list_runs`` query (filters pushed
+into SQL on that table's indexes, keyset paging, no payload columns), and ``prune_runs``
+(``Pruning``, mixed into the store)."""
 
 from __future__ import annotations
 
