@@ -34,13 +34,14 @@ from pydantic.errors import PydanticUserError
 from referencing.exceptions import Unresolvable
 
 from . import _serde
+from ._versions import natural_key
 from .errors import (
     InvalidInputError,
     SerializationError,
     UpdateRejectedError,
     WorkflowNotFoundError,
 )
-from .stores.base import RecordsSchemas, records_schemas
+from .stores.base import RecordsSchemas, lists_by_search, records_schemas, records_workers
 
 if TYPE_CHECKING:
     from ._definition import WorkflowDefinition
@@ -171,6 +172,10 @@ def document(defn: WorkflowDefinition) -> dict[str, Any]:
         "signals": typed(defn.signals, m.signals),
         "updates": typed(defn.updates, m.updates),
         "validators": validator_names(defn.cls),
+        # (a tool without the code shows a lane's limit and whether its queue is full)
+        "singleton": None
+        if defn.singleton is None
+        else {"limit": defn.singleton.limit, "max_queue_depth": defn.singleton.max_queue_depth},
     }
 
 
@@ -217,6 +222,46 @@ async def recorded(store: Any, run: Run) -> Recorded | None:
         return None
     m = messages_recorded(run.workflow, run.workflow_version, doc)
     return None if m is None else Recorded(m, doc)
+
+
+async def recorded_singleton(
+    store: Any, workflow: str, version: str | None
+) -> tuple[int, int | None] | None:
+    """The singleton ``(limit, max_queue_depth)`` a worker recorded for ``workflow`` at
+    ``version`` (``None``: the newest version the store's workers record); ``None`` when
+    nothing says (no schemas kept or recorded, not a singleton, an older document)."""
+    if not records_schemas(store):
+        return None
+    if version is None:
+        version = await _newest_served(store, workflow)
+        if version is None:
+            return None
+    doc = await cast(RecordsSchemas, store).workflow_schema(workflow, version)
+    sg = doc.get("singleton") if isinstance(doc, Mapping) else None
+    if not isinstance(sg, Mapping):
+        return None
+    limit, depth = sg.get("limit"), sg.get("max_queue_depth")
+    if not isinstance(limit, int) or not (depth is None or isinstance(depth, int)):
+        return None
+    return limit, depth
+
+
+async def _newest_served(store: Any, workflow: str) -> str | None:
+    """The newest version of ``workflow`` (natural order) among the workers the store records,
+    else the version of one of its runs (``None``: neither is known)."""
+    if records_workers(store):
+        seen: set[str] = {
+            v for w in await store.workers() for wf, v in w.versions if wf == workflow
+        }
+        if seen:
+            return max(seen, key=natural_key)
+    if lists_by_search(store):  # (one indexed row, not every run of the workflow)
+        runs = await store.list_runs(workflow=workflow, limit=1)
+        if not runs:
+            return None
+        found: str = runs[0].workflow_version
+        return found
+    return None
 
 
 @functools.lru_cache(maxsize=256)

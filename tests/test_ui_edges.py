@@ -102,16 +102,22 @@ class TypedFails:
         return f"{order.qty} x {order.sku}"
 
 
-async def test_retry_with_a_new_input_needs_the_workflows_code(store: Any) -> None:
+async def test_retry_with_a_new_input_is_checked_by_the_code_or_the_recorded_schema(
+    store: Any,
+) -> None:
     async with Engine(store, [TypedFails], poll_interval=0.05) as engine:
         await engine.start(TypedFails, {"sku": "a", "qty": 0}, "typed")
         with pytest.raises(Exception, match="nothing to ship"):
             await engine.result("typed", timeout=20)
-    async with client(store) as c:  # (no --app: no new input offered)
-        page = parse((await c.get("/runs/typed")).text)
-        assert page.by_id("retry-same-input") is not None
-        assert not page.all("textarea", name="input")
     frozen = await store.get_run("typed")
+    async with client(store) as c:  # (no --app: the input schema its worker recorded checks it)
+        html = (await c.get("/runs/typed")).text
+        assert parse(html).all("textarea", name="input")
+        assert parse(html).by_id("retry-same-input") is None
+        r = await c.post("/runs/typed/retry", data={"csrf": csrf_of(html), "input": '{"sku": 1}'})
+        flash = parse((await c.get(r.headers["location"])).text).by_id("flash")
+        assert flash is not None and flash.get("data-kind") == "error"
+        assert await store.get_run("typed") == frozen  # (refused: nothing written)
     async with client(store, workflows=[TypedFails]) as c:  # (--app: the input is checked)
         html = (await c.get("/runs/typed")).text
         assert parse(html).all("textarea", name="input")

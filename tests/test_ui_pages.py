@@ -377,7 +377,19 @@ async def test_a_lanes_limit_and_full_queue(store: Any) -> None:
             assert doc.by_id("lane").get("data-full") == "true", url  # type: ignore[union-attr]
             assert doc.by_id("lane-limit").text == "1" and doc.by_id("lane-cap").text == "1"  # type: ignore[union-attr]
             assert doc.by_id("lane-full") is not None, url
-    # without it the dashboard cannot know them: it says so
+    # without it, from what the worker recorded in the store (its workflow schemas)
+    async with client(store) as c:
+        lanes = parse((await c.get("/lanes")).text)
+        (row,) = lanes.by_id("lanes").all("tr", "lane")  # type: ignore[union-attr]
+        assert row.get("data-full") == "true" and row.one("td", "limit").text == "1"
+        for url in ("/runs/c-2", "/lanes/capped/k"):
+            doc = parse((await c.get(url)).text)
+            assert doc.by_id("lane-limit").text == "1" and doc.by_id("lane-cap").text == "1"  # type: ignore[union-attr]
+            assert doc.by_id("lane-full") is not None, url
+    # a worker that recorded no limits (an older flowkit's document): the dashboard says so
+    doc_v1 = dict(await store.workflow_schema("capped", "1"))
+    del doc_v1["singleton"]
+    await store.put_workflow_schemas({("capped", "1"): doc_v1})
     async with client(store) as c:
         lanes = parse((await c.get("/lanes")).text)
         (row,) = lanes.by_id("lanes").all("tr", "lane")  # type: ignore[union-attr]

@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import _browse, _retry
+from .. import _browse, _retry, _schemas
 from .._clock import SystemClock
 from .._definition import definition_of
 from .._engine import Engine
@@ -215,6 +215,14 @@ async def _runs(d: Dashboard, request: Request) -> Response:
     return d.render(request, "runs.html", ctx, status=400 if ctx["errors"] else 200)
 
 
+async def _retry_with_input(d: Dashboard, run: Any) -> bool:
+    """Whether a retry may take a new input here: the workflow's code checks it (``--app``),
+    else the input schema its workers recorded (docs/updates.md, "Callers without the code")."""
+    if run.workflow in d.known:
+        return True
+    return run.status in _retry.RETRYABLE and await _schemas.recorded(d.store, run) is not None
+
+
 async def _not_found(d: Dashboard, request: Request, what: str) -> Response:
     return d.render(request, "not_found.html", {"page": "runs", "what": what}, status=404)
 
@@ -225,7 +233,7 @@ async def _run(d: Dashboard, request: Request) -> Response:
     if run is None:
         return await _not_found(d, request, f"run {run_id}")
     ctx = await _views.run_context(d.store, run, request.query_params, d.definitions)
-    ctx["retry_with_input"] = run.workflow in d.known  # (``--app``: its code checks an input)
+    ctx["retry_with_input"] = await _retry_with_input(d, run)
     state_html = d.fragment("_run_state.html", ctx)
     actions_html = d.fragment("_run_actions.html", ctx)
     ctx["state_html"] = state_html
@@ -318,7 +326,7 @@ def _run_delta(d: Dashboard, request: Request) -> Callable[[], Awaitable[list[st
             body = {"html": html, "last": seen.after, "count": page.count, "reset": reset}
             out.append(_sse("events", body, id=seen.after))
         ctx = await _views.state_context(d.store, run, q, d.definitions)
-        ctx["retry_with_input"] = run.workflow in d.known
+        ctx["retry_with_input"] = await _retry_with_input(d, run)
         state = d.fragment("_run_state.html", ctx)
         if _tag(state) != seen.tag:
             seen.tag = _tag(state)

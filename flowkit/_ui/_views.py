@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote as _quote
 from urllib.parse import urlencode
 
-from .. import _browse, _retry
+from .. import _browse, _retry, _schemas
 from .._cli_common import CliError
 from .._cli_search import search_terms
 from .._run import Run, RunStatus
@@ -284,7 +284,8 @@ def timeline_items(events: Sequence[Event], since: float) -> list[dict[str, Any]
 
 @dataclass(frozen=True)
 class LaneLimits:
-    """A lane's limit and queue cap, from the workflow's code (``--app``)."""
+    """A lane's limit and queue cap, from the workflow's code (``--app``) or from what its
+    workers recorded in the store."""
 
     limit: int
     max_queue_depth: int | None
@@ -300,6 +301,19 @@ def lane_limits(definitions: Any, workflow: str, version: str | None) -> LaneLim
         return None
     sg = found[-1].singleton
     return LaneLimits(sg.limit, sg.max_queue_depth)
+
+
+async def known_limits(
+    store: Any, definitions: Any, workflow: str, version: str | None
+) -> LaneLimits | None:
+    """A lane's limits: from the workflow's code (``--app``), else from what its workers
+    recorded in the store (``None``: neither says)."""
+    limits = lane_limits(definitions, workflow, version)
+    if limits is None:
+        got = await _schemas.recorded_singleton(store, workflow, version)
+        if got is not None:
+            limits = LaneLimits(*got)
+    return limits
 
 
 def queue_full(lane: _browse.Lane | _browse.LaneSummary, limits: LaneLimits | None) -> bool:
@@ -352,7 +366,7 @@ async def state_context(store: Any, run: Run, q: RunQuery, definitions: Any = ()
     lane = None
     if run.singleton_key is not None:
         lane = await _browse.lane(store, run.workflow, run.singleton_key)
-    limits = lane_limits(definitions, run.workflow, run.workflow_version)
+    limits = await known_limits(store, definitions, run.workflow, run.workflow_version)
     comp_events = await compensation_events(store, run.id)
     comp = bool(comp_events)
     return {
@@ -428,7 +442,7 @@ async def lanes_context(store: Any, definitions: Any = ()) -> dict[str, Any]:
     queue is full when the dashboard has the workflow's code."""
     rows = []
     for lane in await _browse.lanes(store):
-        limits = lane_limits(definitions, lane.workflow, None)
+        limits = await known_limits(store, definitions, lane.workflow, None)
         rows.append({"lane": lane, "limits": limits, "full": queue_full(lane, limits)})
     return {"page": "lanes", "lanes": rows}
 
@@ -438,7 +452,9 @@ async def lane_context(
 ) -> dict[str, Any]:
     """One lane in full: holders then waiters in FIFO order, its limit and queue cap."""
     lane = await _browse.lane(store, workflow, key)
-    limits = lane_limits(definitions, workflow, None)
+    members = [*lane.holders, *lane.waiters]
+    version = members[0].workflow_version if members else None
+    limits = await known_limits(store, definitions, workflow, version)
     return {
         "page": "lanes",
         "lane": lane,
