@@ -98,9 +98,7 @@ class Effects:
         events = await self._events(run_id)
         if any(isinstance(e, StepCompleted) and e.result == fx for e in events):
             self.violations.append(f"{fx} executed again after its step_completed")
-        tries = 1 + sum(
-            1 for e in events if isinstance(e, StepFailed) and e.error.message == fx
-        )
+        tries = 1 + sum(1 for e in events if isinstance(e, StepFailed) and e.error.message == fx)
         self.executed[f"{fx}#{tries}"] += 1
         await self._only_holder(run_id, fx)
         if tries <= fail:
@@ -219,14 +217,21 @@ class Driver:
         await self.env.advance(seconds)
         await self._recover()
 
-    async def exists(self, run_id: str) -> None:
-        """Move time until ``run_id`` exists (a child a crash delayed: its parent's instance
-        died before creating it, and the parent is recovered after the lease expires)."""
-        for _ in range(100):
-            if await self.env.store.get_run(run_id) is not None:
-                return
-            await self.advance(5)
-        raise AssertionError(f"{run_id} never came to exist")
+    async def wait(
+        self, run_id: str, *, status: str | None = None, event: str | None = None
+    ) -> None:
+        """Move time (a second at a time) until ``run_id`` exists, with ``status`` and an
+        ``event`` of that type in its history when given: what the next action of the
+        scenario needs, which a crash may delay (its run is recovered once the dead
+        instance's lease expires). The baseline usually finds it so at once."""
+        for _ in range(300):
+            run = await self.env.store.get_run(run_id)
+            if run is not None and (status is None or run.status.value == status):
+                events = await self.env.store.load_events(run_id) if event else []
+                if event is None or any(e.type == event for e in events):
+                    return
+            await self.advance(1)
+        raise AssertionError(f"{run_id} never got to {status or ''} {event or ''}")
 
     async def start(self, workflow: Any, input: Any, run_id: str, **kw: Any) -> Run:
         run = await self.client.start(workflow, input, run_id, **kw)
@@ -288,13 +293,15 @@ Drive = Callable[[Driver], Awaitable[None]]
 class Scenario:
     """A pair's scenario: ``build(effects)`` returns its workflows; ``drive`` plays it;
     ``expect`` maps run ids to the status (and, with a tuple, the output) the baseline must
-    reach; ``parked`` lists runs that legitimately stay suspended at the end."""
+    reach; ``parked`` lists runs that legitimately stay suspended at the end, ``absent``
+    runs that must never be started."""
 
     pair: tuple[str, str]
     build: Callable[[Effects], list[Any]]
     drive: Drive
     expect: dict[str, Any]
     parked: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
     instances: int = 2
     errors: dict[str, str] = field(default_factory=dict)
     note: str = ""
@@ -396,7 +403,8 @@ async def play(
                 runs, histories, d.replies, d.errors, fx, crashes, probe.passes, replay_failures
             )
     finally:
-        close = getattr(store, "close", None) or getattr(getattr(store, "inner", None), "close", None)
+        inner = getattr(store, "inner", None)  # (a CodecStore's)
+        close = getattr(store, "close", None) or getattr(inner, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):
                 close()
@@ -414,7 +422,7 @@ def check(sc: Scenario, got: Outcome, base: Outcome | None) -> list[str]:
     # the baseline's expectations (the scenario's intent)
     for rid, want in sc.expect.items():
         run = got.runs.get(rid)
-        status, output = (want if isinstance(want, tuple) else (want, None))
+        status, output = want if isinstance(want, tuple) else (want, None)
         if run is None:
             out.append(f"{rid}: missing")
             continue
@@ -422,6 +430,7 @@ def check(sc: Scenario, got: Outcome, base: Outcome | None) -> list[str]:
             out.append(f"{rid}: {run.status.value}, expected {status} ({run.error})")
         elif isinstance(want, tuple) and run.output != output:
             out.append(f"{rid}: output {run.output!r}, expected {output!r}")
+    out += [f"{rid}: started" for rid in sc.absent if rid in got.runs]
     for what, err in sc.errors.items():
         if got.errors.get(what) != err:
             out.append(f"{what}: {got.errors.get(what)}, expected {err}")
@@ -450,9 +459,9 @@ def check(sc: Scenario, got: Outcome, base: Outcome | None) -> list[str]:
     executed = {k.rsplit("#", 1)[0] for k in got.effects.executed}
     for rid, h in got.histories.items():
         for e in h:
-            if isinstance(e, StepCompleted) and isinstance(e.result, str):
-                if "|" in e.result and e.result not in executed:
-                    out.append(f"{rid}: {e.result} recorded but never executed")
+            recorded = isinstance(e, StepCompleted) and isinstance(e.result, str)
+            if recorded and "|" in e.result and e.result not in executed:
+                out.append(f"{rid}: {e.result} recorded but never executed")
             if isinstance(e, CompensationCompleted) and e.result not in executed:
                 out.append(f"{rid}: {e.result} recorded but never executed")
     for k, n in got.effects.executed.items():
@@ -479,16 +488,31 @@ def check(sc: Scenario, got: Outcome, base: Outcome | None) -> list[str]:
 
 
 def crash_plan(passes: Counter[str], every: bool, seed: int) -> list[tuple[str, int]]:
-    """The (point, pass) crashes to try: every pass of every point passed (``every``), or one
-    pass of each, the seed choosing which."""
+    """The (point, pass) crashes to try: one pass of each point passed, the seed choosing
+    which; with ``every``, every pass (at most ``MAX_PASSES`` of a point: the first, the
+    last, and others spread between them)."""
     rng = random.Random(seed)
     plan: list[tuple[str, int]] = []
     for point in CRASH_POINTS:
         n = passes.get(point, 0)
         if n == 0:
             continue
-        plan += [(point, k) for k in range(1, n + 1)] if every else [(point, rng.randint(1, n))]
+        if not every:
+            plan.append((point, rng.randint(1, n)))
+            continue
+        picks = range(1, n + 1) if n <= MAX_PASSES else _spread(n, MAX_PASSES)
+        plan += [(point, k) for k in picks]
     return plan
+
+
+MAX_PASSES = 12
+"""The most passes of one crash point an exhaustive exploration crashes at (a parent that
+waits an hour for its child is claimed every minute: the claims are much alike)."""
+
+
+def _spread(n: int, k: int) -> list[int]:
+    """``k`` of ``1..n``: both ends and evenly spaced ones between."""
+    return sorted({1 + round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
 async def explore(
