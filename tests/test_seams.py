@@ -372,6 +372,7 @@ class CancelParent(Base):
 
 async def drive_cancel_child(d: Driver) -> None:
     await d.start("cancel-parent", None, "p")
+    await d.wait("p", event="child_started")  # (a crash may leave it unrecorded a while)
     await d.wait("p.child.1", event="timer_started")
     await d.cancel("p")
     await d.idle()
