@@ -1236,20 +1236,24 @@ async def test_seam_on_the_codec_store(sc: Scenario) -> None:
     await _explore(sc, codec_stores, SEED, every=False)
 
 
-@pytest.mark.postgres
-@pytest.mark.parametrize("sc", _params(POSTGRES))
-async def test_seam_on_postgres(sc: Scenario, pg_server: str) -> None:
+async def _explore_postgres(sc: Scenario, server: str, every: bool) -> None:
     urls: list[str] = []
 
-    def fresh() -> Any:
-        urls.append(fresh_database(pg_server))
+    def fresh() -> Any:  # (a database of its own for each play)
+        urls.append(fresh_database(server))
         return SqlStore(urls[-1])
 
     try:
-        await _explore(sc, fresh, SEED, every=False)
+        await _explore(sc, fresh, SEED, every=every)
     finally:
         for url in urls:
             drop_database(url)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sc", _params(POSTGRES))
+async def test_seam_on_postgres(sc: Scenario, pg_server: str) -> None:
+    await _explore_postgres(sc, pg_server, every=False)
 
 
 def test_every_pair_is_covered_or_said_meaningless() -> None:
@@ -1278,6 +1282,13 @@ async def test_seam_every_crash_on_a_sqlite_file(sc: Scenario, tmp_path: Path) -
 @pytest.mark.parametrize("sc", _params(CODEC))
 async def test_seam_every_crash_on_the_codec_store(sc: Scenario) -> None:
     await _explore(sc, codec_stores, SEED, every=True)
+
+
+@pytest.mark.chaos
+@pytest.mark.postgres
+@pytest.mark.parametrize("sc", _params(POSTGRES))
+async def test_seam_every_crash_on_postgres(sc: Scenario, pg_server: str) -> None:
+    await _explore_postgres(sc, pg_server, every=True)
 
 
 # == the harness catches what it is there for ==============================================
