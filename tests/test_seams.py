@@ -616,6 +616,14 @@ async def drive_can_signal(d: Driver) -> None:
     await d.idle()
 
 
+async def drive_can_signal_after(d: Driver) -> None:
+    await d.start("can-signal", 0, "r")
+    await d.signal("r", "a", "now")
+    await d.wait("r~1")
+    await d.signal("r", "b", "to the chain")  # r continued: its successor takes it
+    await d.idle()
+
+
 @workflow(name="can-update")
 class CanUpdate(Base):
     async def run(self, ctx: WorkflowCtx, n: int) -> str:
@@ -631,6 +639,14 @@ async def drive_can_update(d: Driver) -> None:
     await d.start("can-update", 0, "r")
     await d.update("u1", "r", "u", 1)
     await d.update("u2", "r", "u", 2)  # not taken before the continuation
+    await d.idle()
+
+
+async def drive_can_update_after(d: Driver) -> None:
+    await d.start("can-update", 0, "r")
+    await d.update("u1", "r", "u", 1)
+    await d.wait("r~1")
+    await d.update("u2", "r", "u", 2)  # r continued: its successor answers
     await d.idle()
 
 
@@ -1073,6 +1089,10 @@ SCENARIOS: list[Scenario] = [
     S(("continue_as_new", "signal"), wf(CanSignal), drive_can_signal,
       {"r": C, "r~1": (C, "for the successor")}),
     S(("continue_as_new", "update"), wf(CanUpdate), drive_can_update, {"r": C, "r~1": (C, "2")}),
+    S(("continue_as_new", "signal"), wf(CanSignal), drive_can_signal_after,
+      {"r": C, "r~1": (C, "to the chain")}, note="sent after"),
+    S(("continue_as_new", "update"), wf(CanUpdate), drive_can_update_after,
+      {"r": C, "r~1": (C, "2")}, note="sent after"),
     S(("continue_as_new", "event"), wf(CanEvent), drive_can_event,
       {"r": C, "r~1": (C, {"n": 2})}),
     S(("continue_as_new", "deadline"), wf(CanDeadline), drive_can_deadline,
@@ -1146,6 +1166,10 @@ KNOWN = {
     "not taken (the successor waits for ever)",
     "continue_as_newxupdate": "issue item 5: continue-as-new drops the updates its run had "
     "not taken (the successor waits for ever)",
+    "continue_as_newxsignal[sent after]": "issue item 5: a signal sent to a run that continued "
+    "as new must go to the last run of its chain",
+    "continue_as_newxupdate[sent after]": "issue item 5: an update sent to a run that "
+    "continued as new must go to the last run of its chain",
 }
 """Scenarios that hit a defect fixed on another branch: expected to fail until it is merged."""
 
