@@ -38,6 +38,8 @@ ON_TIME = 60.0
 database), and that must not skip the tick. Older ticks start only within the window."""
 DUE_BATCH = 100
 """The most due schedules a worker fires per poll (the rest: at its next poll)."""
+CHAIN_HOPS = 1000
+"""The most runs of a continue-as-new chain ``overlap="skip"`` follows per tick (``_going``)."""
 RECORD_ATTEMPTS = 10
 """How often a worker that lost a tick's compare-and-set re-reads the schedule to record the
 run it started (``Schedules._record``); each failed attempt means another worker moved it."""
@@ -230,16 +232,21 @@ class Schedules:
             nxt = tt.after(t)
             started: str | None = None
             on_time = t >= now - rec.catchup_window or (nxt > now and t >= now - ON_TIME)
-            if on_time and (rec.overlap == "allow" or not await self._active(last)):
+            going = None
+            if on_time and rec.overlap == "skip":
+                going = await self._going(last)
+            if on_time and going is None:
                 started = await self._start(rec, t)
-            if not await store.advance_schedule(rec.id, expected, nxt, now, started):
+            # (a skipped tick records the chain's current run, so the next tick looks there)
+            moved = started or (going if going != last else None)
+            if not await store.advance_schedule(rec.id, expected, nxt, now, moved):
                 # another worker took this tick (or the schedule changed); the run started
                 # here is still this schedule's newest, unless a later tick's run is
                 if started is not None:
                     await self._record(rec, started, now)
                 return
             expected = t = nxt
-            last = started or last
+            last = moved or last
         if t != expected:
             await store.advance_schedule(rec.id, expected, t, now)
 
@@ -263,9 +270,23 @@ class Schedules:
                 return
         log.warning("schedule %s: could not record %s as its last run", rec.id, run_id)
 
-    async def _active(self, run_id: str | None) -> bool:
-        run = None if run_id is None else await self._engine.store.get_run(run_id)
-        return run is not None and run.status.active
+    async def _going(self, run_id: str | None) -> str | None:
+        """The run of ``run_id``'s chain that is still active: ``run_id`` itself, or the
+        successor it continued as new to (``Run.continued_as``, followed), for
+        ``overlap="skip"`` a run that continued as new is still going; ``None`` once the
+        chain ended. A chain longer than ``CHAIN_HOPS`` counts as going, at the run reached
+        (recorded as the last run, the next tick goes on from there)."""
+        store = self._engine.store
+        for _ in range(CHAIN_HOPS):
+            run = None if run_id is None else await store.get_run(run_id)
+            if run is None:
+                return None
+            if run.status.active:
+                return run.id
+            if run.continued_as is None:
+                return None
+            run_id = run.continued_as
+        return run_id
 
     async def _start(self, rec: ScheduleRecord, t: float) -> str | None:
         """Start tick ``t``'s run (idempotent by its id); ``None`` when it cannot be started
@@ -280,6 +301,7 @@ class Schedules:
 
 
 __all__ = [
+    "CHAIN_HOPS",
     "DUE_BATCH",
     "MAX_SCHEDULE_ID_LENGTH",
     "ON_TIME",

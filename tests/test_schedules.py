@@ -136,6 +136,31 @@ async def test_overlap_skip_and_allow(store: Any) -> None:
     assert allow == ids_at("allow", START, 5)
 
 
+@workflow(name="looping")
+class Looping:
+    """Sleeps 50 minutes, then continues as new until ``input`` reaches 0."""
+
+    async def run(self, ctx: Any, input: int) -> int:
+        await ctx.sleep(50 * 60)
+        if input > 0:
+            ctx.continue_as_new(input - 1)
+        return input
+
+
+async def test_overlap_skip_follows_a_run_that_continued_as_new(store: Any) -> None:
+    async with TestEnv([Looping], store=store, start=START) as env:
+        eng = env.engines[0]
+        await eng.schedules.create("loop", Schedule("looping", every=3600, input=2))
+        await env.advance(5 * HOUR + 60)
+        runs = [r.id for r in await sched_runs(env, "sched:loop:")]
+        rec = (await eng.schedules.list())[0]
+    first, _, _, fourth, _ = ids_at("loop", START, 5)
+    # the 01:00 run goes on as ~1 at 01:50 and ~2 at 02:40, which ends at 03:30: the chain
+    # is the schedule's run until then, so 02:00 and 03:00 are skipped
+    assert runs == [first, f"{first}~1", f"{first}~2", fourth, f"{fourth}~1"]
+    assert rec.last_run_id == f"{fourth}~1"  # (the chain's run when the 05:00 tick saw it)
+
+
 @pytest.mark.parametrize(("window", "hours"), [(0, []), (3 * HOUR, [8, 9, 10])])
 async def test_catchup_window_after_downtime(store: Any, window: float, hours: list[int]) -> None:
     async with TestEnv([Report], store=store, start=START) as env:
