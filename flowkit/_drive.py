@@ -306,7 +306,7 @@ class Drive:
                     raise LeaseLostError(run.id)
                 t.op = "singleton admission"
                 # (a waiter settling here always notifies: the next one may need its timer)
-                passed = await self.gate.admit(run, events, defn, release, self._committer(t))
+                passed = await self.gate.admit(run, events, defn, release, self._gate_commit(t))
                 if passed is None:
                     return  # parked behind the key's holders, or cancelled
                 unwritten = passed
@@ -557,6 +557,18 @@ class Drive:
 
         async def commit(run: Run, update: Update) -> Run:
             return await self._commit(run, update, t)
+
+        return commit
+
+    def _gate_commit(self, t: Try) -> gate.Commit:
+        """``_committer`` for the gate: a run it settles (``cancelled``: a cancellation
+        landed before its admission) had no activation, so it is counted here."""
+
+        async def commit(run: Run, update: Update) -> Run:
+            res = await self._commit(run, update, t)
+            if res.status.terminal and (tel := self.config.telemetry) is not None:
+                tel.settled(res.workflow, res.status.value)
+            return res
 
         return commit
 

@@ -9,6 +9,7 @@ fixture), in ``TestEnv``. Real worker processes: tests/test_otel_process.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import subprocess
@@ -29,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from otel_app import WORKFLOWS
 
-from flowkit import History, RunStatus, Singleton, WorkflowCtx, WorkflowFailedError, workflow
+from flowkit import History, Run, RunStatus, Singleton, WorkflowCtx, WorkflowFailedError, workflow
 from flowkit._cli_out import _describe
 from flowkit._telemetry import onward_tags, trace_of, trace_tags
 from flowkit.events import RunStarted
@@ -331,6 +332,47 @@ async def test_runs_settled_without_an_activation_are_counted(store: Any, otel: 
         for a, v in otel.points("flowkit.runs.settled")
     }
     assert settled == {("otel-fragile", "dead"): 1, ("otel-timed", "cancelled"): 3}
+
+
+@workflow(name="otel-hop", singleton=Singleton(key=lambda inp: inp["key"]))
+class _Hop:
+    """Holds its key until signalled; with ``hop``, first continues as new on key ``g``."""
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> str:
+        if input["hop"]:
+            ctx.continue_as_new({"key": "g", "hop": False})
+        await ctx.wait_for_signal("done")
+        return "ok"
+
+
+async def test_a_run_cancelled_at_its_gate_is_counted_once(store: Any, otel: Otel) -> None:
+    """A successor on a key another run holds goes through the gate leased; a cancellation
+    landing during its admission check settles it ``cancelled`` there, with no activation of
+    its own: counted once in ``flowkit.runs.settled`` (the request found it leased, so it
+    only asked)."""
+    async with TestEnv([_Hop], store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-hop", {"key": "g", "hop": False}, "holder")
+        check = store.try_admit_singleton
+        asked: list[Run] = []
+
+        @functools.wraps(check)
+        async def cancel_meanwhile(run_id: str, *args: Any, **kwargs: Any) -> Any:
+            ok = await check(run_id, *args, **kwargs)
+            if run_id == "hop~1" and not asked:
+                asked.append(await env.engines[0].cancel(run_id))
+            return ok
+
+        store.try_admit_singleton = cancel_meanwhile
+        await env.start("otel-hop", {"key": "h", "hop": True}, "hop")
+        await env.run_until_idle()
+        assert [r.status for r in asked] == [RunStatus.CANCELLING]
+        assert (await env.get_run("hop~1")).status is RunStatus.CANCELLED
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-hop", "continued"): 1, ("otel-hop", "cancelled"): 1}
 
 
 async def test_metrics(store: Any, otel: Otel) -> None:
