@@ -366,10 +366,11 @@ class Drive:
             else:
                 pending = act.pending
                 trace = _telemetry.onward_tags(obs, events)  # (the successor joins the trace)
-                await _continue.settle(
+                # (what it committed: ``failed`` or ``cancelled`` when no successor was made)
+                outcome = await _continue.settle(
                     self, run, outcome.input, defn, admitted, notify, pending, t, trace
                 )
-                return outcome, None
+                return outcome, outcome.error if isinstance(outcome, Failed) else None
         if isinstance(outcome, Evicted):
             if act.store_error is not None:
                 raise act.store_error

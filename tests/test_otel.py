@@ -375,6 +375,55 @@ async def test_a_run_cancelled_at_its_gate_is_counted_once(store: Any, otel: Ote
     assert settled == {("otel-hop", "continued"): 1, ("otel-hop", "cancelled"): 1}
 
 
+async def test_a_continuation_that_fails_is_counted_failed(store: Any, otel: Otel) -> None:
+    """A ``continue_as_new`` whose successor cannot be made (its id is another run's) fails
+    the run: ``flowkit.runs.settled`` counts it ``failed``, not ``continued``, and its
+    activation span says so."""
+    async with TestEnv([_Hop], store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-hop", {"key": "x", "hop": False}, "taken~1")  # (the id taken)
+        await env.start("otel-hop", {"key": "h", "hop": True}, "taken")
+        await env.run_until_idle()
+        assert (await env.get_run("taken")).status is RunStatus.FAILED
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-hop", "failed"): 1}
+    [span] = [s for s in otel.finished("run") if _attrs(s)["flowkit.run_id"] == "taken"]
+    assert _attrs(span)["flowkit.status"] == "failed"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+async def test_a_continuation_a_cancel_overtakes_is_counted_once(store: Any, otel: Otel) -> None:
+    """A cancellation landing while a ``continue_as_new`` commits wins: the run is given
+    back and settles ``cancelled`` in its next activation. ``flowkit.runs.settled`` counts
+    it once, ``cancelled`` (not ``continued`` as well)."""
+    async with TestEnv([_Counter], store=store) as env:
+        otel.instrument(env.engines[0])
+        commit = store.commit
+        asked: list[Run] = []
+
+        @functools.wraps(commit)
+        async def cancel_first(run_id: str, *args: Any, **kwargs: Any) -> Any:
+            update = args[-1] if args else kwargs.get("update")
+            if run_id == "c" and getattr(update, "successor", None) is not None and not asked:
+                asked.append(await env.engines[0].cancel("c"))  # (leased: it only asks)
+            return await commit(run_id, *args, **kwargs)
+
+        store.commit = cancel_first
+        await env.start("otel-counter", 1, "c")
+        await env.run_until_idle()
+        assert [r.status for r in asked] == [RunStatus.CANCELLING]
+        run = await env.get_run("c")
+        assert run.status is RunStatus.CANCELLED and run.continued_as is None
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-counter", "cancelled"): 1}
+
+
 async def test_metrics(store: Any, otel: Otel) -> None:
     async with TestEnv(WORKFLOWS, store=store) as env:
         inst = otel.instrument(env.engines[0])
