@@ -278,6 +278,51 @@ async def test_children_and_successors_join_the_trace(store: Any, otel: Otel) ->
         assert trace_of(await store.load_events(run_id)) is not None
 
 
+async def _recovered_parent(store: Any, otel: Otel | None) -> dict[str, str]:
+    """Run ``otel-parent`` on two instances, instance 0 crashing once its child exists and
+    before it recorded ``child_started`` (instance 1 recovers the parent): every history,
+    without its trace tags, as JSON."""
+    async with TestEnv([_Parent, _Counter], store=store, instances=2) as env:
+        if otel is not None:
+            for eng in env.engines:
+                otel.instrument(eng)
+        env.crash_at(0, "after_child_create")
+        await env.engines[0].start("otel-parent", 0, "rp")
+        await env.settle()
+        assert env.crashed == [0]
+        await env.advance(env.lease_ttl + 1)  # (instance 1 takes the parent over)
+        assert await env.result("rp") == 3
+        out = {}
+        for run_id in ("rp", "rp.child.1", "rp.child.1~1", "rp.child.1~2"):
+            events = (await env.history(run_id)).events
+            if otel is not None:
+                assert trace_of(events) is not None, run_id
+            first = events[0].model_copy(
+                update={"tags": [t for t in events[0].tags if not t.startswith("flowkit:trace:")]}
+            )
+            out[run_id] = History(run_id, [first, *events[1:]]).to_json()
+    return out
+
+
+async def test_a_recovered_parent_keeps_one_child_in_one_trace(otel: Otel) -> None:
+    """A parent that crashed after creating its child replays its start on another
+    instance: still one child, in the trace the crashed activation handed it, and every
+    history (trace tags aside) as an uninstrumented run of the same writes it."""
+    from flowkit.stores import MemoryStore
+
+    traced = await _recovered_parent(MemoryStore(), otel)
+    assert traced == await _recovered_parent(MemoryStore(), None)
+    runs = otel.finished("run")
+    assert len({_trace(s) for s in otel.finished()}) == 1
+    # the child's activation is a child of the parent's crashed activation (which started
+    # it), not of the recovering one (whose replay found it started)
+    statuses = {(_attrs(s)["flowkit.run_id"], _attrs(s)["flowkit.status"]): s for s in runs}
+    crashed = statuses["rp", "lost"]
+    [child] = [s for s in runs if _attrs(s)["flowkit.run_id"] == "rp.child.1"]
+    assert crashed.context is not None and child.parent is not None
+    assert child.parent.span_id == crashed.context.span_id
+
+
 def test_a_run_started_by_an_unobserved_activation_keeps_its_starters_trace() -> None:
     """A worker that is not instrumented still hands the trace its run carries on to the
     runs it starts (``onward_tags``); with no trace, it hands none."""
