@@ -400,6 +400,8 @@ class Drive:
             for pending in dict.fromkeys((tuple(t.pending), ())):
                 try:
                     await self._settle(run, Failed(info), t.admitted, t.notify, pending, t)
+                    if (tel := self.config.telemetry) is not None:  # (its activation ended lost)
+                        tel.settled(run.workflow, RunStatus.FAILED.value)
                     return
                 except (LeaseLostError, ConflictError):
                     return

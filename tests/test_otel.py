@@ -469,6 +469,39 @@ async def test_a_continuation_a_cancel_overtakes_is_counted_once(store: Any, ote
     assert settled == {("otel-counter", "cancelled"): 1}
 
 
+async def test_a_run_failed_after_its_store_refused_it_is_counted(store: Any, otel: Otel) -> None:
+    """A run whose terminal commit the store keeps refusing (a ``SerializationError``) is
+    failed once the worker gives up, after its activations ended unsettled: counted once,
+    ``failed``, in ``flowkit.runs.settled``."""
+    from faulty_store import FaultyStore
+
+    from flowkit.errors import SerializationError
+    from flowkit.stores.base import Update
+
+    faulty = FaultyStore(store)
+
+    def completes(args: tuple[Any, ...]) -> bool:
+        update = args[3] if len(args) > 3 else None
+        return isinstance(update, Update) and update.status is RunStatus.COMPLETED
+
+    async with TestEnv([_Fragile], store=faulty) as env:
+        otel.instrument(env.engines[0])
+        faulty.fail(
+            "commit",
+            times=None,
+            match=completes,
+            error=lambda: SerializationError("output cannot be stored"),
+        )
+        await env.start("otel-fragile", 1, "refused")
+        await env.run_until_idle()
+        assert (await env.get_run("refused")).status is RunStatus.FAILED
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-fragile", "failed"): 1}
+
+
 async def test_metrics(store: Any, otel: Otel) -> None:
     async with TestEnv(WORKFLOWS, store=store) as env:
         inst = otel.instrument(env.engines[0])
