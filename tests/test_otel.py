@@ -610,6 +610,39 @@ def test_the_step_duration_buckets_are_seconds() -> None:
     mp.shutdown()
 
 
+def test_an_api_without_bucket_advice_still_instruments() -> None:
+    """An OpenTelemetry API older than the bucket advice (``opentelemetry-api`` < 1.30, which
+    ``flowkit[otel]`` allows: its ``create_histogram`` takes no
+    ``explicit_bucket_boundaries_advisory``) still instruments an engine: the histograms
+    keep the SDK's edges instead of failing ``instrument``."""
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+
+    class OldMeter:
+        """A meter whose ``create_histogram`` has the signature of opentelemetry-api 1.29."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def create_histogram(self, name: str, unit: str = "", description: str = "") -> Any:
+            return self._inner.create_histogram(name, unit, description)
+
+    class OldProvider:
+        def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+            return OldMeter(mp.get_meter(*args, **kwargs))
+
+    inst = Instrumentation(_FakeEngine(), None, OldProvider(), 15.0)  # type: ignore[arg-type]
+    inst.step_duration.record(0.5, {"flowkit.step": "s"})
+    data = reader.get_metrics_data()
+    assert data is not None
+    names = [m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+    assert "flowkit.step.duration" in names
+    mp.shutdown()
+
+
 class _FakeEngine:
     """What ``Instrumentation`` reads of an engine: its config's clock."""
 
@@ -716,7 +749,9 @@ def test_metric_names_documented() -> None:
     """docs/observability.md lists every metric flowkit.otel makes."""
     text = (ROOT / "docs/observability.md").read_text()
     source = (ROOT / "flowkit/otel.py").read_text()
-    names = set(re.findall(r'create_\w+\(\s*"(flowkit\.[a-z_.]+)"', source))
+    names = set(
+        re.findall(r'(?:create_\w+|_histogram)\(\s*(?:meter,\s*)?"(flowkit\.[a-z_.]+)"', source)
+    )
     assert "flowkit.step.duration" in names
     for name in names:
         assert f"`{name}`" in text, name
