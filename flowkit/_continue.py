@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from . import _gate as gate
 from ._definition import WorkflowDefinition
 from ._host import Try
-from ._replay import Cancelled, Failed, error_info
+from ._replay import Cancelled, Continued, Failed, Outcome, Suspended, error_info
 from ._run import (
     ADMITTED_TAG,
     Run,
@@ -84,36 +84,37 @@ async def settle(
     pending: Sequence[Event],
     t: Try,
     trace: Sequence[str] = (),
-) -> None:
+) -> Outcome:
     """Commit a ``Continued`` outcome of ``run`` (its new input ``input_json``, validated by
     the activation; ``trace``: the trace tags of the successor's ``run_started``,
     ``_telemetry.onward_tags``): the run and its successor in one transaction, or the run ``failed``
     (the successor cannot be made: a store without ``continues_as_new``, an id or a singleton
     key no store keeps, a successor id taken by another run), or ``cancelled`` (a cancel
-    landed first). Raises what the store raised otherwise (the drive's retry rules)."""
+    landed first). Answers the outcome committed (for an observer: ``Continued``, or what
+    the run settled as instead; ``Suspended``: a cancel landed meanwhile, the run is given
+    back to settle in its next activation). Raises what the store raised otherwise (the
+    drive's retry rules)."""
 
-    async def finish(outcome: Failed | Cancelled, base: Run = run) -> None:
+    async def finish(outcome: Failed | Cancelled, base: Run = run) -> Failed | Cancelled:
         await drive._settle(base, outcome, admitted, notify, pending, t)
+        return outcome
 
     def failed(exc: Exception) -> Failed:
         return Failed(error_info(exc))
 
     if run.status is RunStatus.CANCELLING:
-        await finish(Cancelled())
-        return
+        return await finish(Cancelled())
     store = drive.store
     if not continues_as_new(store):
         why = f"{type(store).__name__} cannot continue a run as new (no continues_as_new)"
-        await finish(failed(UnsupportedStoreError(why)))
-        return
+        return await finish(failed(UnsupportedStoreError(why)))
     sid = successor_id(run.id)
     try:
         limits.check_identifier("run_id", sid, limits.MAX_RUN_ID_LENGTH, defn.name)
         value = defn.input_adapter.validate_python(input_json)
         key = gate.singleton_key(defn, value, store)
     except (InvalidInputError, UnsupportedStoreError) as exc:
-        await finish(failed(exc))
-        return
+        return await finish(failed(exc))
     cfg = drive.config
     now = drive.clock.now()
     # the key's slot goes to the successor directly when it keeps the key
@@ -179,7 +180,7 @@ async def settle(
             # that the next activation replays it as a cancellation (its compensations run
             # first when the cancel asked for them) and settles it cancelled
             await drive._commit(fresh, Update(events=list(pending), release_lease=True), t)
-            return
+            return Suspended(None, ())
         taken = await store.get_run(sid)
         if taken is None:
             raise
@@ -187,10 +188,10 @@ async def settle(
             type="ConflictError",
             message=f"ctx.continue_as_new(): the successor id {sid!r} is taken by another run",
         )
-        await finish(Failed(info), fresh)
-        return
+        return await finish(Failed(info), fresh)
     if not leased:
         drive._seat.dispatch(sid)
+    return Continued(input_json)
 
 
 async def adopt(drive: Drive, run: Run) -> None:

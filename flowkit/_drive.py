@@ -306,7 +306,7 @@ class Drive:
                     raise LeaseLostError(run.id)
                 t.op = "singleton admission"
                 # (a waiter settling here always notifies: the next one may need its timer)
-                passed = await self.gate.admit(run, events, defn, release, self._committer(t))
+                passed = await self.gate.admit(run, events, defn, release, self._gate_commit(t))
                 if passed is None:
                     return  # parked behind the key's holders, or cancelled
                 unwritten = passed
@@ -366,10 +366,11 @@ class Drive:
             else:
                 pending = act.pending
                 trace = _telemetry.onward_tags(obs, events)  # (the successor joins the trace)
-                await _continue.settle(
+                # (what it committed: ``failed`` or ``cancelled`` when no successor was made)
+                outcome = await _continue.settle(
                     self, run, outcome.input, defn, admitted, notify, pending, t, trace
                 )
-                return outcome, None
+                return outcome, outcome.error if isinstance(outcome, Failed) else None
         if isinstance(outcome, Evicted):
             if act.store_error is not None:
                 raise act.store_error
@@ -399,6 +400,8 @@ class Drive:
             for pending in dict.fromkeys((tuple(t.pending), ())):
                 try:
                     await self._settle(run, Failed(info), t.admitted, t.notify, pending, t)
+                    if (tel := self.config.telemetry) is not None:  # (its activation ended lost)
+                        tel.settled(run.workflow, RunStatus.FAILED.value)
                     return
                 except (LeaseLostError, ConflictError):
                     return
@@ -557,6 +560,18 @@ class Drive:
 
         async def commit(run: Run, update: Update) -> Run:
             return await self._commit(run, update, t)
+
+        return commit
+
+    def _gate_commit(self, t: Try) -> gate.Commit:
+        """``_committer`` for the gate: a run it settles (``cancelled``: a cancellation
+        landed before its admission) had no activation, so it is counted here."""
+
+        async def commit(run: Run, update: Update) -> Run:
+            res = await self._commit(run, update, t)
+            if res.status.terminal and (tel := self.config.telemetry) is not None:
+                tel.settled(res.workflow, res.status.value)
+            return res
 
         return commit
 

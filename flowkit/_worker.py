@@ -83,6 +83,8 @@ class Worker:
         # leases are given back by ``stop`` so another instance takes them at once.
         self._orphans: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # this worker's entry being written (``_make_known``; each bounded)
+        self._recording: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._poke = asyncio.Event()
         # a run of this instance got a future wake time since the poller last read the store:
@@ -147,8 +149,8 @@ class Worker:
         now = self.clock.now()
         self._next_known = now + WORKER_REFRESH
         task = asyncio.ensure_future(self._record_worker(now))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._recording.add(task)  # (not cancelled by a clean stop: ``_make_gone`` waits)
+        task.add_done_callback(self._recording.discard)
 
     async def _record_worker(self, now: float) -> None:
         try:
@@ -166,9 +168,13 @@ class Worker:
         """Tell the store this instance runs nothing any more (a clean stop: a drain, the
         engine closed): its entry keeps no version, so a run of a version no other live
         worker has is said to wait at once, not once the entry is ``WORKER_SEEN_WINDOW``
-        old. A crash says nothing (the instance may be back). Best effort, bounded."""
+        old. A crash says nothing (the instance may be back). Best effort, bounded. The
+        entry this worker is still writing lands first: a write cancelled mid-way may land
+        anyway (``SqlStore``'s I/O threads), and after this one it would say it runs them."""
         if not records_workers(self.store):
             return
+        if self._recording:
+            await asyncio.wait(list(self._recording))
         try:
             await bounded(
                 self.clock,
@@ -187,6 +193,8 @@ class Worker:
         for act in list(self._active.values()):
             if act is not None:
                 act.evict()
+        if not graceful:
+            self._tasks |= self._recording  # (a crash: nothing more is written)
         tasks = [*self._loops, *self._tasks]
         for t in tasks:
             t.cancel()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._browse import lanes
 from ._telemetry import ActivationObserver, StepObserver, guarded
+from .stores._capabilities import takes
 
 try:
     from opentelemetry import context as _context
@@ -210,17 +211,17 @@ class Instrumentation:
             unit="{run}",
             description="Runs that reached a final status (or continued as new), by status",
         )
-        self.step_duration = meter.create_histogram(
+        self.step_duration = _histogram(
+            meter,
             "flowkit.step.duration",
-            unit="s",
-            description="Duration of each step attempt that ran, by workflow, step and outcome",
-            explicit_bucket_boundaries_advisory=STEP_BUCKETS,
+            "Duration of each step attempt that ran, by workflow, step and outcome",
+            STEP_BUCKETS,
         )
-        self.singleton_wait = meter.create_histogram(
+        self.singleton_wait = _histogram(
+            meter,
             "flowkit.singleton.wait",
-            unit="s",
-            description="Time from a singleton run's creation to its admission",
-            explicit_bucket_boundaries_advisory=WAIT_BUCKETS,
+            "Time from a singleton run's creation to its admission",
+            WAIT_BUCKETS,
         )
         self.lease_losses = meter.create_counter(
             "flowkit.lease.lost",
@@ -515,6 +516,17 @@ def _depth_gauge(meter: Any) -> _DepthGauge:
         if gauge is None:
             gauge = _GAUGES[meter] = _DepthGauge(meter)
         return gauge
+
+
+def _histogram(meter: Any, name: str, description: str, buckets: tuple[float, ...]) -> Any:
+    """A histogram in seconds that advises ``buckets`` as its edges, when the OpenTelemetry
+    API can (``explicit_bucket_boundaries_advisory``: opentelemetry-api 1.30 and later); an
+    older one gets the SDK's edges rather than a failed ``instrument``."""
+    if takes(meter.create_histogram, "explicit_bucket_boundaries_advisory"):
+        return meter.create_histogram(
+            name, unit="s", description=description, explicit_bucket_boundaries_advisory=buckets
+        )
+    return meter.create_histogram(name, unit="s", description=description)
 
 
 def _failed(span: Span, error: BaseException) -> None:

@@ -221,3 +221,22 @@ def test_flowkit_runs_says_when_a_count_stopped_at_the_limit(
         monkeypatch.setattr(_browse, "COUNT_LIMIT", limit)
         assert main(["--db", url, "runs", "--limit", "2"]) == 0
         assert f"the 2 most recent {want}" in capsys.readouterr().out
+
+
+async def test_bounded_counts_are_exact_below_the_limit_in_each_namespace(backend: Any) -> None:
+    """``count_runs(limit=...)`` on a store scoped to a namespace counts that namespace's
+    runs only, exactly up to ``limit``, ``limit + 1`` past it; the unscoped store counts
+    every namespace's (MemoryStore, a SQLite file, PostgreSQL)."""
+    root = backend.store
+    sizes = {"ns-a": 7, "ns-b": 3}
+    for ns, n in sizes.items():
+        scoped = backend.scoped(ns)
+        for i in range(n):
+            run = dataclasses.replace(_run(0), id=f"{ns}-{i}", status=S.COMPLETED, namespace=ns)
+            await scoped.create_run(run, [_started(run)])
+    for limit in (2, 5, 100):
+        for ns, n in sizes.items():
+            counted = await _browse.count_runs(backend.scoped(ns), limit=limit)
+            assert counted == {s: 0 for s in S} | {S.COMPLETED: min(n, limit + 1)}, (ns, limit)
+        everything = await _browse.count_runs(root, limit=limit)
+        assert everything[S.COMPLETED] == min(10, limit + 1), limit

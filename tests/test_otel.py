@@ -9,6 +9,7 @@ fixture), in ``TestEnv``. Real worker processes: tests/test_otel_process.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import subprocess
@@ -29,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from otel_app import WORKFLOWS
 
-from flowkit import History, RunStatus, Singleton, WorkflowCtx, WorkflowFailedError, workflow
+from flowkit import History, Run, RunStatus, Singleton, WorkflowCtx, WorkflowFailedError, workflow
 from flowkit._cli_out import _describe
 from flowkit._telemetry import onward_tags, trace_of, trace_tags
 from flowkit.events import RunStarted
@@ -277,6 +278,51 @@ async def test_children_and_successors_join_the_trace(store: Any, otel: Otel) ->
         assert trace_of(await store.load_events(run_id)) is not None
 
 
+async def _recovered_parent(store: Any, otel: Otel | None) -> dict[str, str]:
+    """Run ``otel-parent`` on two instances, instance 0 crashing once its child exists and
+    before it recorded ``child_started`` (instance 1 recovers the parent): every history,
+    without its trace tags, as JSON."""
+    async with TestEnv([_Parent, _Counter], store=store, instances=2) as env:
+        if otel is not None:
+            for eng in env.engines:
+                otel.instrument(eng)
+        env.crash_at(0, "after_child_create")
+        await env.engines[0].start("otel-parent", 0, "rp")
+        await env.settle()
+        assert env.crashed == [0]
+        await env.advance(env.lease_ttl + 1)  # (instance 1 takes the parent over)
+        assert await env.result("rp") == 3
+        out = {}
+        for run_id in ("rp", "rp.child.1", "rp.child.1~1", "rp.child.1~2"):
+            events = (await env.history(run_id)).events
+            if otel is not None:
+                assert trace_of(events) is not None, run_id
+            first = events[0].model_copy(
+                update={"tags": [t for t in events[0].tags if not t.startswith("flowkit:trace:")]}
+            )
+            out[run_id] = History(run_id, [first, *events[1:]]).to_json()
+    return out
+
+
+async def test_a_recovered_parent_keeps_one_child_in_one_trace(otel: Otel) -> None:
+    """A parent that crashed after creating its child replays its start on another
+    instance: still one child, in the trace the crashed activation handed it, and every
+    history (trace tags aside) as an uninstrumented run of the same writes it."""
+    from flowkit.stores import MemoryStore
+
+    traced = await _recovered_parent(MemoryStore(), otel)
+    assert traced == await _recovered_parent(MemoryStore(), None)
+    runs = otel.finished("run")
+    assert len({_trace(s) for s in otel.finished()}) == 1
+    # the child's activation is a child of the parent's crashed activation (which started
+    # it), not of the recovering one (whose replay found it started)
+    statuses = {(_attrs(s)["flowkit.run_id"], _attrs(s)["flowkit.status"]): s for s in runs}
+    crashed = statuses["rp", "lost"]
+    [child] = [s for s in runs if _attrs(s)["flowkit.run_id"] == "rp.child.1"]
+    assert crashed.context is not None and child.parent is not None
+    assert child.parent.span_id == crashed.context.span_id
+
+
 def test_a_run_started_by_an_unobserved_activation_keeps_its_starters_trace() -> None:
     """A worker that is not instrumented still hands the trace its run carries on to the
     runs it starts (``onward_tags``); with no trace, it hands none."""
@@ -331,6 +377,129 @@ async def test_runs_settled_without_an_activation_are_counted(store: Any, otel: 
         for a, v in otel.points("flowkit.runs.settled")
     }
     assert settled == {("otel-fragile", "dead"): 1, ("otel-timed", "cancelled"): 3}
+
+
+@workflow(name="otel-hop", singleton=Singleton(key=lambda inp: inp["key"]))
+class _Hop:
+    """Holds its key until signalled; with ``hop``, first continues as new on key ``g``."""
+
+    async def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> str:
+        if input["hop"]:
+            ctx.continue_as_new({"key": "g", "hop": False})
+        await ctx.wait_for_signal("done")
+        return "ok"
+
+
+async def test_a_run_cancelled_at_its_gate_is_counted_once(store: Any, otel: Otel) -> None:
+    """A successor on a key another run holds goes through the gate leased; a cancellation
+    landing during its admission check settles it ``cancelled`` there, with no activation of
+    its own: counted once in ``flowkit.runs.settled`` (the request found it leased, so it
+    only asked)."""
+    async with TestEnv([_Hop], store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-hop", {"key": "g", "hop": False}, "holder")
+        check = store.try_admit_singleton
+        asked: list[Run] = []
+
+        @functools.wraps(check)
+        async def cancel_meanwhile(run_id: str, *args: Any, **kwargs: Any) -> Any:
+            ok = await check(run_id, *args, **kwargs)
+            if run_id == "hop~1" and not asked:
+                asked.append(await env.engines[0].cancel(run_id))
+            return ok
+
+        store.try_admit_singleton = cancel_meanwhile
+        await env.start("otel-hop", {"key": "h", "hop": True}, "hop")
+        await env.run_until_idle()
+        assert [r.status for r in asked] == [RunStatus.CANCELLING]
+        assert (await env.get_run("hop~1")).status is RunStatus.CANCELLED
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-hop", "continued"): 1, ("otel-hop", "cancelled"): 1}
+
+
+async def test_a_continuation_that_fails_is_counted_failed(store: Any, otel: Otel) -> None:
+    """A ``continue_as_new`` whose successor cannot be made (its id is another run's) fails
+    the run: ``flowkit.runs.settled`` counts it ``failed``, not ``continued``, and its
+    activation span says so."""
+    async with TestEnv([_Hop], store=store) as env:
+        otel.instrument(env.engines[0])
+        await env.start("otel-hop", {"key": "x", "hop": False}, "taken~1")  # (the id taken)
+        await env.start("otel-hop", {"key": "h", "hop": True}, "taken")
+        await env.run_until_idle()
+        assert (await env.get_run("taken")).status is RunStatus.FAILED
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-hop", "failed"): 1}
+    [span] = [s for s in otel.finished("run") if _attrs(s)["flowkit.run_id"] == "taken"]
+    assert _attrs(span)["flowkit.status"] == "failed"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+async def test_a_continuation_a_cancel_overtakes_is_counted_once(store: Any, otel: Otel) -> None:
+    """A cancellation landing while a ``continue_as_new`` commits wins: the run is given
+    back and settles ``cancelled`` in its next activation. ``flowkit.runs.settled`` counts
+    it once, ``cancelled`` (not ``continued`` as well)."""
+    async with TestEnv([_Counter], store=store) as env:
+        otel.instrument(env.engines[0])
+        commit = store.commit
+        asked: list[Run] = []
+
+        @functools.wraps(commit)
+        async def cancel_first(run_id: str, *args: Any, **kwargs: Any) -> Any:
+            update = args[-1] if args else kwargs.get("update")
+            if run_id == "c" and getattr(update, "successor", None) is not None and not asked:
+                asked.append(await env.engines[0].cancel("c"))  # (leased: it only asks)
+            return await commit(run_id, *args, **kwargs)
+
+        store.commit = cancel_first
+        await env.start("otel-counter", 1, "c")
+        await env.run_until_idle()
+        assert [r.status for r in asked] == [RunStatus.CANCELLING]
+        run = await env.get_run("c")
+        assert run.status is RunStatus.CANCELLED and run.continued_as is None
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-counter", "cancelled"): 1}
+
+
+async def test_a_run_failed_after_its_store_refused_it_is_counted(store: Any, otel: Otel) -> None:
+    """A run whose terminal commit the store keeps refusing (a ``SerializationError``) is
+    failed once the worker gives up, after its activations ended unsettled: counted once,
+    ``failed``, in ``flowkit.runs.settled``."""
+    from faulty_store import FaultyStore
+
+    from flowkit.errors import SerializationError
+    from flowkit.stores.base import Update
+
+    faulty = FaultyStore(store)
+
+    def completes(args: tuple[Any, ...]) -> bool:
+        update = args[3] if len(args) > 3 else None
+        return isinstance(update, Update) and update.status is RunStatus.COMPLETED
+
+    async with TestEnv([_Fragile], store=faulty) as env:
+        otel.instrument(env.engines[0])
+        faulty.fail(
+            "commit",
+            times=None,
+            match=completes,
+            error=lambda: SerializationError("output cannot be stored"),
+        )
+        await env.start("otel-fragile", 1, "refused")
+        await env.run_until_idle()
+        assert (await env.get_run("refused")).status is RunStatus.FAILED
+    settled = {
+        (a["flowkit.workflow"], a["flowkit.status"]): v
+        for a, v in otel.points("flowkit.runs.settled")
+    }
+    assert settled == {("otel-fragile", "failed"): 1}
 
 
 async def test_metrics(store: Any, otel: Otel) -> None:
@@ -441,6 +610,39 @@ def test_the_step_duration_buckets_are_seconds() -> None:
     mp.shutdown()
 
 
+def test_an_api_without_bucket_advice_still_instruments() -> None:
+    """An OpenTelemetry API older than the bucket advice (``opentelemetry-api`` < 1.30, which
+    ``flowkit[otel]`` allows: its ``create_histogram`` takes no
+    ``explicit_bucket_boundaries_advisory``) still instruments an engine: the histograms
+    keep the SDK's edges instead of failing ``instrument``."""
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+
+    class OldMeter:
+        """A meter whose ``create_histogram`` has the signature of opentelemetry-api 1.29."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def create_histogram(self, name: str, unit: str = "", description: str = "") -> Any:
+            return self._inner.create_histogram(name, unit, description)
+
+    class OldProvider:
+        def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+            return OldMeter(mp.get_meter(*args, **kwargs))
+
+    inst = Instrumentation(_FakeEngine(), None, OldProvider(), 15.0)  # type: ignore[arg-type]
+    inst.step_duration.record(0.5, {"flowkit.step": "s"})
+    data = reader.get_metrics_data()
+    assert data is not None
+    names = [m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+    assert "flowkit.step.duration" in names
+    mp.shutdown()
+
+
 class _FakeEngine:
     """What ``Instrumentation`` reads of an engine: its config's clock."""
 
@@ -547,7 +749,9 @@ def test_metric_names_documented() -> None:
     """docs/observability.md lists every metric flowkit.otel makes."""
     text = (ROOT / "docs/observability.md").read_text()
     source = (ROOT / "flowkit/otel.py").read_text()
-    names = set(re.findall(r'create_\w+\(\s*"(flowkit\.[a-z_.]+)"', source))
+    names = set(
+        re.findall(r'(?:create_\w+|_histogram)\(\s*(?:meter,\s*)?"(flowkit\.[a-z_.]+)"', source)
+    )
     assert "flowkit.step.duration" in names
     for name in names:
         assert f"`{name}`" in text, name

@@ -214,6 +214,58 @@ async def test_a_worker_that_stops_cleanly_serves_nothing_at_once(backend: Backe
         assert (await client.get_run(run.id)).status is RunStatus.PENDING
 
 
+class _SlowRecords(MemoryStore):
+    """A store whose worker entries take a few turns of the loop to land, and land even when
+    their caller is cancelled (as ``SqlStore``'s, written on an I/O thread): it notes how many
+    were still in flight when a worker wrote its entry with no version."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.landed: list[tuple[str, Any]] = []
+        self.pending_at_gone: list[int] = []
+        self.started = asyncio.Event()
+        self._writes: set[asyncio.Task[None]] = set()
+
+    async def record_worker(self, instance_id: str, versions: Any, now: float) -> None:
+        if not versions:
+            self.pending_at_gone.append(self.in_flight)
+            await super().record_worker(instance_id, versions, now)
+            self.landed.append((instance_id, ()))
+            return
+        self.in_flight += 1
+        self.started.set()
+        write = asyncio.ensure_future(self._write(instance_id, versions, now))
+        self._writes.add(write)
+        await asyncio.shield(write)  # (a cancelled caller: the write goes on)
+
+    async def _write(self, instance_id: str, versions: Any, now: float) -> None:
+        for _ in range(20):  # (the write's own time on the wire)
+            await asyncio.sleep(0)
+        await super().record_worker(instance_id, versions, now)
+        self.landed.append((instance_id, tuple(versions)))
+        self.in_flight -= 1
+
+    async def settle(self) -> None:
+        await asyncio.gather(*self._writes)
+
+
+async def test_a_worker_stopping_while_its_entry_is_written_ends_with_no_version() -> None:
+    """A worker stopped while its entry (the one written at its start, or a refresh) is still
+    being written waits for that write before it writes its entry with no version: the last
+    write says it runs nothing (the other way round, it would count as live with its versions
+    for ``WORKER_SEEN_WINDOW``)."""
+    store = _SlowRecords()
+    engine = Engine(store, [GreetV1], instance_id="w")
+    await engine.start_worker()
+    await store.started.wait()  # (its start's entry is on its way)
+    await engine.stop()
+    await store.settle()
+    assert store.pending_at_gone == [0]
+    assert store.landed[-1] == ("w", ())
+    assert [w.versions for w in await store.workers()] == [()]
+
+
 async def _until_known(store: Any, want: dict[str, Any]) -> None:
     """Wait (bounded) until the workers' entries read ``want`` (each worker makes itself
     known from a task of its own, at its start)."""
