@@ -26,12 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import jsonschema
 import orjson
-from jsonschema.exceptions import SchemaError, best_match
 from pydantic import TypeAdapter
 from pydantic.errors import PydanticUserError
-from referencing.exceptions import Unresolvable
 
 from . import _serde
 from .errors import (
@@ -219,12 +216,93 @@ async def recorded(store: Any, run: Run) -> Recorded | None:
     return None if m is None else Recorded(m, doc)
 
 
+# -- validating like pydantic -------------------------------------------------------------
+# The body validates a payload with pydantic in its lax mode, which converts more than a JSON
+# schema states: a numeric string to an int or float, ``"yes"`` / ``0`` to a bool, a number
+# of seconds to a datetime, date, time or timedelta, a list with repeats to a set. What the
+# code would accept is not refused here (a false refusal would lose a valid message); what it
+# refuses that this lets through is refused by the body, as without a recorded schema.
+_BOOL_WORDS = frozenset({"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"})
+_TIME_FORMATS = frozenset({"date-time", "date", "time", "duration"})
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().replace("_", ""))
+        except ValueError:
+            return None
+    return None
+
+
+def _lax_number(_checker: Any, value: Any) -> bool:
+    return _as_number(value) is not None
+
+
+def _lax_integer(_checker: Any, value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return True
+    number = _as_number(value)
+    return number is not None and number.is_integer()
+
+
+def _lax_boolean(_checker: Any, value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() in _BOOL_WORDS
+    return _as_number(value) in (0.0, 1.0)
+
+
+@functools.cache
+def _lax(base: Any) -> Any:
+    """``base`` (a jsonschema validator class) accepting what pydantic's lax mode converts."""
+    from jsonschema import validators
+
+    checker = base.TYPE_CHECKER.redefine_many(
+        {"number": _lax_number, "integer": _lax_integer, "boolean": _lax_boolean}
+    )
+    strict_type = base.VALIDATORS["type"]
+
+    def type_(validator: Any, types: Any, instance: Any, schema: Any) -> Any:
+        if schema.get("format") in _TIME_FORMATS and _as_number(instance) is not None:
+            return  # (seconds: pydantic takes them for a datetime, date, time or timedelta)
+        yield from strict_type(validator, types, instance, schema)
+
+    def unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
+        return iter(())  # (pydantic makes a set of a list with repeats)
+
+    def on_number(keyword: str) -> Any:
+        strict = base.VALIDATORS[keyword]
+
+        def check(validator: Any, bound: Any, instance: Any, schema: Any) -> Any:
+            if isinstance(instance, str):  # (a numeric string: bounds apply to its number)
+                number = _as_number(instance)
+                instance = instance if number is None else number
+            yield from strict(validator, bound, instance, schema)
+
+        return check
+
+    numeric = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+    kept = {k: on_number(k) for k in numeric if k in base.VALIDATORS}
+    replaced = {"type": type_, "uniqueItems": unique_items, **kept}
+    return validators.extend(base, replaced, type_checker=checker)
+
+
 @functools.lru_cache(maxsize=256)
 def _validator(text: str) -> Any:
+    import jsonschema  # (here: ``import flowkit`` stays light, only such callers load it)
+
     schema = orjson.loads(text)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
-    return cls(schema)
+    return _lax(cls)(schema)
 
 
 def validate(workflow: str, what: str, schema: Any, data: Any) -> None:
@@ -233,6 +311,9 @@ def validate(workflow: str, what: str, schema: Any, data: Any) -> None:
     skipped (as without one)."""
     if schema is None:
         return
+    from jsonschema.exceptions import SchemaError, best_match
+    from referencing.exceptions import Unresolvable
+
     try:
         error = best_match(
             _validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()).iter_errors(data)

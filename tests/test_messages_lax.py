@@ -1,0 +1,91 @@
+"""A caller without a workflow's code accepts what its code accepts (docs/updates.md, "Callers
+without the code"): the body validates a message with pydantic in its lax mode (``"5"`` for an
+int, ``"yes"`` for a bool, seconds for a datetime or timedelta, repeats in a set), so the
+recorded JSON schema must not refuse those; what pydantic refuses is still refused, nothing
+written. And ``import flowkit`` does not load jsonschema (only such callers need it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from flowkit import Engine, WorkflowCtx, workflow
+from flowkit.errors import InvalidInputError
+from flowkit_testing import TestEnv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Parcel(BaseModel):
+    count: Annotated[int, Field(ge=1)]
+    weight: float
+    fragile: bool
+    sent: datetime
+    transit: timedelta
+    labels: set[str]
+
+
+@workflow(name="parcels", signals={"parcel": Parcel})
+class Parcels:
+    """Waits for one parcel, returns how many it holds."""
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> int:
+        parcel = await ctx.wait_for_signal("parcel")
+        assert isinstance(parcel, Parcel)
+        return parcel.count
+
+
+LAX = {
+    "count": "3",
+    "weight": "1.5",
+    "fragile": "yes",
+    "sent": 1_700_000_000,
+    "transit": 90,
+    "labels": ["a", "a"],
+}
+
+
+async def test_a_caller_without_the_code_accepts_what_pydantic_accepts() -> None:
+    async with TestEnv([Parcels()]) as env:
+        await env.start("parcels", None, "p1")
+        await env.start("parcels", None, "p2")
+        await env.run_until_idle()
+        client = Engine(env.store, [], clock=env.clock, bus=env.bus, worker=False)
+        await env.engines[0].signal("p1", "parcel", LAX)  # (the code takes it)
+        await client.signal("p2", "parcel", LAX)  # (so the recorded schema takes it too)
+        await env.run_until_idle()
+        assert await env.result("p1") == await env.result("p2") == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("count", "3x"), ("count", "0"), ("fragile", "maybe"), ("sent", [1]), ("weight", [])],
+)
+async def test_what_pydantic_refuses_is_still_refused(field: str, value: Any) -> None:
+    async with TestEnv([Parcels()]) as env:
+        await env.start("parcels", None, "p1")
+        await env.run_until_idle()
+        client = Engine(env.store, [], clock=env.clock, bus=env.bus, worker=False)
+        for caller in (env.engines[0], client):
+            with pytest.raises(InvalidInputError, match=field):
+                await caller.signal("p1", "parcel", {**LAX, field: value})
+        assert await env.store.peek_signal("p1", "parcel") is None
+
+
+def test_importing_flowkit_does_not_import_jsonschema() -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    code = "import flowkit, flowkit_testing, sys; assert 'jsonschema' not in sys.modules"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
