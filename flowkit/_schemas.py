@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from pydantic import TypeAdapter
-from pydantic.errors import PydanticUserError
+from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from . import _serde
 from .errors import (
@@ -146,8 +147,10 @@ def refuse_update(m: Messages, run_id: str, name: str) -> None:
 # -- the recorded document -----------------------------------------------------------------
 def _schema(adapter: TypeAdapter[Any]) -> Any:
     try:
-        return adapter.json_schema()
-    except PydanticUserError:  # (a type with no JSON schema: nothing to check it by here)
+        with warnings.catch_warnings():  # (e.g. a default it leaves out: an error under -W error)
+            warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+            return adapter.json_schema()
+    except Exception:  # (a type with no JSON schema: nothing to check it by here)
         return {}
 
 
@@ -176,14 +179,14 @@ async def record(store: Any, registry: Registry) -> None:
     when ``store`` keeps them. Best effort: a failure is logged, never raised."""
     if not records_schemas(store):
         return
-    docs = {}
-    for name, version in registry.pairs():
-        entry = registry.get(name, version)
-        if entry is not None:
-            docs[(name, version)] = document(entry[0])
-    if not docs:
-        return
     try:
+        docs = {}
+        for name, version in registry.pairs():
+            entry = registry.get(name, version)
+            if entry is not None:
+                docs[(name, version)] = document(entry[0])
+        if not docs:
+            return
         await cast(RecordsSchemas, store).put_workflow_schemas(docs)
     except Exception:
         log.warning("could not record the workflow schemas in the store", exc_info=True)

@@ -89,3 +89,52 @@ def test_importing_flowkit_does_not_import_jsonschema() -> None:
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+class Opaque:
+    """A default pydantic cannot put in a JSON schema (it warns, then leaves it out)."""
+
+
+class Odd:
+    """A type whose JSON schema fails with an error of its own."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> Any:
+        raise RuntimeError("no schema for Odd")
+
+
+class WithOpaqueDefault(BaseModel):
+    model_config = {"arbitrary_types_allowed": True}
+    n: int
+    extra: Any = Field(default=Opaque(), exclude=True)
+
+
+@workflow(name="opaque_default", signals={"odd": Odd})
+class OpaqueDefault:
+    """Its input's schema warns, its signal's raises: recording them must not stop a worker."""
+
+    async def run(self, ctx: WorkflowCtx, input: WithOpaqueDefault) -> int:
+        await ctx.wait_for_signal("odd")
+        return input.n
+
+
+async def test_schemas_pydantic_cannot_make_do_not_stop_the_worker() -> None:
+    """Recording is best effort: a warning (an error under ``-W error``, as in this suite)
+    or an exception from pydantic's schema generation leaves that schema unchecked, and the
+    worker starts and runs the workflow."""
+    async with TestEnv([OpaqueDefault()]) as env:
+        await env.start("opaque_default", {"n": 4}, "o1")
+        await env.run_until_idle()
+        client = Engine(env.store, [], clock=env.clock, bus=env.bus, worker=False)
+        await client.signal("o1", "odd", {"any": "thing"})
+        await env.run_until_idle()
+        assert await env.result("o1") == 4
+        doc = await env.store.workflow_schema("opaque_default", "1")
+        assert doc["signals"] == {"odd": {}}
+        assert doc["input"]["properties"]["n"] == {"title": "N", "type": "integer"}
