@@ -212,7 +212,10 @@ async def recorded(store: Any, run: Run) -> Recorded | None:
     none, none was recorded, or it is not one this code reads."""
     if not records_schemas(store):
         return None
-    doc = await cast(RecordsSchemas, store).workflow_schema(run.workflow, run.workflow_version)
+    # (by the run's namespace: the tools are unscoped, its workers may not be)
+    doc = await cast(RecordsSchemas, store).workflow_schema(
+        run.workflow, run.workflow_version, run.namespace
+    )
     if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
         return None
     m = messages_recorded(run.workflow, run.workflow_version, doc)

@@ -16,9 +16,15 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field
 
-from flowkit import Engine, WorkflowCtx, workflow
+from flowkit import Engine, WorkflowCtx, _schemas, workflow
+from flowkit._definition import definition_of
 from flowkit.errors import InvalidInputError
 from flowkit_testing import TestEnv
+
+try:
+    from store_kit import Backend
+except ImportError:  # tests/ imported as a package
+    from tests.store_kit import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,3 +144,32 @@ async def test_schemas_pydantic_cannot_make_do_not_stop_the_worker() -> None:
         doc = await env.store.workflow_schema("opaque_default", "1")
         assert doc["signals"] == {"odd": {}}
         assert doc["input"]["properties"]["n"] == {"title": "N", "type": "integer"}
+
+
+async def test_an_unscoped_caller_validates_a_namespaced_run_by_its_namespace_schemas(
+    backend: Backend,
+) -> None:
+    """The tools are unscoped (``flowkit signal``, ``flowkit retry``, the dashboard); a run of
+    namespace ``a`` is checked against what the workers of ``a`` recorded, not against an
+    unscoped worker's document of another code with the same version (nor against none)."""
+    store = backend.store
+    # an unscoped worker elsewhere runs other code under the same name and version
+    await store.put_workflow_schemas({("parcels", "1"): _schemas.document(definition_of(Loose))})
+    async with TestEnv([Parcels()], store=store.scoped("a")) as env:
+        await env.start("parcels", None, "p1")
+        await env.run_until_idle()
+        client = Engine(store, [], clock=env.clock, bus=env.bus, worker=False)
+        with pytest.raises(InvalidInputError, match="count"):
+            await client.signal("p1", "parcel", {**LAX, "count": "many"})
+        assert await env.store.peek_signal("p1", "parcel") is None
+        await client.signal("p1", "parcel", LAX)  # (not refused by the other code's names)
+        await env.run_until_idle()
+        assert await env.result("p1") == 3
+
+
+@workflow(name="parcels", signals={"other": None})
+class Loose:
+    """Other code of the same name and version: declares only the signal ``other``."""
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> None:
+        await ctx.wait_for_signal("other")

@@ -471,11 +471,13 @@ class CodecStore(CodecFields, CodecSchedules):
         encoded = {(w, v): self._enc(doc, _schema_ctx(w, v)) for (w, v), doc in schemas.items()}
         await self.inner.put_workflow_schemas(encoded)
 
-    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
+    async def workflow_schema(
+        self, workflow: str, version: str, namespace: str | None = None
+    ) -> Any | None:
         """``inner``'s, decoded; ``TypeError`` without the capability."""
         if not self.records_schemas:
             raise TypeError(f"{self.inner!r} does not record schemas (records_schemas)")
-        doc = await self.inner.workflow_schema(workflow, version)
+        doc = await self.inner.workflow_schema(workflow, version, namespace)
         return self._dec(doc, _schema_ctx(workflow, version))
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
