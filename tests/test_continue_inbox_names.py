@@ -5,9 +5,13 @@ on every store (SQLite's ``LIKE`` ignores case: a user's ``Flowkit:Child:x`` sta
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from cli_kit import flowkit
+
 from flowkit import WorkflowCtx, workflow
+from flowkit.stores import SqlStore
 from flowkit.stores.base import moves_to_successor
 from flowkit_testing import TestEnv
 
@@ -36,3 +40,31 @@ async def test_a_signal_named_like_a_staying_prefix_in_another_case_moves(store:
         await env.run_until_idle()
         assert await env.result("c") == 7
         assert await env.store.peek_signal("c", NAME) is None
+
+
+@workflow(name="hop")
+class Hop:
+    """Round 0 continues as new at once; round 1 takes ``a``."""
+
+    async def run(self, ctx: WorkflowCtx, n: int) -> Any:
+        if n == 0:
+            ctx.continue_as_new(1)
+        return await ctx.wait_for_signal("a")
+
+
+async def test_flowkit_signal_names_the_run_of_the_chain_that_got_it(tmp_path: Path) -> None:
+    """``flowkit signal`` to the first id of a chain: the line names the chain's last run
+    (the one that got it, and its status), not the first, settled ``completed``."""
+    url = f"sqlite:///{tmp_path / 'flowkit.db'}"
+    store = SqlStore(url)
+    try:
+        async with TestEnv([Hop()], store=store) as env:
+            await env.start("hop", 0, "h")
+            await env.run_until_idle()
+            out = flowkit(tmp_path, "--db", url, "signal", "h", "a", "5")
+            assert out.returncode == 0, out.stderr
+            assert out.stdout == "delivered signal 'a' to h~1 (it was waiting for it)\n"
+            await env.run_until_idle()
+            assert await env.result("h") == 5
+    finally:
+        store.close()
