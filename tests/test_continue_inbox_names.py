@@ -8,13 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cli_kit import flowkit
 
-from flowkit import WorkflowCtx, workflow
-from flowkit.stores import SqlStore
+from flowkit import Run, RunStatus, WorkflowCtx, workflow
+from flowkit.errors import CodecError
+from flowkit.stores import CodecStore, MemoryStore, SqlStore
 from flowkit.stores.base import moves_to_successor
 from flowkit_testing import TestEnv
 
+try:
+    from store_kit import codec as make_codec
+except ImportError:  # tests/ imported as a package
+    from tests.store_kit import codec as make_codec
+
+T0 = 1_700_000_000.0
 NAME = "Flowkit:Child:x"
 """A user's signal name (only ``flowkit:`` is reserved): it follows the chain."""
 
@@ -68,3 +76,21 @@ async def test_flowkit_signal_names_the_run_of_the_chain_that_got_it(tmp_path: P
             assert await env.result("h") == 5
     finally:
         store.close()
+
+
+async def test_a_codec_payload_bound_to_an_earlier_run_of_the_chain_still_decodes() -> None:
+    """A signal an older flowkit delivered to ``r~1`` was bound to ``r~1``; pending when the
+    run continues after the upgrade, it moves on (to ``r~2``, ``r~3``): it still decodes in
+    any later run of the chain, and still fails in another chain."""
+    inner = MemoryStore()
+    c = make_codec()
+    s = CodecStore(inner, c)
+    for rid in ("r~3", "other~3"):
+        run = Run(rid, "wf", "1", RunStatus.PENDING, None, created_at=T0, updated_at=T0)
+        await inner.create_run(run, [])
+    old = c.encode({"n": 1}, context=("r~1", "signal", "a"))  # (the binding before, to r~1)
+    await inner.deliver_signal("r~3", "a", old, T0)  # (moved on twice since)
+    assert (await s.peek_signal("r~3", "a")).payload == {"n": 1}
+    await inner.deliver_signal("other~3", "a", old, T0)
+    with pytest.raises(CodecError):
+        await s.peek_signal("other~3", "a")

@@ -26,7 +26,7 @@ from ..events import (
 )
 from ._codec_aesgcm import AESGCMCodec
 from ._codec_browse import forward_browse
-from ._codec_fields import STRING_PREFIX, CodecFields, inbox_context
+from ._codec_fields import STRING_PREFIX, CodecFields, inbox_context, older_inbox_contexts
 from ._codec_schedules import CodecSchedules
 from .base import (
     UNSET,
@@ -552,14 +552,19 @@ class CodecStore(CodecFields, CodecSchedules):
         sig = await self.inner.peek_signal(run_id, name)
         if sig is None:
             return None
-        ctx = inbox_context(run_id, sig.name)
         try:
-            payload = self._dec(sig.payload, ctx)
-        except CodecError:
-            if ctx[0] == run_id:
-                raise
-            # (delivered before inbox payloads were bound to their chain: bound to the run)
-            payload = self._dec(sig.payload, (run_id, "signal", sig.name))
+            payload = self._dec(sig.payload, inbox_context(run_id, sig.name))
+        except CodecError as exc:
+            # (delivered before inbox payloads were bound to their chain: bound to the run it
+            # was sent to, this one or an earlier run of its chain that moved it on)
+            for ctx in older_inbox_contexts(run_id, sig.name):
+                try:
+                    payload = self._dec(sig.payload, ctx)
+                    break
+                except CodecError:
+                    continue
+            else:
+                raise exc from None
         return InboxSignal(sig.id, sig.name, payload)
 
 
