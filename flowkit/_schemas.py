@@ -222,6 +222,16 @@ async def recorded(store: Any, run: Run) -> Recorded | None:
     return None if m is None else Recorded(m, doc)
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(text: str) -> Any:
+    import jsonschema  # (here: ``import flowkit`` stays light, only such callers load it)
+
+    schema = orjson.loads(text)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return _lax(cls)(schema)
+
+
 # -- validating like pydantic -------------------------------------------------------------
 # The body validates a payload with pydantic in its lax mode, which converts more than a JSON
 # schema states: a numeric string to an int or float, ``"yes"`` / ``0`` to a bool, a number
@@ -299,16 +309,6 @@ def _lax(base: Any) -> Any:
     kept = {k: on_number(k) for k in numeric if k in base.VALIDATORS}
     replaced = {"type": type_, "uniqueItems": unique_items, **kept}
     return validators.extend(base, replaced, type_checker=checker)
-
-
-@functools.lru_cache(maxsize=256)
-def _validator(text: str) -> Any:
-    import jsonschema  # (here: ``import flowkit`` stays light, only such callers load it)
-
-    schema = orjson.loads(text)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    cls.check_schema(schema)
-    return _lax(cls)(schema)
 
 
 def validate(workflow: str, what: str, schema: Any, data: Any) -> None:
