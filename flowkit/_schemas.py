@@ -145,7 +145,36 @@ def refuse_update(m: Messages, run_id: str, name: str) -> None:
 
 
 # -- the recorded document -----------------------------------------------------------------
+_RESHAPING = frozenset({"function-before", "function-wrap", "function-plain"})
+
+
+def _reshapes_input(core: Any) -> bool:
+    """Whether a pydantic core schema holds a validator of the user's that runs before (or
+    instead of) the type's own: ``mode="before"`` / ``"wrap"`` / ``"plain"`` field and model
+    validators, ``BeforeValidator``... The JSON schema describes the type after it, so what it
+    takes (a string it splits into a list, an old shape it upgrades) would be refused."""
+    stack, seen = [core], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            if node.get("type") in _RESHAPING:
+                fn = node.get("function")
+                fn = fn.get("function") if isinstance(fn, dict) else fn
+                if not str(getattr(fn, "__module__", "") or "").startswith("pydantic"):
+                    return True  # (pydantic's own: the JSON schema says what they take)
+            # (not how it serializes: ``serialization`` holds functions of its own)
+            stack.extend(v for k, v in node.items() if k != "serialization")
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return False
+
+
 def _schema(adapter: TypeAdapter[Any]) -> Any:
+    if _reshapes_input(adapter.core_schema):
+        return {}  # (what the user's validators take is theirs to check: the body does)
     try:
         with warnings.catch_warnings():  # (e.g. a default it leaves out: an error under -W error)
             warnings.simplefilter("ignore", PydanticJsonSchemaWarning)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from flowkit import Engine, WorkflowCtx, _schemas, workflow
 from flowkit._definition import definition_of
@@ -173,3 +173,53 @@ class Loose:
 
     async def run(self, ctx: WorkflowCtx, input: None) -> None:
         await ctx.wait_for_signal("other")
+
+
+class Tags(BaseModel):
+    """Takes its tags as a list or as one comma-separated string (a before-validator)."""
+
+    tags: list[str]
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def split(cls, value: Any) -> Any:
+        return value.split(",") if isinstance(value, str) else value
+
+
+class Renamed(BaseModel):
+    """Reads the old shape of its payload too (a model before-validator)."""
+
+    qty: int
+
+    @model_validator(mode="before")
+    @classmethod
+    def upgrade(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "quantity" in data:
+            return {"qty": data["quantity"]}
+        return data
+
+
+@workflow(name="reshaped", signals={"tags": Tags, "renamed": Renamed, "plain": Parcel})
+class Reshaped:
+    """Takes what its validators reshape."""
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> list[Any]:
+        tags = await ctx.wait_for_signal("tags")
+        renamed = await ctx.wait_for_signal("renamed")
+        return [tags.tags, renamed.qty]
+
+
+async def test_payloads_a_before_validator_reshapes_are_not_refused() -> None:
+    """A JSON schema describes a model after its before-validators: what they take (a string
+    for a list, an old shape) is not refused by a caller without the code; the schemas of
+    types without them are still checked."""
+    async with TestEnv([Reshaped()]) as env:
+        await env.start("reshaped", None, "r1")
+        await env.run_until_idle()
+        client = Engine(env.store, [], clock=env.clock, bus=env.bus, worker=False)
+        await client.signal("r1", "tags", {"tags": "a,b"})
+        await client.signal("r1", "renamed", {"quantity": 4})
+        with pytest.raises(InvalidInputError, match="count"):
+            await client.signal("r1", "plain", {**LAX, "count": "many"})
+        await env.run_until_idle()
+        assert await env.result("r1") == [["a", "b"], 4]
