@@ -148,11 +148,29 @@ def refuse_update(m: Messages, run_id: str, name: str) -> None:
 _RESHAPING = frozenset({"function-before", "function-wrap", "function-plain"})
 
 
+def _by_name_or_alias(node: dict[str, Any]) -> bool:
+    """Whether a model (dataclass, typed dict) schema takes its fields by name as well as by
+    their aliases (``populate_by_name`` / ``validate_by_name``) and has aliases."""
+    config = node.get("config")
+    if not isinstance(config, dict) or not (
+        config.get("validate_by_name") or config.get("populate_by_name")
+    ):
+        return False
+    inner = node.get("schema")
+    fields = inner.get("fields") if isinstance(inner, dict) else None
+    if isinstance(fields, dict):
+        fields = list(fields.values())
+    return isinstance(fields, list) and any(
+        isinstance(f, dict) and f.get("validation_alias") is not None for f in fields
+    )
+
+
 def _reshapes_input(core: Any) -> bool:
     """Whether a pydantic core schema holds a validator of the user's that runs before (or
     instead of) the type's own: ``mode="before"`` / ``"wrap"`` / ``"plain"`` field and model
     validators, ``BeforeValidator``... The JSON schema describes the type after it, so what it
-    takes (a string it splits into a list, an old shape it upgrades) would be refused."""
+    takes (a string it splits into a list, an old shape it upgrades) would be refused. So
+    would a field given by its name where the model takes its name or its alias."""
     stack, seen = [core], set()
     while stack:
         node = stack.pop()
@@ -160,6 +178,8 @@ def _reshapes_input(core: Any) -> bool:
             continue
         seen.add(id(node))
         if isinstance(node, dict):
+            if _by_name_or_alias(node):
+                return True  # (its JSON schema names the aliases only)
             if node.get("type") in _RESHAPING:
                 fn = node.get("function")
                 fn = fn.get("function") if isinstance(fn, dict) else fn

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flowkit import Engine, WorkflowCtx, _schemas, workflow
 from flowkit._definition import definition_of
@@ -223,3 +223,39 @@ async def test_payloads_a_before_validator_reshapes_are_not_refused() -> None:
             await client.signal("r1", "plain", {**LAX, "count": "many"})
         await env.run_until_idle()
         assert await env.result("r1") == [["a", "b"], 4]
+
+
+class Aliased(BaseModel):
+    """Takes ``user_id`` by its name or its alias ``userId``."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    user_id: int = Field(alias="userId")
+
+
+class AliasOnly(BaseModel):
+    """Takes ``user_id`` by its alias only."""
+
+    user_id: int = Field(alias="userId")
+
+
+@workflow(name="aliased", signals={"by_either": Aliased, "by_alias": AliasOnly})
+class AliasedFlow:
+    """Returns the user ids it got."""
+
+    async def run(self, ctx: WorkflowCtx, input: None) -> list[int]:
+        either = await ctx.wait_for_signal("by_either")
+        alias = await ctx.wait_for_signal("by_alias")
+        return [either.user_id, alias.user_id]
+
+
+async def test_a_field_given_by_its_name_where_the_model_takes_it_is_not_refused() -> None:
+    async with TestEnv([AliasedFlow()]) as env:
+        await env.start("aliased", None, "a1")
+        await env.run_until_idle()
+        client = Engine(env.store, [], clock=env.clock, bus=env.bus, worker=False)
+        await client.signal("a1", "by_either", {"user_id": 1})  # (its name: taken)
+        with pytest.raises(InvalidInputError, match="userId"):  # (its alias only: refused)
+            await client.signal("a1", "by_alias", {"user_id": 2})
+        await client.signal("a1", "by_alias", {"userId": 2})
+        await env.run_until_idle()
+        assert await env.result("a1") == [1, 2]
