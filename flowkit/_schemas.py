@@ -294,17 +294,19 @@ _TIME_FORMATS = frozenset({"date-time", "date", "time", "duration"})
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
             return float(value.strip().replace("_", ""))
-        except ValueError:
-            return None
+    except (ValueError, OverflowError):  # (not a number; an int beyond a float's range)
+        return None
     return None
 
 
 def _lax_number(_checker: Any, value: Any) -> bool:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return True
     return _as_number(value) is not None
 
 
