@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import jsonschema
 import orjson
-from jsonschema.exceptions import SchemaError, best_match
 from pydantic import TypeAdapter
-from pydantic.errors import PydanticUserError
-from referencing.exceptions import Unresolvable
+from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from . import _serde
 from ._versions import natural_key
@@ -148,10 +146,61 @@ def refuse_update(m: Messages, run_id: str, name: str) -> None:
 
 
 # -- the recorded document -----------------------------------------------------------------
+_RESHAPING = frozenset({"function-before", "function-wrap", "function-plain"})
+
+
+def _by_name_or_alias(node: dict[str, Any]) -> bool:
+    """Whether a model (dataclass, typed dict) schema takes its fields by name as well as by
+    their aliases (``populate_by_name`` / ``validate_by_name``) and has aliases."""
+    config = node.get("config")
+    if not isinstance(config, dict) or not (
+        config.get("validate_by_name") or config.get("populate_by_name")
+    ):
+        return False
+    inner = node.get("schema")
+    fields = inner.get("fields") if isinstance(inner, dict) else None
+    if isinstance(fields, dict):
+        fields = list(fields.values())
+    return isinstance(fields, list) and any(
+        isinstance(f, dict) and f.get("validation_alias") is not None for f in fields
+    )
+
+
+def _reshapes_input(core: Any) -> bool:
+    """Whether a pydantic core schema holds a validator of the user's that runs before (or
+    instead of) the type's own: ``mode="before"`` / ``"wrap"`` / ``"plain"`` field and model
+    validators, ``BeforeValidator``... The JSON schema describes the type after it, so what it
+    takes (a string it splits into a list, an old shape it upgrades) would be refused. So
+    would a field given by its name where the model takes its name or its alias."""
+    stack, seen = [core], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            if _by_name_or_alias(node):
+                return True  # (its JSON schema names the aliases only)
+            if node.get("type") in _RESHAPING:
+                fn = node.get("function")
+                fn = fn.get("function") if isinstance(fn, dict) else fn
+                if not str(getattr(fn, "__module__", "") or "").startswith("pydantic"):
+                    return True  # (pydantic's own: the JSON schema says what they take)
+            # (not how it serializes: ``serialization`` holds functions of its own)
+            stack.extend(v for k, v in node.items() if k != "serialization")
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return False
+
+
 def _schema(adapter: TypeAdapter[Any]) -> Any:
+    if _reshapes_input(adapter.core_schema):
+        return {}  # (what the user's validators take is theirs to check: the body does)
     try:
-        return adapter.json_schema()
-    except PydanticUserError:  # (a type with no JSON schema: nothing to check it by here)
+        with warnings.catch_warnings():  # (e.g. a default it leaves out: an error under -W error)
+            warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+            return adapter.json_schema()
+    except Exception:  # (a type with no JSON schema: nothing to check it by here)
         return {}
 
 
@@ -184,14 +233,14 @@ async def record(store: Any, registry: Registry) -> None:
     when ``store`` keeps them. Best effort: a failure is logged, never raised."""
     if not records_schemas(store):
         return
-    docs = {}
-    for name, version in registry.pairs():
-        entry = registry.get(name, version)
-        if entry is not None:
-            docs[(name, version)] = document(entry[0])
-    if not docs:
-        return
     try:
+        docs = {}
+        for name, version in registry.pairs():
+            entry = registry.get(name, version)
+            if entry is not None:
+                docs[(name, version)] = document(entry[0])
+        if not docs:
+            return
         await cast(RecordsSchemas, store).put_workflow_schemas(docs)
     except Exception:
         log.warning("could not record the workflow schemas in the store", exc_info=True)
@@ -217,7 +266,10 @@ async def recorded(store: Any, run: Run) -> Recorded | None:
     none, none was recorded, or it is not one this code reads."""
     if not records_schemas(store):
         return None
-    doc = await cast(RecordsSchemas, store).workflow_schema(run.workflow, run.workflow_version)
+    # (by the run's namespace: the tools are unscoped, its workers may not be)
+    doc = await cast(RecordsSchemas, store).workflow_schema(
+        run.workflow, run.workflow_version, run.namespace
+    )
     if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
         return None
     m = messages_recorded(run.workflow, run.workflow_version, doc)
@@ -266,10 +318,93 @@ async def _newest_served(store: Any, workflow: str) -> str | None:
 
 @functools.lru_cache(maxsize=256)
 def _validator(text: str) -> Any:
+    import jsonschema  # (here: ``import flowkit`` stays light, only such callers load it)
+
     schema = orjson.loads(text)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
-    return cls(schema)
+    return _lax(cls)(schema)
+
+
+# -- validating like pydantic -------------------------------------------------------------
+# The body validates a payload with pydantic in its lax mode, which converts more than a JSON
+# schema states: a numeric string to an int or float, ``"yes"`` / ``0`` to a bool, a number
+# of seconds to a datetime, date, time or timedelta, a list with repeats to a set. What the
+# code would accept is not refused here (a false refusal would lose a valid message); what it
+# refuses that this lets through is refused by the body, as without a recorded schema.
+_BOOL_WORDS = frozenset({"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"})
+_TIME_FORMATS = frozenset({"date-time", "date", "time", "duration"})
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            return float(value.strip().replace("_", ""))
+    except (ValueError, OverflowError):  # (not a number; an int beyond a float's range)
+        return None
+    return None
+
+
+def _lax_number(_checker: Any, value: Any) -> bool:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return True
+    return _as_number(value) is not None
+
+
+def _lax_integer(_checker: Any, value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return True
+    number = _as_number(value)
+    return number is not None and number.is_integer()
+
+
+def _lax_boolean(_checker: Any, value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() in _BOOL_WORDS
+    return _as_number(value) in (0.0, 1.0)
+
+
+@functools.cache
+def _lax(base: Any) -> Any:
+    """``base`` (a jsonschema validator class) accepting what pydantic's lax mode converts."""
+    from jsonschema import validators
+
+    checker = base.TYPE_CHECKER.redefine_many(
+        {"number": _lax_number, "integer": _lax_integer, "boolean": _lax_boolean}
+    )
+    strict_type = base.VALIDATORS["type"]
+
+    def type_(validator: Any, types: Any, instance: Any, schema: Any) -> Any:
+        if schema.get("format") in _TIME_FORMATS and _as_number(instance) is not None:
+            return  # (seconds: pydantic takes them for a datetime, date, time or timedelta)
+        yield from strict_type(validator, types, instance, schema)
+
+    def unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
+        return iter(())  # (pydantic makes a set of a list with repeats)
+
+    def on_number(keyword: str) -> Any:
+        strict = base.VALIDATORS[keyword]
+
+        def check(validator: Any, bound: Any, instance: Any, schema: Any) -> Any:
+            if isinstance(instance, str):  # (a numeric string: bounds apply to its number)
+                number = _as_number(instance)
+                instance = instance if number is None else number
+            yield from strict(validator, bound, instance, schema)
+
+        return check
+
+    numeric = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+    kept = {k: on_number(k) for k in numeric if k in base.VALIDATORS}
+    replaced = {"type": type_, "uniqueItems": unique_items, **kept}
+    return validators.extend(base, replaced, type_checker=checker)
 
 
 def validate(workflow: str, what: str, schema: Any, data: Any) -> None:
@@ -278,6 +413,9 @@ def validate(workflow: str, what: str, schema: Any, data: Any) -> None:
     skipped (as without one)."""
     if schema is None:
         return
+    from jsonschema.exceptions import SchemaError, best_match
+    from referencing.exceptions import Unresolvable
+
     try:
         error = best_match(
             _validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()).iter_errors(data)

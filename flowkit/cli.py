@@ -41,6 +41,7 @@ from ._cli_out import (
 )
 from ._cli_schedules import schedules
 from ._clock import SystemClock
+from ._continue import chain_end
 from ._definition import definition_of
 from ._engine import Engine
 from ._history import History
@@ -411,7 +412,8 @@ def _payload(raw: str | None) -> Any:
 
 async def _signal(args: argparse.Namespace, out: Out, store: Any) -> int:
     payload = args.payload_value
-    before = await _get_run(store, args.run)
+    # (a run that continued as new passes it on to the last run of its chain: named here)
+    before = await chain_end(store, await _get_run(store, args.run))
     await Engine(store, worker=False).signal(before.id, args.name, payload)
     waiting = args.name in before.waiting_signals
     out.line(

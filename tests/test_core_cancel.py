@@ -216,7 +216,7 @@ async def test_repeated_cancel_while_cancelling_records_one_request() -> None:
 
 async def test_cancel_from_another_instance_reaches_the_running_step() -> None:
     wf = Cancellable()
-    async with TestEnv([wf], instances=2) as env:
+    async with TestEnv([wf], instances=2, hung_step_after=0) as env:  # (a hung step)
         await env.engines[1].start("cancellable", "step", "r1")
         await env.settle()
         assert (await env.get_run("r1")).lease_owner == "instance-1"

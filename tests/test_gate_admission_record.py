@@ -66,7 +66,9 @@ async def test_a_handed_over_slot_is_recorded_in_the_release(store: Any, limit: 
     general path. The releasing instance dies right after its release committed: the waiter
     it was handed to has its admission recorded already, at the release time."""
     lane = make_lane(limit=limit)
-    async with TestEnv([lane], instances=2, lease_ttl=30, store=store) as env:
+    async with TestEnv(
+        [lane], instances=2, lease_ttl=30, store=store, hung_step_after=0
+    ) as env:  # (a hung step)
         holders = [f"h{i}" for i in range(limit)]
         for h in holders:
             await env.start("lane", inp("A", "event"), h)
@@ -112,7 +114,7 @@ async def test_an_admission_is_not_dated_before_the_release_it_waited_for() -> N
     [admitted, released] intervals of one key never overlap."""
     lane = make_lane()
     store = WaitsForTheKey()
-    async with TestEnv([lane], store=store) as env:
+    async with TestEnv([lane], store=store, hung_step_after=0) as env:  # (a hung step)
         await env.start("lane", inp("A", "event"), "h")
         store.target = "w"
         client = Engine(store, [lane], clock=env.clock, worker=False)

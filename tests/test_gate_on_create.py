@@ -189,7 +189,7 @@ async def test_histories_are_the_same_with_and_without_admission_at_creation() -
 async def test_the_worker_admits_as_before_without_capacity_or_capability(mode: str) -> None:
     store = CountingNoCreateAdmission() if mode == "no-capability" else CountingMemoryStore()
     lane = make_lane()
-    async with TestEnv([lane], store=store) as env:
+    async with TestEnv([lane], store=store, hung_step_after=0) as env:  # (a hung step)
         await env.start("lane", inp("A", "event"), "h")  # holds, its activation stays busy
         eng = env.engines[0]
         if mode == "no-capacity":

@@ -183,7 +183,7 @@ async def test_cleanup_delivered_before_the_crash_replays_and_the_rest_runs() ->
             return "done"
 
     wf = Cleanups()
-    async with TestEnv([wf], instances=2) as env:
+    async with TestEnv([wf], instances=2, hung_step_after=0) as env:  # (a hung step)
         await env.engines[0].start("cleanups", "", "r")
         await env.settle()
         await env.engines[0].cancel("r")  # the owner cancels the running step at once

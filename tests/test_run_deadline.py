@@ -89,7 +89,7 @@ async def _expect_timed_out(
 @pytest.mark.parametrize("where", ["step", "sleep", "signal"])
 async def test_deadline_cancels_the_body_where_it_is(where: str, store: Any) -> None:
     wf = Timed()
-    async with TestEnv(workflows=[wf], store=store) as env:
+    async with TestEnv(workflows=[wf], store=store, hung_step_after=0) as env:  # (a hung step)
         t0 = env.clock.now()
         run = await env.start("timed", where, f"r-{where}")
         assert run.deadline_at == pytest.approx(t0 + HOUR, abs=1e-6)
@@ -143,7 +143,8 @@ async def test_the_deadline_survives_a_crash(store: Any) -> None:
     """A crash (and a restart under a new worker) does not reset the deadline: it is stored
     with the run at its start."""
     wf = Timed()
-    async with TestEnv(workflows=[wf], store=store, instances=2) as env:
+    # (its step hangs on purpose: time moves on at once, docs/testing.md)
+    async with TestEnv(workflows=[wf], store=store, instances=2, hung_step_after=0) as env:
         t0 = env.clock.now()
         await env.start("timed", "step", "c")  # instance 0 runs it; its step hangs
         assert env.engines[0].executing("c")

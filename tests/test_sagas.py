@@ -252,7 +252,7 @@ async def test_a_cancel_delivered_to_a_running_activation_reads_its_compensate()
             return await ctx.step(self.wait)
 
     wf = Held()
-    async with TestEnv([wf]) as env:
+    async with TestEnv([wf], hung_step_after=0) as env:  # (its step hangs on purpose)
         await env.start("held", None, "h")
         await env.run_until_idle()
         assert (await env.get_run("h")).lease_owner is not None  # in its step

@@ -252,7 +252,7 @@ async def test_same_key_in_different_workflows_does_not_gate() -> None:
 @pytest.mark.parametrize("hold", ["sleep", "signal", "event"])
 async def test_holder_keeps_slot_while_running_or_suspended(hold: str) -> None:
     lane = make_lane()
-    async with TestEnv([lane], gate_polls=True) as env:
+    async with TestEnv([lane], gate_polls=True, hung_step_after=0) as env:  # (a hung step)
         await env.start("lane", inp("A", hold, seconds=3600), "h")
         await env.start("lane", inp("A"), "w")
         status = RunStatus.RUNNING if hold == "event" else RunStatus.SUSPENDED
@@ -339,7 +339,9 @@ async def test_cancelling_a_blocked_holder_releases_its_slot_to_the_waiter() -> 
 
 async def test_crashed_holder_is_readmitted_without_new_admission_event() -> None:
     lane = make_lane()
-    async with TestEnv([lane], instances=2, gate_polls=True, lease_ttl=30) as env:
+    async with TestEnv(
+        [lane], instances=2, gate_polls=True, lease_ttl=30, hung_step_after=0
+    ) as env:  # (a hung step)
         await env.start("lane", inp("A", "event"), "h")  # runs on instance 0, blocked in a step
         await env.start("lane", inp("A"), "w")
         h = await get(env, "h")
@@ -405,7 +407,7 @@ async def test_holder_in_a_gather_keeps_its_slot_until_every_branch_is_done() ->
             return await ctx.gather(ctx.step(self.fast), ctx.step(self.slow), ctx.sleep(5))
 
     wf = Fan()
-    async with TestEnv([wf], gate_polls=True) as env:
+    async with TestEnv([wf], gate_polls=True, hung_step_after=0) as env:  # (a hung step)
         await env.start("fan", inp("A"), "h")
         await env.start("fan", inp("A"), "w")
         await env.advance(10)

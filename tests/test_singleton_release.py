@@ -259,7 +259,7 @@ class Tidy:
 
 async def test_cancelling_holder_keeps_its_slot_until_cancellation_settles() -> None:
     wf = Tidy()
-    async with TestEnv([wf], gate_polls=True) as env:
+    async with TestEnv([wf], gate_polls=True, hung_step_after=0) as env:  # (a hung step)
         await env.start("tidy", inp("A"), "h")
         await env.start("tidy", inp("A"), "w")
         await env.cancel("h")

@@ -223,7 +223,7 @@ async def test_one_stalled_renewal_holds_up_no_other(store: Any) -> None:
     lapses, and its worker drops it: no step result is recorded without a provable lease)."""
     wf = Steps()
     faulty = FaultyStore(store)
-    async with TestEnv([wf], store=faulty) as env:
+    async with TestEnv([wf], store=faulty, hung_step_after=0) as env:  # (a hung step)
         wf.hold[("a", 0)] = go_a = asyncio.Event()
         wf.hold[("b", 0)] = go_b = asyncio.Event()
         stalled = faulty.stall("renew_lease", match=of_run("a"))
@@ -374,7 +374,7 @@ async def test_a_blip_long_after_an_earlier_one_is_retried_too(store: Any) -> No
     are both retried at once; the run does not wait out its lease."""
     wf = LongStep()
     faulty = FaultyStore(store)
-    async with TestEnv([wf], store=faulty) as env:
+    async with TestEnv([wf], store=faulty, hung_step_after=0) as env:  # (a hung step)
         faulty.fail(*RECORDS, times=1, match=records_step("s0"))
         t0 = env.clock.now()
         await env.start("recover-long", 3, "r")

@@ -426,9 +426,12 @@ class RecordsSchemas(Protocol):
         ``(workflow, version)`` in this store's namespace ('' for none)."""
         ...
 
-    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
-        """The document recorded for ``(workflow, version)`` in this store's namespace, else
-        the one recorded by a store without a namespace (an unscoped worker runs every
+    async def workflow_schema(
+        self, workflow: str, version: str, namespace: str | None = None
+    ) -> Any | None:
+        """The document recorded for ``(workflow, version)`` in this store's namespace (for
+        a store without one: in ``namespace``, the namespace of the run it is wanted for),
+        else the one recorded by a store without a namespace (an unscoped worker runs every
         namespace's runs), else ``None``. One read; writes nothing."""
         ...
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -59,6 +59,19 @@ def inbox_context(run_id: str, name: str) -> Ctx:
     successor, and a signal sent to an old id of the chain goes to its last run."""
     m = _CHAIN_SUFFIX.search(run_id)
     return (run_id if m is None else run_id[: m.start()], "signal", name)
+
+
+def older_inbox_contexts(run_id: str, name: str) -> Iterator[Ctx]:
+    """The contexts an inbox payload in ``run_id`` may have been bound to before payloads
+    were bound to their chain (``inbox_context``): the run it was delivered to, ``run_id``
+    or an earlier run of its chain (``base~n-1`` ... ``base~1``), which moved it on."""
+    m = _CHAIN_SUFFIX.search(run_id)
+    if m is None:
+        return
+    yield (run_id, "signal", name)
+    base = run_id[: m.start()]
+    for k in range(int(m.group(1)) - 1, 0, -1):
+        yield (f"{base}~{k}", "signal", name)
 
 
 def _failed(ctx: Ctx, why: str) -> CodecError:
@@ -320,4 +333,4 @@ class CodecFields:
         return ev
 
 
-__all__ = ["STRING_PREFIX", "CodecFields", "Ctx", "inbox_context"]
+__all__ = ["STRING_PREFIX", "CodecFields", "Ctx", "inbox_context", "older_inbox_contexts"]

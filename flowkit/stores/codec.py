@@ -26,7 +26,7 @@ from ..events import (
 )
 from ._codec_aesgcm import AESGCMCodec
 from ._codec_browse import forward_browse
-from ._codec_fields import STRING_PREFIX, CodecFields, inbox_context
+from ._codec_fields import STRING_PREFIX, CodecFields, inbox_context, older_inbox_contexts
 from ._codec_schedules import CodecSchedules
 from .base import (
     UNSET,
@@ -471,11 +471,13 @@ class CodecStore(CodecFields, CodecSchedules):
         encoded = {(w, v): self._enc(doc, _schema_ctx(w, v)) for (w, v), doc in schemas.items()}
         await self.inner.put_workflow_schemas(encoded)
 
-    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
+    async def workflow_schema(
+        self, workflow: str, version: str, namespace: str | None = None
+    ) -> Any | None:
         """``inner``'s, decoded; ``TypeError`` without the capability."""
         if not self.records_schemas:
             raise TypeError(f"{self.inner!r} does not record schemas (records_schemas)")
-        doc = await self.inner.workflow_schema(workflow, version)
+        doc = await self.inner.workflow_schema(workflow, version, namespace)
         return self._dec(doc, _schema_ctx(workflow, version))
 
     async def next_due_at(self, exclude_lease_owners: Sequence[str] = ()) -> float | None:
@@ -550,14 +552,19 @@ class CodecStore(CodecFields, CodecSchedules):
         sig = await self.inner.peek_signal(run_id, name)
         if sig is None:
             return None
-        ctx = inbox_context(run_id, sig.name)
         try:
-            payload = self._dec(sig.payload, ctx)
-        except CodecError:
-            if ctx[0] == run_id:
-                raise
-            # (delivered before inbox payloads were bound to their chain: bound to the run)
-            payload = self._dec(sig.payload, (run_id, "signal", sig.name))
+            payload = self._dec(sig.payload, inbox_context(run_id, sig.name))
+        except CodecError as exc:
+            # (delivered before inbox payloads were bound to their chain: bound to the run it
+            # was sent to, this one or an earlier run of its chain that moved it on)
+            for ctx in older_inbox_contexts(run_id, sig.name):
+                try:
+                    payload = self._dec(sig.payload, ctx)
+                    break
+                except CodecError:
+                    continue
+            else:
+                raise exc from None
         return InboxSignal(sig.id, sig.name, payload)
 
 

@@ -549,8 +549,11 @@ class MemoryStore(MemorySchedules, MemoryEvents, MemoryBrowse):
         for (workflow, version), doc in schemas.items():
             self._d.schemas[(self.namespace or "", workflow, version)] = copy.deepcopy(doc)
 
-    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
-        for ns in dict.fromkeys((self.namespace or "", "")):
+    async def workflow_schema(
+        self, workflow: str, version: str, namespace: str | None = None
+    ) -> Any | None:
+        own = namespace if self.namespace is None else self.namespace  # (the run's)
+        for ns in dict.fromkeys((own or "", "")):
             doc = self._d.schemas.get((ns, workflow, version))
             if doc is not None:
                 return copy.deepcopy(doc)

@@ -137,7 +137,8 @@ async def check_record_worker(factory: StoreFactory) -> None:
 @check(requires=("records_schemas",))
 async def check_workflow_schemas(factory: StoreFactory) -> None:
     """``put_workflow_schemas`` inserts or replaces the JSON document of each ``(workflow,
-    version)``; ``workflow_schema`` reads it back as written (``None`` for one never put)."""
+    version)``; ``workflow_schema`` reads it back as written (``None`` for one never put),
+    taking the namespace of the run it is wanted for too."""
     s: Any = await make_store(factory)
     expect(await s.workflow_schema(WF, "1") is None, "a schema in a fresh store")
     first = {"format": 1, "input": {"type": "integer"}, "signals": {"go": None}}
@@ -147,3 +148,5 @@ async def check_workflow_schemas(factory: StoreFactory) -> None:
     await s.put_workflow_schemas({(WF, "1"): {"format": 1, "replaced": True}})
     expect_eq(await s.workflow_schema(WF, "1"), {"format": 1, "replaced": True}, "replaced")
     expect(await s.workflow_schema("other", "1") is None, "a schema of another workflow")
+    # (the namespace of the run it is wanted for; the store's own without one)
+    expect_eq(await s.workflow_schema(WF, "2", None), {"n": [1, 2.5, "é"]}, "namespace None")

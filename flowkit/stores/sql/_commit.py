@@ -284,8 +284,9 @@ class Commits:
                 write_search(sql, c, succ.run.id, succ.run.search, replace=False)
             # the signals and updates it had not taken go on to the successor, by id (in
             # order); a delivery waiting on the run's row lock then follows the chain
-            marks, wakes = (f"{prefix}%" for prefix in STAYING_PREFIXES)
-            moving = {"id": run_id, "new": succ.run.id, "marks": marks, "wakes": wakes}
+            marks, wakes = STAYING_PREFIXES
+            moving: dict[str, Any] = {"id": run_id, "new": succ.run.id, "marks": marks}
+            moving |= {"wakes": wakes, "nmarks": len(marks), "nwakes": len(wakes)}
             c.later(sql.move_inbox, moving)
             wake_if_free(c, succ.run, now)
             if succ.run.lease_owner is not None:

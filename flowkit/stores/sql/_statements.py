@@ -142,11 +142,13 @@ class Statements:
             f" updated_at = CASE WHEN {wakes} THEN {p('now')} ELSE updated_at END"
             f" WHERE id = {p('id')}{ns} AND continued_as IS NULL RETURNING {cols}"
         )
-        # (continue-as-new: what the run had not taken goes on to its successor, by id)
+        # (continue-as-new: what the run had not taken goes on to its successor, by id; the
+        # prefixes compared exactly, as ``base.moves_to_successor`` does: SQLite's LIKE
+        # ignores case)
         self.move_inbox = (
             f"UPDATE flowkit_signals SET run_id = {p('new')}"
-            f" WHERE run_id = {p('id')} AND name NOT LIKE {p('marks')}"
-            f" AND name NOT LIKE {p('wakes')}"
+            f" WHERE run_id = {p('id')} AND substr(name, 1, {p('nmarks')}) <> {p('marks')}"
+            f" AND substr(name, 1, {p('nwakes')}) <> {p('wakes')}"
         )
         self.insert_signal = (
             f"INSERT INTO flowkit_signals (run_id, name, payload)"

@@ -106,9 +106,12 @@ class Workers:
 
         await self._gc.call(write, read=False)
 
-    async def workflow_schema(self, workflow: str, version: str) -> Any | None:
+    async def workflow_schema(
+        self, workflow: str, version: str, namespace: str | None = None
+    ) -> Any | None:
         t = schemas_table
-        spaces = list(dict.fromkeys((self.namespace or "", "")))
+        own = namespace if self.namespace is None else self.namespace  # (the run's)
+        spaces = list(dict.fromkeys((own or "", "")))
         q = sa.select(t.c.namespace, t.c.document).where(
             t.c.workflow == workflow, t.c.version == version, t.c.namespace.in_(spaces)
         )
