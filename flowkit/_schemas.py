@@ -277,10 +277,11 @@ async def recorded(store: Any, run: Run) -> Recorded | None:
 
 
 async def recorded_singleton(
-    store: Any, workflow: str, version: str | None
+    store: Any, workflow: str, version: str | None, namespace: str | None = None
 ) -> tuple[int, int | None] | None:
     """The singleton ``(limit, max_queue_depth)`` a worker recorded for ``workflow`` at
-    ``version`` (``None``: the newest version the store's workers record); ``None`` when
+    ``version`` (``None``: the newest version the store's workers record), in ``namespace``
+    (the runs' own: an unscoped store reads theirs first); ``None`` when
     nothing says (no schemas kept or recorded, not a singleton, an older document)."""
     if not records_schemas(store):
         return None
@@ -288,7 +289,7 @@ async def recorded_singleton(
         version = await _newest_served(store, workflow)
         if version is None:
             return None
-    doc = await cast(RecordsSchemas, store).workflow_schema(workflow, version)
+    doc = await cast(RecordsSchemas, store).workflow_schema(workflow, version, namespace)
     sg = doc.get("singleton") if isinstance(doc, Mapping) else None
     if not isinstance(sg, Mapping):
         return None

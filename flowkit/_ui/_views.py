@@ -304,13 +304,17 @@ def lane_limits(definitions: Any, workflow: str, version: str | None) -> LaneLim
 
 
 async def known_limits(
-    store: Any, definitions: Any, workflow: str, version: str | None
+    store: Any,
+    definitions: Any,
+    workflow: str,
+    version: str | None,
+    namespace: str | None = None,
 ) -> LaneLimits | None:
     """A lane's limits: from the workflow's code (``--app``), else from what its workers
     recorded in the store (``None``: neither says)."""
     limits = lane_limits(definitions, workflow, version)
     if limits is None:
-        got = await _schemas.recorded_singleton(store, workflow, version)
+        got = await _schemas.recorded_singleton(store, workflow, version, namespace)
         if got is not None:
             limits = LaneLimits(*got)
     return limits
@@ -366,7 +370,9 @@ async def state_context(store: Any, run: Run, q: RunQuery, definitions: Any = ()
     lane = None
     if run.singleton_key is not None:
         lane = await _browse.lane(store, run.workflow, run.singleton_key)
-    limits = await known_limits(store, definitions, run.workflow, run.workflow_version)
+    limits = await known_limits(
+        store, definitions, run.workflow, run.workflow_version, run.namespace
+    )
     comp_events = await compensation_events(store, run.id)
     comp = bool(comp_events)
     return {
@@ -454,7 +460,8 @@ async def lane_context(
     lane = await _browse.lane(store, workflow, key)
     members = [*lane.holders, *lane.waiters]
     version = members[0].workflow_version if members else None
-    limits = await known_limits(store, definitions, workflow, version)
+    namespace = members[0].namespace if members else None
+    limits = await known_limits(store, definitions, workflow, version, namespace)
     return {
         "page": "lanes",
         "lane": lane,
