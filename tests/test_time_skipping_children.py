@@ -139,3 +139,15 @@ async def test_a_lost_wake_up_is_found_by_the_fallback_look() -> None:
         assert (await env.get_run("p")).status is RunStatus.COMPLETED
         assert await env.result("p") == 30
         assert jumps  # it took the look, a jump away
+
+
+async def test_advance_passes_the_looks_without_stopping_at_each() -> None:
+    async with TestEnv([Parent(), Kid()]) as env:
+        await env.start("awaiting-parent", ["child", "signal"], "p")
+        jumps = count_jumps(env)
+        start = env.clock.now()
+        await env.advance(3600)  # sixty looks' worth
+        assert jumps == [start + 3600]  # (the looks it passed are taken at its end)
+        assert (await env.get_run("p")).status is RunStatus.SUSPENDED
+        await env.signal("kid", "go", 2)
+        assert (await env.get_run("p")).status is RunStatus.COMPLETED
