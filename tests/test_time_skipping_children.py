@@ -4,10 +4,14 @@ an event or an update looks at the child again every ``CHILD_POLL`` seconds, in 
 child's settlement never woke it; that look is a safety net, not a time at which anything is
 due, so ``TestEnv.run_until_idle`` idles at once, and the child's settlement wakes the parent.
 A durable timer of the parent is still jumped to, and a child that settled without waking its
-parent (the wake-up lost) is still found by the look."""
+parent (the wake-up lost) is still found by the look.
+
+Each behaviour runs on MemoryStore, a SQLite file and PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +21,19 @@ from flowkit.events import TimerFired
 from flowkit_testing import TestEnv
 from flowkit_testing._faults import Rule
 
+try:
+    from store_kit import PG, Backend, make_backend
+except ImportError:  # tests/ imported as a package
+    from tests.store_kit import PG, Backend, make_backend
+
 MODES = ("signal", "event", "update")
+
+
+@pytest.fixture(params=["memory", "sqlite", PG])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    b = make_backend(request.param, request, tmp_path)
+    yield b
+    b.close()
 
 
 @workflow(name="parked-kid", signals={"go": int}, updates={"change": int})
@@ -83,8 +99,10 @@ async def release(env: TestEnv, mode: str) -> Any:
 
 @pytest.mark.parametrize("how", ["child", "handle"])
 @pytest.mark.parametrize("mode", MODES)
-async def test_run_until_idle_idles_while_the_child_is_parked(mode: str, how: str) -> None:
-    async with TestEnv([Parent(), Kid()]) as env:
+async def test_run_until_idle_idles_while_the_child_is_parked(
+    mode: str, how: str, backend: Backend
+) -> None:
+    async with TestEnv([Parent(), Kid()], store=backend.store) as env:
         jumps = count_jumps(env)
         start = env.clock.now()
         await env.start("awaiting-parent", [how, mode], "p")
@@ -102,8 +120,8 @@ async def test_run_until_idle_idles_while_the_child_is_parked(mode: str, how: st
         assert jumps == []
 
 
-async def test_a_durable_timer_of_the_parent_is_still_jumped_to() -> None:
-    async with TestEnv([SleepyParent(), Kid()]) as env:
+async def test_a_durable_timer_of_the_parent_is_still_jumped_to(backend: Backend) -> None:
+    async with TestEnv([SleepyParent(), Kid()], store=backend.store) as env:
         jumps = count_jumps(env)
         start = env.clock.now()
         await env.start("sleepy-parent", None, "p")
@@ -119,14 +137,14 @@ async def test_a_durable_timer_of_the_parent_is_still_jumped_to() -> None:
         assert len(jumps) == 1
 
 
-async def test_a_lost_wake_up_is_found_by_the_fallback_look() -> None:
+async def test_a_lost_wake_up_is_found_by_the_fallback_look(backend: Backend) -> None:
     # every delivery of the child's wake-up to its parent fails: only the look finds it
     lost = Rule(
         "deliver_signal",
         times=None,
         match=lambda args, kwargs: str(args[1]).startswith("flowkit:child:"),
     )
-    async with TestEnv([Parent(), Kid()]) as env:
+    async with TestEnv([Parent(), Kid()], store=backend.store) as env:
         env.inject(lost)
         await env.start("awaiting-parent", ["child", "signal"], "p")
         await env.run_until_idle(max_jumps=10)
@@ -141,8 +159,8 @@ async def test_a_lost_wake_up_is_found_by_the_fallback_look() -> None:
         assert jumps  # it took the look, a jump away
 
 
-async def test_advance_passes_the_looks_without_stopping_at_each() -> None:
-    async with TestEnv([Parent(), Kid()]) as env:
+async def test_advance_passes_the_looks_without_stopping_at_each(backend: Backend) -> None:
+    async with TestEnv([Parent(), Kid()], store=backend.store) as env:
         await env.start("awaiting-parent", ["child", "signal"], "p")
         jumps = count_jumps(env)
         start = env.clock.now()
