@@ -82,6 +82,10 @@ class Drive:
         # holds its virtual clock while some run (``Worker.steps_in_flight``)
         self.in_flight: set[object] = set()
         self.step_ended: asyncio.Future[None] | None = None
+        # with ``note_poll_wakes`` (``TestEnv``): run id → the wake time its suspension here
+        # wrote when that is only a fallback look (a parent's ``CHILD_POLL``), and the
+        # earliest time something durable is due for it (``None``: never)
+        self.poll_wakes: dict[str, tuple[float, float | None]] = {}
         # the threads sync steps run in (``_host.StepRunner``)
         self.steps = StepRunner(config)
 
@@ -479,6 +483,7 @@ class Drive:
         """Commit the activation's outcome, together with its deferred step records."""
         now = self.clock.now()
         t.op = f"commit of the {type(outcome).__name__.lower()} outcome"
+        self.poll_wakes.pop(run.id, None)
         t.pending = list(pending)
         commit = self._committer(t)
         release: list[Event] = [*pending, *gate.Gate.released(run, admitted, now)]
@@ -526,18 +531,22 @@ class Drive:
                         release_lease=True,
                     ),
                 )
-            case Suspended(wake_at, signals):
+            case Suspended(wake_at, signals, _, firm_wake_at):
+                wake = _cancel.clamp(wake_at, run.deadline_at)
                 await commit(
                     run,
                     Update(
                         events=pending,
                         status=RunStatus.SUSPENDED,
-                        wake_at=_cancel.clamp(wake_at, run.deadline_at),
+                        wake_at=wake,
                         waiting_signals=signals,
                         error=None,
                         release_lease=True,
                     ),
                 )
+                firm = _cancel.clamp(firm_wake_at, run.deadline_at)
+                if self.config.note_poll_wakes and wake is not None and wake != firm:
+                    self.poll_wakes[run.id] = (wake, firm)
             case Diverged(err):
                 log.warning("run %s blocked: %s", run.id, err)
                 await commit(

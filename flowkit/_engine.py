@@ -264,6 +264,13 @@ class Engine:
         again (``None``: no activation waits to): a due time for ``TestEnv``'s clock."""
         return None if self._worker is None else self._worker.retry_due()
 
+    def poll_wake(self, run_id: str) -> tuple[float, float | None] | None:
+        """With ``config.note_poll_wakes`` (``TestEnv``): the wake time ``run_id``'s last
+        suspension by this engine's worker wrote when that is only a fallback look (a parent
+        looking at an unsettled child again), with the earliest time something durable is
+        due for the run (``None``: never); else ``None``."""
+        return None if self._worker is None else self._worker.poll_wake(run_id)
+
     def steps_in_flight(self) -> frozenset[object]:
         """The step attempts this engine's worker runs right now, by an opaque token each
         (``TestEnv`` moves its virtual clock only once they have ended)."""

@@ -52,6 +52,9 @@ class WorkerConfig:
     # the event loop waits for each sync step's thread (``TestEnv``: a seed then decides
     # every interleaving, as when sync steps ran on the loop)
     wait_for_step_threads: bool = False
+    # note the suspensions whose wake time is only a fallback look (``Drive.poll_wakes``):
+    # ``TestEnv``'s time skipping does not jump to those
+    note_poll_wakes: bool = False
     # told the run id after an activation here records an event readers wait for
     # (``event_set``, ``update_replied``): ``Engine`` passes its ``Bus.recorded``
     recorded: Callable[[str], None] | None = None

@@ -300,6 +300,11 @@ class Worker:
         d = self._drive
         return min((*d.retry_at.values(), *d.timers.values()), default=None)
 
+    def poll_wake(self, run_id: str) -> tuple[float, float | None] | None:
+        """The wake time ``run_id``'s last suspension here wrote, if that is only a fallback
+        look, with the earliest time something durable is due for it (``Drive.poll_wakes``)."""
+        return self._drive.poll_wakes.get(run_id)
+
     def steps_in_flight(self) -> frozenset[object]:
         """The step attempts running their function here now (a token each)."""
         return frozenset(self._drive.in_flight)

@@ -12,8 +12,10 @@ from typing import Any
 
 from flowkit import Engine, History, Run, RunStatus
 from flowkit._bus import Bus
+from flowkit._children import known_id
 from flowkit._eager import others_ready
 from flowkit._limits import duration
+from flowkit._replay.children import wake_signal
 from flowkit._threads import steps_in_threads
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import UNSET
@@ -97,6 +99,8 @@ class TestEnv:
         )
         # the loop waits for each sync step's thread: the seed decides every interleaving
         eng.config.wait_for_step_threads = True
+        # time skipping does not jump to a wake time that is only a fallback look
+        eng.config.note_poll_wakes = True
         if i < len(self.engines):
             self._proxies[i] = proxy
             self.engines[i] = eng
@@ -268,6 +272,8 @@ class TestEnv:
                 t = r.deadline_at
             else:
                 t = r.wake_at
+                if t is not None and t > now and r.status is RunStatus.SUSPENDED:
+                    t = await self._firm_wake(r, t, live.values())
             if t is not None and t > now and (best is None or t < best):
                 best = t
         for eng in live.values():
@@ -280,6 +286,27 @@ class TestEnv:
                 if best is None or t < best:
                     best = t
         return best
+
+    async def _firm_wake(self, r: Run, t: float, live: Iterable[Engine]) -> float | None:
+        """The time at which the suspended run ``r``, due at ``t``, must be looked at: ``t``,
+        unless ``t`` is only a fallback look (a parent looking at an unsettled child again,
+        every ``CHILD_POLL`` seconds; ``Engine.poll_wake``), which time skipping does not jump
+        to: the child's settlement wakes the parent. Then the earliest time something durable
+        is due for ``r`` (``None``: none) -- but ``t`` after all when a child it awaits has
+        settled without waking it (a lost wake-up: the look is what finds it)."""
+        for eng in live:
+            noted = eng.poll_wake(r.id)
+            if noted is None or noted[0] != t:
+                continue
+            for child in await self.store.list_runs(parent_id=r.id):
+                if (
+                    child.status.terminal
+                    and child.continued_as is None
+                    and wake_signal(await known_id(self.store, child)) in r.waiting_signals
+                ):
+                    return t
+            return noted[1]
+        return t
 
     async def _hold(self) -> None:
         """Wait, in real time, for the step attempts in flight on the live instances, so

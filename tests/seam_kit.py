@@ -105,6 +105,14 @@ class Effects:
             raise Boom(fx)
         return fx
 
+    async def do_io(self, run_id: str, label: str, attempt: int = 1, fail: int = 0) -> str:
+        """``do`` behind real async I/O (a little real time before and after the effect, as
+        an HTTP call takes): a step's ``timeout=`` must not be reached by time skipping."""
+        await asyncio.sleep(0.01)  # the request
+        fx = await self.do(run_id, label, attempt, fail)
+        await asyncio.sleep(0.01)  # the response
+        return fx
+
     async def undo(self, result: str) -> str:
         """A compensation of ``do``'s effect ``result``; one whose label ends with ``~`` fails
         its first attempt."""
@@ -294,7 +302,8 @@ class Scenario:
     """A pair's scenario: ``build(effects)`` returns its workflows; ``drive`` plays it;
     ``expect`` maps run ids to the status (and, with a tuple, the output) the baseline must
     reach; ``parked`` lists runs that legitimately stay suspended at the end, ``absent``
-    runs that must never be started."""
+    runs that must never be started; ``errors`` and ``replies`` what ``Driver.errors`` and
+    ``Driver.replies`` must hold under those labels."""
 
     pair: tuple[str, str]
     build: Callable[[Effects], list[Any]]
@@ -305,6 +314,7 @@ class Scenario:
     instances: int = 2
     errors: dict[str, str] = field(default_factory=dict)
     note: str = ""
+    replies: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -434,6 +444,9 @@ def check(sc: Scenario, got: Outcome, base: Outcome | None) -> list[str]:
     for what, err in sc.errors.items():
         if got.errors.get(what) != err:
             out.append(f"{what}: {got.errors.get(what)}, expected {err}")
+    for label, reply in sc.replies.items():
+        if got.replies.get(label) != reply:
+            out.append(f"{label}: replied {got.replies.get(label)!r}, expected {reply!r}")
     # no stranded run
     for rid, run in got.runs.items():
         if run.status.terminal:

@@ -248,8 +248,14 @@ class Activation:
         if st.tearing_down:
             silence(body)
             wakes = [p.deadline for p in self._stuck_parks if p.deadline is not None]
+            firm = [p.deadline for p in self._stuck_parks if p.deadline is not None and not p.poll]
             sigs = tuple(sorted({p.signal for p in self._stuck_parks if p.signal}))
-            return Suspended(min(wakes) if wakes else None, sigs, st.compensating)
+            return Suspended(
+                min(wakes) if wakes else None,
+                sigs,
+                st.compensating,
+                min(firm) if firm else None,
+            )
         left = compensation.unconsumed(st)
         if body.cancelled():
             if left is not None:

@@ -242,4 +242,4 @@ async def _outcome(
             return _serde.from_json(out.output, adapter or _serde.ANY_ADAPTER)
         if st.cancel_requested:
             raise asyncio.CancelledError()
-        await st.park(round(st.host.now() + CHILD_POLL, 6), name)
+        await st.park(round(st.host.now() + CHILD_POLL, 6), name, poll=True)

@@ -42,11 +42,14 @@ class Cancelled:
 class Suspended:
     """Every branch waits durably: resume at ``wake_at`` or when one of ``signals`` arrives.
     ``compensating``: the wait is a compensation's retry backoff (the run stays
-    ``cancelling``, due at ``wake_at``)."""
+    ``cancelling``, due at ``wake_at``). ``firm_wake_at``: the earliest deadline of a wait
+    that is not only a fallback look (``Park.poll``); below ``wake_at`` never, above it when
+    ``wake_at`` is only such a look (``None``: nothing durable is due at any time)."""
 
     wake_at: float | None
     signals: tuple[str, ...]
     compensating: bool = False
+    firm_wake_at: float | None = None
 
 
 @dataclass(frozen=True)

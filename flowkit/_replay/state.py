@@ -136,11 +136,13 @@ class Undo:
 @dataclass
 class Park:
     """A durable wait of the body (a timer, a signal, a retry backoff) this activation cannot
-    end: its future is failed to wake it (cancellation, teardown)."""
+    end: its future is failed to wake it (cancellation, teardown). ``poll``: its deadline is
+    only a fallback look (``CHILD_POLL``), not a time at which anything durable is due."""
 
     deadline: float | None
     signal: str | None
     fut: asyncio.Future[None]
+    poll: bool = False
 
 
 class ActivationState:
@@ -482,13 +484,16 @@ class ActivationState:
         if self.must_flush:
             await self.record([])
 
-    async def park(self, deadline: float | None, signal: str | None = None) -> None:
+    async def park(
+        self, deadline: float | None, signal: str | None = None, *, poll: bool = False
+    ) -> None:
         """Wait durably. Never returns within this activation: it raises ``CancelledError``
-        on cancellation, or ``_Evicted`` when the activation suspends."""
+        on cancellation, or ``_Evicted`` when the activation suspends. ``poll``: the deadline
+        is only a fallback look (``Park.poll``)."""
         self.check_alive()
         if self.cancel_requested and not self.compensating:
             raise asyncio.CancelledError()
-        park = Park(deadline, signal, asyncio.get_running_loop().create_future())
+        park = Park(deadline, signal, asyncio.get_running_loop().create_future(), poll)
         self.parks.append(park)
         self.blocked += 1
         try:
