@@ -33,12 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (figure, steps per workflow, workflows, in flight)
 WORKLOADS: list[tuple[str, int, int, int]] = [
-    ("3 steps, one at a time", 3, 150, 1),
-    ("3 steps, 32 in flight", 3, 640, 32),
-    ("40 steps, one at a time", 40, 8, 1),
-    ("40 steps, 32 in flight", 40, 64, 32),
+    ("3 steps, one at a time", 3, 600, 1),
+    ("3 steps, 32 in flight", 3, 2560, 32),
+    ("40 steps, one at a time", 40, 40, 1),
+    ("40 steps, 32 in flight", 40, 256, 32),
 ]
-SMOKE: list[tuple[str, int, int, int]] = [(n, s, max(2, w // 20), c) for n, s, w, c in WORKLOADS]
+SMOKE: list[tuple[str, int, int, int]] = [(n, s, max(2, w // 80), c) for n, s, w, c in WORKLOADS]
 
 
 async def _child(smoke: bool) -> dict[str, float]:
