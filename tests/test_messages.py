@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from test_ui_actions import _post as _ui_post
 
 from flowkit import Engine, RunStatus, WorkflowCtx, _schemas, update_validator, workflow
-from flowkit._payloads import inbox_name
+from flowkit._model.payloads import inbox_name
 from flowkit.errors import (
     InvalidInputError,
     UpdateRejectedError,

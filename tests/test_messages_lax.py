@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flowkit import Engine, WorkflowCtx, _schemas, workflow
-from flowkit._definition import definition_of
+from flowkit._model.definition import definition_of
 from flowkit.errors import InvalidInputError
 from flowkit_testing import TestEnv
 

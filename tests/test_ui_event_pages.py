@@ -1,4 +1,4 @@
-"""A page of a run's history (``flowkit._browse.page_events``, the dashboard's run page,
+"""A page of a run's history (``flowkit._client.browse.page_events``, the dashboard's run page,
 docs/ui.md "Pages"): on every bundled store (memory, a SQLite file, PostgreSQL, a
 ``CodecStore``) the store's ``events_page`` answers what cutting the whole history answers,
 newest page, ``before`` and ``after`` pages and a type filter included; an unknown run is

@@ -17,8 +17,8 @@ from . import _errors, _wakeup
 from ._connection import Conn, log
 from ._dialect import DIALECTS, STALL_TIMEOUT, Dialect, check, create_engine, take_stall_timeout
 from ._errors import Attempt, attempts
+from ._io_lanes import Lanes
 from ._iothread import Stats
-from ._lanes import Lanes
 from ._schema import ensure_schema
 from ._sqlite import READ_ONLY
 from ._statements import Statements

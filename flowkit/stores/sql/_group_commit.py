@@ -10,10 +10,10 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from ..._eager import others_ready
-from ._batch import After, Batches, Deferred, Op, Outcome
+from ..._core.ready_queue import others_ready
 from ._connection import Conn
 from ._database import Database
+from ._ops import After, Batches, Deferred, Op, Outcome
 
 T = TypeVar("T")
 
