@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _seed import DEEP_LANE, SINGLETON_WF, seed_runs  # noqa: E402
 
-from flowkit import _browse  # noqa: E402
+from flowkit._client import browse as _browse  # noqa: E402
 from flowkit._core.run import RunStatus  # noqa: E402
 from flowkit.stores import SqlStore  # noqa: E402
 

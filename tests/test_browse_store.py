@@ -13,7 +13,7 @@ from typing import Any
 
 from search_kit import FILLED, plan
 
-from flowkit import _browse
+from flowkit._client import browse as _browse
 from flowkit._core.run import ADMITTED_TAG, Run, RunStatus
 from flowkit.events import RunStarted
 from flowkit.stores import MemoryStore, SqlStore

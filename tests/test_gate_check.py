@@ -13,8 +13,8 @@ import pytest
 from singleton_kit import JITTER, RETRY, get, inp, make_lane, types
 
 from flowkit import ADMITTED_TAG, Engine, Run, RunStatus
-from flowkit import _gate as gate
 from flowkit._model.definition import definition_of
+from flowkit._worker import gate as gate
 from flowkit.events import (
     RunRetried,
     RunStarted,

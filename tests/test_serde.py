@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import Field, TypeAdapter
 
-from flowkit import _history, _serde
+from flowkit._core import serde as _serde
+from flowkit._model import history as _history
 from flowkit._model.history import step_completed
 from flowkit.errors import SerializationError
 from flowkit.events import StepCompleted, event_from_json, event_to_json

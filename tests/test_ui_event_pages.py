@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from flowkit import Engine, WorkflowCtx, _browse, workflow
+from flowkit import Engine, WorkflowCtx, workflow
+from flowkit._client import browse as _browse
 from flowkit.errors import RunNotFoundError
 from flowkit.stores._capabilities import pages_events
 from flowkit.stores.codec import AESGCMCodec, CodecStore

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flowkit import _boot
+from flowkit._core import boot as _boot
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND = 60.0

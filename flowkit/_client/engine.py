@@ -19,7 +19,7 @@ from .._core.run import Run, RunStatus, run_tags
 from .._core.telemetry import carried
 from .._model.definition import WorkflowDefinition, definition_of
 from .._model.history import History
-from .._worker import cancellation as _cancel
+from .._worker import cancellation as _cancellation
 from .._worker import gate as gate
 from .._worker import retention as _retention
 from .._worker.children import Kin
@@ -451,7 +451,7 @@ class Engine:
             raise InvalidInputError(None, f"compensate= takes a bool, got {compensate!r}")
         if not limits.storable(run_id):  # (no store holds such an id)
             raise RunNotFoundError(run_id)
-        run = await _cancel.request(
+        run = await _cancellation.request(
             self.store,
             self.clock,
             self.registry,
@@ -486,7 +486,7 @@ class Engine:
                 if e.type == "cancel_requested"
             ]
             compensate = bool(asked) and bool(getattr(asked[-1], "compensate", False))
-        await _cancel.request(
+        await _cancellation.request(
             self.store,
             self.clock,
             self.registry,

@@ -22,7 +22,7 @@ from .._core import limits as _limits
 from .._core import serde as _serde
 from .._core.run import Run
 from .._model.payloads import inbox_name, payload_adapter, received
-from .._worker import continue_as_new as _continue
+from .._worker import continue_as_new as _continue_as_new
 from ..errors import (
     InvalidInputError,
     ResultTimeoutError,
@@ -168,7 +168,7 @@ async def update(
     _schemas.check_reserved("update", name)
     secs = _limits.timeout("update timeout=", timeout)
     # a run that continued as new passes it on to the last run of its chain
-    run = await _continue.chain_end(engine.store, await engine._get(run_id))
+    run = await _continue_as_new.chain_end(engine.store, await engine._get(run_id))
     if run.status.terminal:
         raise RunStateError(run.id, run.status, f"update {name!r} cannot be delivered")
     entry = engine.registry.get(run.workflow, run.workflow_version)

@@ -185,7 +185,7 @@ class Kin:
         self._rng = rng
         self._executing = executing
         # parents that were mid-activation here when a child's wake-up reached them: looked at
-        # again when that activation ends (``_recheck``)
+        # again when that activation ends (``claim``)
         self._recheck: dict[str, set[str]] = {}
         self._wake = wake
         self._cancel = cancel
@@ -273,7 +273,7 @@ class Kin:
 
 async def cancel_children(store: Store, run_id: str, cancel: Callable[[str], Any]) -> None:
     """Request the cancellation of ``run_id``'s unfinished children (``cancel`` is
-    ``_cancel.request`` bound to an engine: it cancels their children in turn)."""
+    ``cancellation.request`` bound to an engine: it cancels their children in turn)."""
     try:
         children = await store.list_runs(parent_id=run_id)
     except Exception:

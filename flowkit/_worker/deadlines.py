@@ -20,7 +20,7 @@ from .._core.run import Run, RunStatus
 from .._model.definition import WorkflowDefinition
 from ..events import CancelRequested, ErrorInfo, Event, RunDead
 from ..stores.base import ConflictError, Update
-from . import cancellation as _cancel
+from . import cancellation as _cancellation
 from . import gate as gate
 from .recovery import Backoff, LeaseProof
 
@@ -74,7 +74,7 @@ async def deadline_passed(
     drive: ActivationRunner, run: Run, events: Sequence[Event], t: Try
 ) -> Run | None:
     """The run's deadline passed before this activation (it was parked, or its worker died):
-    cancel it. A run no body can receive it in (``_cancel.receives``) settles ``cancelled``
+    cancel it. A run no body can receive it in (``_cancellation.receives``) settles ``cancelled``
     at once (``None``); otherwise it goes ``cancelling`` and the body receives the
     cancellation (the run as committed)."""
     fired = await _deadline_passed(drive, run, events, t)
@@ -83,7 +83,7 @@ async def deadline_passed(
         # its unfinished children are cancelled with it (docs/deadlines-and-dead-letters.md,
         # docs/composing-workflows.md)
         seat = drive._seat
-        await _cancel.children(
+        await _cancellation.children(
             drive.store,
             drive.clock,
             drive.config.registry,
@@ -101,13 +101,13 @@ async def _deadline_passed(
 ) -> Run | None:
     """``deadline_passed`` for the run itself."""
     now = drive.clock.now()
-    reason = _cancel.EXECUTION_TIMEOUT
+    reason = _cancellation.EXECUTION_TIMEOUT
     t.op = "cancel at the run's deadline"
     # (both commits expect the status the claim left: an ``engine.cancel`` landing since
     # wins, and the run is not cancelled twice)
     try:
-        if not _cancel.receives(run, events):
-            limit = _cancel.limit_of(drive.config.registry, run)
+        if not _cancellation.receives(run, events):
+            limit = _cancellation.limit_of(drive.config.registry, run)
             update = gate.cancel_at_once(run, limit, now, reason)
             if not drive.config.notify_on_release and run.admitted:  # (a waiter notifies)
                 update = dataclasses.replace(update, notify=None)
@@ -179,12 +179,12 @@ async def _deadline_timer(
             if await drive.store.renew_lease(run_id, drive.owner, until) is None:
                 return
             proof.granted(sent)
-            await _cancel.request(
+            await _cancellation.request(
                 drive.store,
                 drive.clock,
                 drive.config.registry,
                 run_id,
-                reason=_cancel.EXECUTION_TIMEOUT,
+                reason=_cancellation.EXECUTION_TIMEOUT,
                 settled=drive._settled,
                 wake=seat.dispatch,
                 deliver=seat.cancel_local,

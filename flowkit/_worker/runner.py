@@ -37,10 +37,10 @@ from .._replay import (
 from ..errors import CodecError, InvalidInputError, LeaseLostError, SerializationError
 from ..events import ErrorInfo, Event, RunCancelled, RunCompleted, RunFailed
 from ..stores.base import AppendsEvents, ConflictError, Notify, Update, claims_by_version
-from . import cancellation as _cancel
-from . import claim as _recheck
-from . import continue_as_new as _continue
-from . import deadlines as _bounds
+from . import cancellation as _cancellation
+from . import claim as _claim
+from . import continue_as_new as _continue_as_new
+from . import deadlines as _deadlines
 from . import gate as gate
 from .config import Settled, WorkerConfig, WorkerHooks
 from .recovery import Backoff, LeaseProof, bounded, is_transient
@@ -87,7 +87,7 @@ class ActivationRunner:
         # wrote when that is only a fallback look (a parent's ``CHILD_POLL``), and the
         # earliest time something durable is due for it (``None``: never)
         self.poll_wakes: dict[str, tuple[float, float | None]] = {}
-        # the threads sync steps run in (``_host.StepRunner``)
+        # the threads sync steps run in (``store_window.StepRunner``)
         self.steps = StepRunner(config)
 
     def close(self) -> None:
@@ -125,7 +125,7 @@ class ActivationRunner:
                         if handing is not None:  # it landed: runs may have been handed to us
                             await self._adopt(handing)
                         if run is not None and run.continued_as is not None:
-                            await _continue.adopt(self, run)  # (so did a continuation)
+                            await _continue_as_new.adopt(self, run)  # (so did a continuation)
                         self._follow(run)
                         return
                     proof.stored(run.lease_expires, cfg.lease_ttl)
@@ -209,7 +209,7 @@ class ActivationRunner:
         deadline = t.run.deadline_at if t.run is not None else None
         update = Update(
             status=RunStatus.SUSPENDED,
-            wake_at=_cancel.clamp(round(now + self.config.lease_ttl, 6), deadline),
+            wake_at=_cancellation.clamp(round(now + self.config.lease_ttl, 6), deadline),
             release_lease=True,
         )
         try:
@@ -256,7 +256,7 @@ class ActivationRunner:
         else:
             now = self.clock.now()
             t.op = "claim"
-            run = await _recheck.claim(self, run_id, now)  # (a gated re-check decided in it)
+            run = await _claim.claim(self, run_id, now)  # (a gated re-check decided in it)
             if run is None:
                 return
             proof.granted(now)
@@ -276,14 +276,14 @@ class ActivationRunner:
             events = await self.store.load_events(run.id)
         bound = defn.max_recovery_attempts
         if bound is not None and run.recoveries > bound:
-            await _bounds.settle_dead(self, run, defn, bound, t)  # poison: never run it again
+            await _deadlines.settle_dead(self, run, defn, bound, t)  # poison: never run it again
             return
-        if _cancel.passed(run, self.clock.now()):
-            fired = await _bounds.deadline_passed(self, run, events, t)
+        if _cancellation.passed(run, self.clock.now()):
+            fired = await _deadlines.deadline_passed(self, run, events, t)
             if fired is None:
                 return  # settled cancelled at once
             run = fired
-        async with _bounds.deadline_watch(self, run, proof):
+        async with _deadlines.deadline_watch(self, run, proof):
             await self._activate(run, events, defn, instance, proof, t)
 
     async def _activate(
@@ -372,7 +372,7 @@ class ActivationRunner:
                 pending = act.pending
                 trace = _telemetry.onward_tags(obs, events)  # (the successor joins the trace)
                 # (what it committed: ``failed`` or ``cancelled`` when no successor was made)
-                outcome = await _continue.settle(
+                outcome = await _continue_as_new.settle(
                     self, run, outcome.input, defn, admitted, notify, pending, t, trace
                 )
                 return outcome, outcome.error if isinstance(outcome, Failed) else None
@@ -421,7 +421,7 @@ class ActivationRunner:
                 Update(
                     status=RunStatus.BLOCKED,
                     error=info.model_dump(),
-                    wake_at=_cancel.clamp(
+                    wake_at=_cancellation.clamp(
                         round(now + self.config.blocked_retry, 6),
                         run.deadline_at if run is not None else None,
                     ),
@@ -533,7 +533,7 @@ class ActivationRunner:
                     ),
                 )
             case Suspended(wake_at, signals, _, firm_wake_at):
-                wake = _cancel.clamp(wake_at, run.deadline_at)
+                wake = _cancellation.clamp(wake_at, run.deadline_at)
                 await commit(
                     run,
                     Update(
@@ -545,7 +545,7 @@ class ActivationRunner:
                         release_lease=True,
                     ),
                 )
-                firm = _cancel.clamp(firm_wake_at, run.deadline_at)
+                firm = _cancellation.clamp(firm_wake_at, run.deadline_at)
                 if self.config.note_poll_wakes and wake is not None and wake != firm:
                     self.poll_wakes[run.id] = (wake, firm)
             case Diverged(err):
@@ -556,14 +556,14 @@ class ActivationRunner:
                         events=pending,
                         status=RunStatus.BLOCKED,
                         error={"type": "NonDeterminismError", "message": str(err)},
-                        wake_at=_cancel.clamp(
+                        wake_at=_cancellation.clamp(
                             round(now + self.config.blocked_retry, 6), run.deadline_at
                         ),
                         release_lease=True,
                     ),
                 )
             case Evicted() | Continued(_):
-                pass  # (a continuation settles by ``_continue.settle``)
+                pass  # (a continuation settles by ``_continue_as_new.settle``)
 
     def _committer(self, t: Try) -> gate.Commit:
         """``_commit`` for the try ``t`` (the gate writes through it too)."""

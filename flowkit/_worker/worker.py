@@ -535,7 +535,7 @@ class Worker:
             return
         self.run_claimed(run, events)
 
-    # -- what a drive needs of its worker (``_drive.WorkerHooks``) ------------------------------
+    # -- what a drive needs of its worker (``runner.WorkerHooks``) ------------------------------
     def room(self) -> int:
         return self.config.max_concurrency - len(self._active)
 

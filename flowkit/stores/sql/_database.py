@@ -1,6 +1,6 @@
 """``Database``: one SQLAlchemy engine (``_engine``: URL, pool, dialect), the schema
 bootstrap, the store's own connection with what its failures mean, and the wake-up watchers;
-shared by a ``SqlStore`` and its scoped views. Its I/O lanes are ``_lanes``."""
+shared by a ``SqlStore`` and its scoped views. Its I/O lanes are ``_io_lanes``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Scheduling ``SqlStore``'s write calls (``Op``, ``_batch``) from the event loop: each runs at
+"""Scheduling ``SqlStore``'s write calls (``Op``, ``_ops``) from the event loop: each runs at
 once, or *group-committed*: the writes that coroutines of one event loop issue together share
-one transaction (run by ``_batch.Batches`` on a write lane), each keeping its own atomicity and
+one transaction (run by ``_ops.Batches`` on a write lane), each keeping its own atomicity and
 errors. How and why: docs/stores.md, "Transactions and group commit"."""
 
 from __future__ import annotations
