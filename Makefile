@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test browser-deps lint bench bench-smoke bench-dbos clean venv
+.PHONY: demo test browser-deps lint bench bench-smoke bench-dbos bench-compare clean venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,13 @@ bench-dbos: $(BENCH_STAMP)
 
 bench-smoke: $(STAMP)
 	$(BIN)/python bench/run.py --smoke
+	$(BIN)/python bench/compare.py --base HEAD --rounds 1 --smoke
+
+# side by side with a base commit: make bench-compare BASE=<commit> [ROUNDS=5]
+ROUNDS ?= 5
+bench-compare: $(STAMP)
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit> [ROUNDS=5]"; exit 2; }
+	$(BIN)/python bench/compare.py --base "$(BASE)" --rounds $(ROUNDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

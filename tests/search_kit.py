@@ -42,21 +42,42 @@ def run_row(i: int) -> dict[str, Any]:
 
 def fill(store: SqlStore, n: int, chunk: int = 10_000) -> None:
     """``n`` completed runs, each with two search attributes: ``customer`` (one of
-    ``CUSTOMERS``) and ``amount`` (``i % AMOUNTS``); then ``ANALYZE`` (planner statistics)."""
+    ``CUSTOMERS``) and ``amount`` (``i % AMOUNTS``); then ``ANALYZE`` (planner statistics).
+    On PostgreSQL the rows go by ``COPY`` (a row at a time, ``executemany`` takes three
+    times as long), encoded by the columns' own types as an ``INSERT`` would."""
     db = store._db
     with db.tx() as conn:
         for start in range(0, n, chunk):
             rows = [run_row(i) for i in range(start, min(n, start + chunk))]
-            conn.execute(runs.insert(), rows)
             attrs = []
             for r in rows:
                 rid, s = r["id"], r["search"]
                 none = {"text": None, "num": None, "flag": None}
                 attrs.append({**none, "run_id": rid, "name": "customer", "text": s["customer"]})
                 attrs.append({**none, "run_id": rid, "name": "amount", "num": float(s["amount"])})
-            conn.execute(search.insert(), attrs)
+            for table, batch in ((runs, rows), (search, attrs)):
+                if not _copy(conn, table, batch):
+                    conn.execute(table.insert(), batch)
     with db.engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("ANALYZE"))
+
+
+def _copy(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> bool:
+    """``rows`` into ``table`` by ``COPY ... FROM STDIN`` (psycopg 3 on PostgreSQL; else
+    ``False``: nothing written), each value through its column's bind processor."""
+    if conn.dialect.name != "postgresql" or conn.dialect.driver != "psycopg":
+        return False
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    names = list(rows[0])
+    procs = [table.c[k].type.bind_processor(conn.dialect) for k in names]
+    columns = ", ".join(f'"{k}"' for k in names)
+    with cursor.copy(f"COPY {table.name} ({columns}) FROM STDIN") as copy:
+        for row in rows:
+            values = [row[k] for k in names]
+            copy.write_row(
+                [v if p is None or v is None else p(v) for p, v in zip(procs, values, strict=True)]
+            )
+    return True
 
 
 def plan(store: SqlStore, q: sa.Select[Any]) -> str:

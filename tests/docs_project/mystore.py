@@ -1,17 +1,26 @@
-"""``MyStore``, the custom store of docs/testing.md's conformance kit examples: here simply a
-``SqlStore`` on a SQLite file, which is what a store of yours would replace."""
+"""``MyStore``, the custom store of docs/testing.md's conformance kit examples, which is what a
+store of yours would replace: here a ``MemoryStore`` whose data lives under a path, so that
+two objects over one path share it as two processes share a database. (The kit runs on
+``SqlStore`` over SQLite files in tests/test_conformance.py; in memory the examples take a
+second instead of ten.)"""
 
 from __future__ import annotations
 
 import os
 import tempfile
 
-from flowkit.stores import SqlStore
+from flowkit.stores import MemoryStore
+from flowkit.stores.memory import _Data
+
+_DATA: dict[str, _Data] = {}
 
 
-class MyStore(SqlStore):
+class MyStore(MemoryStore):
     def __init__(self, path: str) -> None:
-        super().__init__(f"sqlite:///{path}")
+        super().__init__(_data=_DATA.setdefault(os.path.abspath(path), _Data()))
+
+    def close(self) -> None:
+        """Nothing to release: the data stays for the other objects over its path."""
 
 
 def new_database() -> str:
