@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowkit._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
+from flowkit._core.run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
 from flowkit.stores import SqlStore
 from flowkit.stores.sql._schema import events, runs, search
 

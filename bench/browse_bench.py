@@ -1,4 +1,4 @@
-"""The dashboard's reads on 100,000 runs (``flowkit._browse``, docs/ui.md), each pushed down
+"""The dashboard's reads on 100,000 runs (``flowkit._client.browse``, docs/ui.md), each pushed down
 to the store (``BrowsesRuns``, ``ChangeStamp``) against the ``list_runs`` fallback the same
 functions use on a store without them (the capability hidden): the same-run baseline, printed
 as a ratio. Seeded by ``_seed.seed_runs`` (bulk ``INSERT``: a mix of workflows, statuses and
@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _seed import DEEP_LANE, SINGLETON_WF, seed_runs  # noqa: E402
 
-from flowkit import _browse  # noqa: E402
-from flowkit._run import RunStatus  # noqa: E402
+from flowkit._client import browse as _browse  # noqa: E402
+from flowkit._core.run import RunStatus  # noqa: E402
 from flowkit.stores import SqlStore  # noqa: E402
 
 REPEAT = 15

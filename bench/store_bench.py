@@ -798,7 +798,7 @@ async def breakdown(backend: str, n: int = 24, rounds: int = 5) -> dict[str, flo
     * ``raw``: a bare single-row ``INSERT`` + ``COMMIT`` (``driver_commit_rate``): the floor;
     * ``engine``: ``step`` - ``store_calls``: the engine's own work (replay bookkeeping, the
       step call, the event, the task switches)."""
-    from flowkit._history import step_completed
+    from flowkit._model.history import step_completed
     from flowkit.stores import limits as _limits
 
     with contextlib.ExitStack() as stack:

@@ -109,7 +109,7 @@ def _ms(host: str, port: int, path: str, cookie: str) -> float:
 
 def _pages(url: str) -> dict[str, str]:
     """The paths to time on ``url``'s data: a run with a lane when there is one."""
-    from flowkit import _browse
+    from flowkit._client import browse as _browse
     from flowkit.stores import SqlStore
 
     async def pick() -> dict[str, str]:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from flowkit import Engine, WorkflowCtx, workflow  # noqa: E402
-from flowkit._ui import create_app  # noqa: E402
+from flowkit.cli.ui import create_app  # noqa: E402
 from flowkit.stores import SqlStore  # noqa: E402
 
 REPEAT = 5

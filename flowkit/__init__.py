@@ -2,12 +2,15 @@
 
 import contextlib as _contextlib
 
-from . import _boot  # noqa: F401  # (first: a ``flowkit worker`` process catches SIGTERM now)
-from ._clock import Clock, SystemClock
-from ._context import ChildHandle, UpdateRequest, WorkflowCtx
-from ._definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
-from ._engine import Engine
-from ._history import History
+from ._client.engine import Engine
+from ._client.schedules import Schedule, Schedules
+from ._client.updates import update_validator
+from ._core import boot as _boot  # noqa: F401  # (first: a ``flowkit worker`` process catches SIGTERM now)
+from ._core.clock import Clock, SystemClock
+from ._core.run import ADMITTED_TAG, Run, RunStatus
+from ._model.ctx import ChildHandle, UpdateRequest, WorkflowCtx
+from ._model.definition import RetryPolicy, Singleton, WorkflowDefinition, workflow
+from ._model.history import History
 from ._replay.replayer import (
     ReplayFailedError,
     ReplayReport,
@@ -17,9 +20,6 @@ from ._replay.replayer import (
     replay_dir,
     replay_dir_async,
 )
-from ._run import ADMITTED_TAG, Run, RunStatus
-from ._schedules import Schedule, Schedules
-from ._updates import update_validator
 from .errors import (
     CallRefusedError,
     ChildWorkflowError,

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from . import _serde
-from ._limits import MAX_TIMESTAMP
+from ._core import serde as _serde
+from ._core.limits import MAX_TIMESTAMP
 from .errors import HistoryError
 
 __all__ = [

@@ -14,10 +14,24 @@ import json
 import logging
 from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ._context import Runtime
+
+class Runtime(Protocol):
+    """What ``WorkflowLogger`` reads of the activation it logs for (``flowkit._model.ctx.Runtime``
+    has it: declared here so that this module stays below the model)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def workflow(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    def log_state(self) -> tuple[bool, str | None, str | None]: ...
+
 
 __all__ = ["TAGS", "JsonFormatter", "WorkflowLogger", "logger_name"]
 

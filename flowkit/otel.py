@@ -5,7 +5,7 @@ activation, in any process and after a crash, continues that trace), and records
 OpenTelemetry metrics API. docs/observability.md lists the spans and metrics.
 
 This is the only module of flowkit that imports ``opentelemetry``; the engine calls it through
-the hooks of ``flowkit._telemetry`` (none at all when not instrumented)."""
+the hooks of ``flowkit._core.telemetry`` (none at all when not instrumented)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ._browse import lanes
-from ._telemetry import ActivationObserver, StepObserver, guarded
+from ._client.browse import lanes
+from ._core.telemetry import ActivationObserver, StepObserver, guarded
 from .stores._capabilities import takes
 
 try:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
-    from ._engine import Engine
+    from ._client.engine import Engine
 
 __all__ = ["OTHER_KEYS", "SCOPE", "Instrumentation", "instrument", "worker_setup"]
 
@@ -188,7 +188,7 @@ class _Keys:
 
 
 class Instrumentation:
-    """The spans and metrics of one engine (the engine's ``Telemetry``, ``_telemetry.py``)."""
+    """The spans and metrics of one engine (the engine's ``Telemetry``, ``_core/telemetry.py``)."""
 
     def __init__(
         self,
@@ -319,7 +319,7 @@ class Instrumentation:
 
     # -- queue depth ---------------------------------------------------------------------------
     async def refresh_queue_depth(self) -> None:
-        """Read every singleton lane's queue depth from the store now (``flowkit._browse``),
+        """Read every singleton lane's queue depth from the store now (``flowkit._client.browse``),
         summed by the attributes each is reported with (``_lane_attrs``)."""
         self._reading = True
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ._run import ACTIVE_STATUSES, ADMITTED_TAG, RunStatus
+from ._core.run import ACTIVE_STATUSES, ADMITTED_TAG, RunStatus
 
 
 class RunLike(Protocol):

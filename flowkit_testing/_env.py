@@ -11,12 +11,12 @@ from types import TracebackType
 from typing import Any
 
 from flowkit import Engine, History, Run, RunStatus
-from flowkit._bus import Bus
-from flowkit._children import known_id
-from flowkit._eager import others_ready
-from flowkit._limits import duration
+from flowkit._core.limits import duration
+from flowkit._core.ready_queue import others_ready
 from flowkit._replay.children import wake_signal
-from flowkit._threads import steps_in_threads
+from flowkit._worker.children import known_id
+from flowkit._worker.settlements import Settlements
+from flowkit._worker.step_threads import steps_in_threads
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import UNSET
 from flowkit.stores.schedules import keeps_schedules
@@ -76,7 +76,7 @@ class TestEnv:
         self.rules: list[Rule] = []
         self.fired: list[tuple[int, str, str, str, str | None]] = []
         self._pending: set[asyncio.Task[Any]] = set()
-        self.bus = Bus()
+        self.bus = Settlements()
         self._n = instances
         self._gen = [0] * instances
         self._proxies: list[InstanceStore] = []

@@ -31,7 +31,7 @@ from syrupy.extensions.json import JSONSnapshotExtension
 from syrupy.types import PropertyFilter, PropertyMatcher, SerializableData, SerializedData
 
 from flowkit import History
-from flowkit._gate import GATE_JITTER, GATE_RETRY
+from flowkit._worker.gate import GATE_JITTER, GATE_RETRY
 from flowkit.events import Event, event_to_json
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")

@@ -40,7 +40,7 @@ from typing import Any
 
 import flowkit
 from flowkit import ADMITTED_TAG, Engine, History, Run, RunStatus
-from flowkit._definition import definition_of
+from flowkit._model.definition import definition_of
 from flowkit.events import (
     ChildCompleted,
     ChildFailed,
@@ -294,7 +294,7 @@ class Driver:
 
 # -- scenarios -----------------------------------------------------------------------------
 
-Drive = Callable[[Driver], Awaitable[None]]
+ActivationRunner = Callable[[Driver], Awaitable[None]]
 
 
 @dataclass
@@ -307,7 +307,7 @@ class Scenario:
 
     pair: tuple[str, str]
     build: Callable[[Effects], list[Any]]
-    drive: Drive
+    drive: ActivationRunner
     expect: dict[str, Any]
     parked: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()

@@ -23,7 +23,7 @@ from flowkit import (
     WorkflowCtx,
     workflow,
 )
-from flowkit._gate import GATE_JITTER, GATE_RETRY
+from flowkit._worker.gate import GATE_JITTER, GATE_RETRY
 from flowkit.singleton import HEAD_RECHECK
 from flowkit_testing import TestEnv
 

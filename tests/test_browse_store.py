@@ -1,6 +1,7 @@
 """The dashboard's reads pushed down to the store (``BrowsesRuns``, ``ChangeStamp``): on every
-bundled store (memory, a SQLite file, PostgreSQL, a ``CodecStore``) ``flowkit._browse`` answers
-what its ``list_runs`` fallback answers (the capability hidden), pages included; the plans of
+bundled store (memory, a SQLite file, PostgreSQL, a ``CodecStore``) ``flowkit._client.browse``
+answers what its ``list_runs`` fallback answers (the capability hidden), pages included; the plans
+of
 the SQL statements seek on the indexes the engine keeps (no scan of every run for a page);
 ``flowkit runs --limit`` prints the newest runs. The store-level contract is the conformance
 kit's (``flowkit_testing/conformance/_browse.py``); times go into bench/browse_bench.py."""
@@ -12,8 +13,8 @@ from typing import Any
 
 from search_kit import FILLED, plan
 
-from flowkit import _browse
-from flowkit._run import ADMITTED_TAG, Run, RunStatus
+from flowkit._client import browse as _browse
+from flowkit._core.run import ADMITTED_TAG, Run, RunStatus
 from flowkit.events import RunStarted
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.base import browses_runs, changes_stamped, parse_filter

@@ -11,8 +11,8 @@ import pytest
 from cli_kit import flowkit
 
 from flowkit import Engine, SystemClock, WorkflowCtx, workflow
-from flowkit._cli_search import UsageError, duration, search_terms
-from flowkit._search_terms import parse_filter
+from flowkit._core.search_terms import parse_filter
+from flowkit.cli._search import UsageError, duration, search_terms
 from flowkit.stores import SqlStore
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flowkit import Engine, Run, RunStatus, SystemClock, WorkflowCtx, workflow
-from flowkit._cli_out import _duration, _fmt_time, _lease, _lease_left
+from flowkit.cli._out import _duration, _fmt_time, _lease, _lease_left
 from flowkit.stores.sql import SqlStore
 
 try:

@@ -184,7 +184,7 @@ async def test_a_plain_store_notices_a_database_encrypted_after_it_looked(
     database a ``CodecStore`` encrypted meanwhile (a deploy turning the codec on while plain
     processes still run) is refused from then on, not never. (A plain ``MemoryStore`` looks
     at its in-process metadata at every write: no window.)"""
-    from flowkit.stores._codec_mark import CodecMark
+    from flowkit.stores.codec._mark import CodecMark
 
     inner, plain = open_pair(kind, request, tmp_path)
     try:

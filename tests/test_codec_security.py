@@ -21,7 +21,7 @@ from store_kit import K1, K2, SECRET, codec, secret_run
 
 import flowkit
 from flowkit import RunStatus, WorkflowCtx, workflow
-from flowkit._serde import digest
+from flowkit._core.serde import digest
 from flowkit.errors import CodecError, NonDeterminismError
 from flowkit.events import StepCompleted
 from flowkit.stores.codec import STRING_PREFIX, AESGCMCodec, CodecStore

@@ -23,7 +23,7 @@ from flowkit import (
     replay,
     workflow,
 )
-from flowkit._continue import base_id, successor_id
+from flowkit._worker.continue_as_new import base_id, successor_id
 from flowkit.events import RunContinued
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore
 from flowkit_testing import FaultPlan, Rule, TestEnv

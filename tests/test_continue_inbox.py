@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from flowkit import Engine, Run, RunStatus, WorkflowCtx, workflow
-from flowkit._payloads import inbox_name
+from flowkit._model.payloads import inbox_name
 from flowkit._replay.children import WAKE_PREFIX, wake_signal
 from flowkit.errors import CodecError, RunStateError, UpdateNotRepliedError
 from flowkit.events import SignalReceived, UpdateReceived

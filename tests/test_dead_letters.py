@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 import flowkit
 from flowkit import RunStatus, Singleton, WorkflowCtx, workflow
-from flowkit._definition import DEFAULT_MAX_RECOVERY_ATTEMPTS
+from flowkit._model.definition import DEFAULT_MAX_RECOVERY_ATTEMPTS
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
 from flowkit_testing import TestEnv, VirtualClock
 
@@ -235,7 +235,7 @@ def test_the_default_bound_is_finite() -> None:
         async def run(self, ctx: WorkflowCtx, input: None) -> None:
             return None
 
-    defn = flowkit._definition.definition_of(Plain)
+    defn = flowkit._model.definition.definition_of(Plain)
     assert defn is not None
     assert defn.max_recovery_attempts == DEFAULT_MAX_RECOVERY_ATTEMPTS == 10
     assert defn.execution_timeout is None

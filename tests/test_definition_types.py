@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 import flowkit
 from flowkit import Engine, WorkflowCtx, workflow
-from flowkit._definition import definition_of
+from flowkit._model.definition import definition_of
 from flowkit.stores import MemoryStore, SqlStore
 
 if TYPE_CHECKING:

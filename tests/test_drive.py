@@ -1,21 +1,22 @@
-"""One activation (``flowkit._drive.Drive``) against a recording worker seat: what it tells
+"""One activation (``flowkit._worker.runner.ActivationRunner``) against a recording worker seat:
+what it tells
 the worker and the bus as it claims, passes the gate, replays and settles; and the layering
 of the engine modules (the worker never sees the ``Engine``; no import circle)."""
 
 from __future__ import annotations
 
-import ast
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from singleton_kit import inp, make_lane
+from test_layering import GRAPH
 
 import flowkit
 from flowkit import Event, Run, RunStatus, WorkflowCtx, workflow
-from flowkit._definition import definition_of
-from flowkit._drive import Drive, Registry, WorkerConfig
+from flowkit._model.definition import definition_of
+from flowkit._worker.runner import ActivationRunner, Registry, WorkerConfig
 from flowkit.events import RunStarted
 from flowkit.stores import MemoryStore
 from flowkit_testing import VirtualClock
@@ -23,7 +24,7 @@ from flowkit_testing import VirtualClock
 T0 = 1_767_225_600.0
 
 
-class Seat:
+class WorkerHooks:
     """A worker seat that records what the drive asks of it."""
 
     def __init__(self, room: int = 10) -> None:
@@ -70,7 +71,9 @@ class Nap:
         return "rested"
 
 
-def _drive(store: MemoryStore, workflows: list[Any], seat: Seat) -> tuple[Drive, list[Any]]:
+def _drive(
+    store: MemoryStore, workflows: list[Any], seat: WorkerHooks
+) -> tuple[ActivationRunner, list[Any]]:
     registry = Registry()
     for wf in workflows:
         defn = definition_of(wf)
@@ -78,7 +81,7 @@ def _drive(store: MemoryStore, workflows: list[Any], seat: Seat) -> tuple[Drive,
         registry.add(defn, wf)
     settled: list[Any] = []
     config = WorkerConfig(store, VirtualClock(T0), random.Random(3), "me", registry)
-    return Drive(config, seat, lambda rid, run: settled.append((rid, run))), settled
+    return ActivationRunner(config, seat, lambda rid, run: settled.append((rid, run))), settled
 
 
 async def _create(
@@ -101,7 +104,7 @@ async def _create(
 
 
 async def test_a_suspending_activation_asks_the_worker_to_poll_by_its_wake_time() -> None:
-    store, seat = MemoryStore(), Seat()
+    store, seat = MemoryStore(), WorkerHooks()
     drive, settled = _drive(store, [Nap()], seat)
     await _create(store, "n", "nap", 5.0)
     await drive.run("n")
@@ -124,7 +127,7 @@ class _NoVersionClaims(MemoryStore):
 
 
 async def test_a_run_claimed_elsewhere_or_of_a_workflow_not_here_is_left_alone() -> None:
-    store, seat = MemoryStore(), Seat()
+    store, seat = MemoryStore(), WorkerHooks()
     drive, settled = _drive(store, [Nap()], seat)
     await _create(store, "other", "elsewhere", None)
     await drive.run("other")  # not claimed: the claim itself asks for this worker's versions
@@ -135,7 +138,7 @@ async def test_a_run_claimed_elsewhere_or_of_a_workflow_not_here_is_left_alone()
     run = await store.get_run("v2")
     assert run is not None and (run.status, run.lease_owner) == (RunStatus.PENDING, None)
     old = _NoVersionClaims()
-    drive_old, _ = _drive(old, [Nap()], Seat())
+    drive_old, _ = _drive(old, [Nap()], WorkerHooks())
     await _create(old, "other", "elsewhere", None)
     await drive_old.run("other")  # claimed, then its lease given back at once
     run = await old.get_run("other")
@@ -148,7 +151,7 @@ async def test_a_run_claimed_elsewhere_or_of_a_workflow_not_here_is_left_alone()
 
 async def test_a_denied_run_is_parked_and_the_release_hands_the_slot_over_here() -> None:
     lane = make_lane()
-    store, seat = MemoryStore(), Seat()
+    store, seat = MemoryStore(), WorkerHooks()
     drive, settled = _drive(store, [lane], seat)
     await _create(store, "h", "lane", inp("A", "signal"), singleton_key="A")
     await _create(store, "w", "lane", inp("A"), singleton_key="A")
@@ -173,7 +176,7 @@ async def test_a_denied_run_is_parked_and_the_release_hands_the_slot_over_here()
 
 async def test_without_room_the_release_only_wakes_the_waiter() -> None:
     lane = make_lane()
-    store, seat = MemoryStore(), Seat(room=-1)
+    store, seat = MemoryStore(), WorkerHooks(room=-1)
     drive, _ = _drive(store, [lane], seat)
     await _create(store, "h", "lane", inp("A"), singleton_key="A")
     await _create(store, "w", "lane", inp("A"), singleton_key="A")
@@ -186,28 +189,23 @@ async def test_without_room_the_release_only_wakes_the_waiter() -> None:
 
 # -- layering ---------------------------------------------------------------------------------
 
-ORDER = ["_clock", "_bus", "_gate", "_drive", "_worker", "_engine"]
-"""The engine layer, bottom up: a module imports only modules before it."""
-
-
-def _imports(module: str) -> set[str]:
-    """The flowkit modules ``module`` imports (``TYPE_CHECKING`` blocks included)."""
-    path = Path(flowkit.__file__).parent / f"{module}.py"
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flowkit."):
-            found.add((node.module or "").split(".")[1])
-    return found
+ORDER = [
+    "flowkit._core.clock",
+    "flowkit._worker.settlements",
+    "flowkit._worker.gate",
+    "flowkit._worker.runner",
+    "flowkit._worker.worker",
+    "flowkit._client.engine",
+]
+"""The engine, bottom up: a module imports only modules before it."""
 
 
 def test_the_engine_layer_imports_only_downwards() -> None:
     for i, module in enumerate(ORDER):
-        upward = _imports(module) & set(ORDER[i:])
+        upward = set(GRAPH[module]) & set(ORDER[i:])
         assert not upward, f"{module} imports {sorted(upward)}"
-    assert "_engine" not in _imports("_worker") | _imports("_drive") | _imports("_gate")
-    assert not (Path(flowkit.__file__).parent / "_singleton.py").exists()  # (now ``_gate``)
+    engine = "flowkit._client.engine"
+    assert engine not in {*GRAPH[ORDER[2]], *GRAPH[ORDER[3]], *GRAPH[ORDER[4]]}
+    assert not (
+        Path(flowkit.__file__).parent / "_singleton.py"
+    ).exists()  # (now ``_worker/gate.py``)

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 
 import flowkit
 from flowkit import Engine, RetryPolicy, RunStatus, Schedule, Singleton, WorkflowCtx, workflow
-from flowkit._definition import definition_of
-from flowkit._limits import MAX_DURATION, MAX_TIMESTAMP, duration, instant, timeout
+from flowkit._core.limits import MAX_DURATION, MAX_TIMESTAMP, duration, instant, timeout
+from flowkit._model.definition import definition_of
 from flowkit.cli import main as cli_main
 from flowkit.events import TimerStarted
 from flowkit.stores import MemoryStore, SqlStore

@@ -95,8 +95,8 @@ async def test_a_settlement_here_wakes_result_without_reading_the_store_meanwhil
 ) -> None:
     """While an activation of the run is here, ``result`` reads nothing: the settling commit
     hands it the snapshot (the fallback read is far off)."""
-    monkeypatch.setattr("flowkit._engine.RESULT_POLL", 0.01)
-    monkeypatch.setattr("flowkit._engine.RESULT_POLL_HERE", 3600.0)
+    monkeypatch.setattr("flowkit._client.engine.RESULT_POLL", 0.01)
+    monkeypatch.setattr("flowkit._client.engine.RESULT_POLL_HERE", 3600.0)
     release = asyncio.Event()
     store = Reads()
     async with Engine(store, [holding(release)]) as engine:
@@ -118,8 +118,8 @@ async def test_a_run_that_leaves_this_worker_unsettled_is_read_again_at_once(
     """A run that suspends here and is then finished by an engine with a bus of its own: the
     end of the activation here sends ``result`` back to the store, whose fallback reads see
     the settlement (without that, it would wait for the far-off read of a run held here)."""
-    monkeypatch.setattr("flowkit._engine.RESULT_POLL", 0.01)
-    monkeypatch.setattr("flowkit._engine.RESULT_POLL_HERE", 3600.0)
+    monkeypatch.setattr("flowkit._client.engine.RESULT_POLL", 0.01)
+    monkeypatch.setattr("flowkit._client.engine.RESULT_POLL_HERE", 3600.0)
     store = MemoryStore()
     async with Engine(store, [Greet()], poll_interval=None) as here:
         await here.start("greet", "wait", "w")

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from flowkit import Engine, RunStatus, WorkflowCtx, workflow
-from flowkit._drive import WorkerConfig
+from flowkit._worker.runner import WorkerConfig
 from flowkit.stores import MemoryStore
 from flowkit_testing import TestEnv
 

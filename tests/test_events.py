@@ -7,10 +7,10 @@ import ast
 from pathlib import Path
 
 import flowkit
-import flowkit._history
+import flowkit._model.history
 import flowkit.events
 from flowkit import History
-from flowkit._run import InboxSignal
+from flowkit._core.run import InboxSignal
 from flowkit.events import EVENT_TYPES, Event, event_from_json, event_to_json
 from flowkit.stores import base
 
@@ -99,7 +99,7 @@ def test_every_event_of_the_golden_histories_round_trips() -> None:
 
 def test_the_old_import_paths_still_work() -> None:
     for name in flowkit.events.__all__:
-        assert getattr(flowkit._history, name) is getattr(flowkit.events, name)
+        assert getattr(flowkit._model.history, name) is getattr(flowkit.events, name)
     assert base.InboxSignal is InboxSignal
 
 
@@ -146,4 +146,4 @@ def test_the_replay_core_and_the_events_import_no_store() -> None:
             found = _file_of(module)
             if found is not None:
                 todo.append(found)
-    assert FLOWKIT / "_history.py" in seen and FLOWKIT / "_run.py" in seen
+    assert FLOWKIT / "_model/history.py" in seen and FLOWKIT / "_core/run.py" in seen

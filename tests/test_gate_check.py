@@ -1,4 +1,4 @@
-"""The engine side of the gate (``flowkit._gate``): its pieces one by one (re-check time, the
+"""The engine side of the gate (``flowkit._worker.gate``): its pieces one by one (re-check time, the
 gate records of an episode, the direct cancel, the hand-off request, admission at creation
 only where the store has it), and a run cancelled while its own admission check is in flight,
 which settles ``cancelled`` without a ``singleton_gated`` record (a cancelled run is not
@@ -13,8 +13,8 @@ import pytest
 from singleton_kit import JITTER, RETRY, get, inp, make_lane, types
 
 from flowkit import ADMITTED_TAG, Engine, Run, RunStatus
-from flowkit import _gate as gate
-from flowkit._definition import definition_of
+from flowkit._model.definition import definition_of
+from flowkit._worker import gate as gate
 from flowkit.events import (
     RunRetried,
     RunStarted,

@@ -98,7 +98,7 @@ def test_editable_install_type_checks_from_another_project(tmp_path: Path) -> No
     report = out.stdout + out.stderr
     assert "Cannot find implementation or library stub" not in report, report
     assert 'Revealed type is "def (store: flowkit.stores.base.Store' in report, report
-    assert "-> flowkit._engine.Engine" in report, report
+    assert "-> flowkit._client.engine.Engine" in report, report
     assert "-> flowkit_testing._env.TestEnv" in report, report
     # the one deliberate error, and no other
     assert 'error: Incompatible types in assignment (expression has type "type[Engine]"' in report

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_kit import T0, Backend, mk, put
 
-from flowkit import _serde
+from flowkit._core import serde as _serde
 from flowkit.errors import SerializationError
 from flowkit.events import StepCompleted
 from flowkit.stores.base import Update

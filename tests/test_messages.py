@@ -19,8 +19,9 @@ from cli_kit import flowkit
 from pydantic import BaseModel
 from test_ui_actions import _post as _ui_post
 
-from flowkit import Engine, RunStatus, WorkflowCtx, _schemas, update_validator, workflow
-from flowkit._payloads import inbox_name
+from flowkit import Engine, RunStatus, WorkflowCtx, update_validator, workflow
+from flowkit._client import schemas as _schemas
+from flowkit._model.payloads import inbox_name
 from flowkit.errors import (
     InvalidInputError,
     UpdateRejectedError,

@@ -16,8 +16,9 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flowkit import Engine, WorkflowCtx, _schemas, workflow
-from flowkit._definition import definition_of
+from flowkit import Engine, WorkflowCtx, workflow
+from flowkit._client import schemas as _schemas
+from flowkit._model.definition import definition_of
 from flowkit.errors import InvalidInputError
 from flowkit_testing import TestEnv
 

@@ -31,8 +31,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from otel_app import WORKFLOWS
 
 from flowkit import History, Run, RunStatus, Singleton, WorkflowCtx, WorkflowFailedError, workflow
-from flowkit._cli_out import _describe
-from flowkit._telemetry import onward_tags, trace_of, trace_tags
+from flowkit._core.telemetry import onward_tags, trace_of, trace_tags
+from flowkit.cli._out import _describe
 from flowkit.events import RunStarted
 from flowkit.otel import OTHER_KEYS, STEP_BUCKETS, Instrumentation, instrument, worker_setup
 from flowkit_testing import TestEnv
@@ -779,8 +779,8 @@ def test_the_metrics_server_listens_on_this_host_only() -> None:
     """``flowkit worker --metrics-port`` serves its metrics (no authentication) on 127.0.0.1
     unless ``--metrics-host`` (or ``$FLOWKIT_METRICS_HOST``) says otherwise: the address of
     the listening socket."""
-    from flowkit._cli_common import CliError
     from flowkit.cli import _prepare, build_parser
+    from flowkit.cli._common import CliError
 
     for argv, env, host in (
         ([], {}, "127.0.0.1"),

@@ -1,4 +1,4 @@
-"""OpenTelemetry never changes what a run does (``flowkit._telemetry.Guarded``): a span
+"""OpenTelemetry never changes what a run does (``flowkit._core.telemetry.Guarded``): a span
 processor or exporter that raises is logged and ignored, never a step's failure, a blocked run
 or a failed start; ``uninstrument`` stops the activations in flight from reporting; an
 idempotent re-start's request span says it created nothing; every instrumentation on one meter

@@ -329,7 +329,7 @@ async def test_a_take_cannot_slip_into_a_publish_in_flight(sql_backend: Any) -> 
     import asyncio
     import threading
 
-    from flowkit._event_keys import match_keys, payload_keys
+    from flowkit._core.event_keys import match_keys, payload_keys
     from flowkit.stores.sql import SqlStore
     from flowkit.stores.sql import _events as sql_events
 
@@ -376,7 +376,7 @@ async def test_a_take_cannot_slip_into_a_publish_in_flight(sql_backend: Any) -> 
 
 
 def test_flowkit_history_prints_event_received() -> None:
-    from flowkit._cli_out import EVENT_STYLE, _describe
+    from flowkit.cli._out import EVENT_STYLE, _describe
 
     ev = EventReceived(pos="2", name=EV, event_id="pay-1", payload={"order": "o"}, at=10.0)
     assert _describe(ev, 0.0) == 'payment.received (pay-1) payload {"order":"o"}'
@@ -474,8 +474,8 @@ async def test_codec_store_keys_the_digests_events_are_matched_on(backend: Any) 
     loop of 500 guesses); matching works as before."""
     import hashlib
 
-    from flowkit._event_keys import value_digest
-    from flowkit._serde import dumps
+    from flowkit._core.event_keys import value_digest
+    from flowkit._core.serde import dumps
     from flowkit.stores.codec import AESGCMCodec
 
     store = CodecStore(backend.store, AESGCMCodec([("k1", b"k" * 32)]))
@@ -518,7 +518,7 @@ async def test_keyed_digests_survive_key_rotation() -> None:
 
 
 async def test_a_codec_without_keyed_digest_leaves_the_digests_plain() -> None:
-    from flowkit._event_keys import payload_keys
+    from flowkit._core.event_keys import payload_keys
 
     class Plain:
         def encode(self, value: Any) -> Any:

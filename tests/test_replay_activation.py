@@ -18,7 +18,7 @@ async def test_a_step_and_a_handed_run_start_before_other_ready_work() -> None:
     """``start_next`` (a step's task, a run a release handed over) puts the new task's first
     step at the front of the event loop's ready queue: it continues the work that created it
     instead of waiting behind every other run's ready callbacks."""
-    from flowkit._eager import start_next
+    from flowkit._core.ready_queue import start_next
 
     order: list[str] = []
 

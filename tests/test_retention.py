@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flowkit import InvalidInputError, RunStatus, WorkflowCtx, workflow
-from flowkit import _retention as retention
+from flowkit._worker import retention as retention
 from flowkit.stores import SqlStore
 from flowkit_testing import TestEnv
 

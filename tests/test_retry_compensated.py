@@ -15,7 +15,7 @@ from cli_kit import flowkit
 from ui_kit import TOKEN, client, parse
 
 from flowkit import RetryPolicy, RunStatus, WorkflowCtx, workflow
-from flowkit._ui._auth import Keys
+from flowkit.cli.ui._auth import Keys
 from flowkit.errors import RunStateError
 from flowkit.stores import SqlStore
 from flowkit_testing import TestEnv

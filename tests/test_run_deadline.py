@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import flowkit
 from flowkit import RunStatus, Singleton, WorkflowCtx, workflow
-from flowkit._definition import definition_of
-from flowkit._versions import Registry
+from flowkit._model.definition import definition_of
+from flowkit._model.registry import Registry
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit_testing import TestEnv
 

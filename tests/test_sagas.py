@@ -15,7 +15,7 @@ import pytest
 
 import flowkit
 from flowkit import RetryPolicy, RunStatus, Singleton, WorkflowCtx, workflow
-from flowkit._cli_out import _describe
+from flowkit.cli._out import _describe
 from flowkit.events import CompensationCompleted, CompensationFailed
 from flowkit_testing import TestEnv
 

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from store_kit import Backend
 
 from flowkit import Engine, RunStatus, Schedule, workflow
-from flowkit._schedules import DUE_BATCH
-from flowkit._timetable import tick_time
+from flowkit._client.schedules import DUE_BATCH
+from flowkit._client.timetable import tick_time
 from flowkit.stores.schedules import ScheduleRecord
 from flowkit.stores.sql import SqlStore
 from flowkit.stores.sql._schema import schedules as schedules_table

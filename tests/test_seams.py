@@ -26,7 +26,7 @@ from flowkit import (
     WorkflowCtx,
     workflow,
 )
-from flowkit._payloads import inbox_name
+from flowkit._model.payloads import inbox_name
 from flowkit.stores import MemoryStore, SqlStore
 from flowkit.stores.codec import AESGCMCodec, CodecStore
 from flowkit_testing import TestEnv

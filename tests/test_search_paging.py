@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from store_kit import T0, Backend, collated_database, mk, put
 
 from flowkit import RunStatus
-from flowkit._search_terms import matches, parse_filter
+from flowkit._core.search_terms import matches, parse_filter
 from flowkit.stores import SqlStore
 
 VALUES: list[Any] = ["a", "b", "B", "é", 0, 1, 2.5, -3, True, False]

@@ -1,4 +1,4 @@
-"""The payload fast paths of ``flowkit._serde`` and ``event_to_json`` give exactly what the
+"""The payload fast paths of ``flowkit._core.serde`` and ``event_to_json`` give exactly what the
 pydantic way gives: the same digest bytes (recorded in every history, so older runs' digests
 stay comparable), the same JSON forms and values, the same errors."""
 
@@ -20,8 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import Field, TypeAdapter
 
-from flowkit import _history, _serde
-from flowkit._history import step_completed
+from flowkit._core import serde as _serde
+from flowkit._model import history as _history
+from flowkit._model.history import step_completed
 from flowkit.errors import SerializationError
 from flowkit.events import StepCompleted, event_from_json, event_to_json
 

@@ -14,7 +14,7 @@ from singleton_kit import get, inp, make_lane
 from store_kit import T0, TAG, Backend, S, delta, gated, mk, put, release, stats
 
 from flowkit import ADMITTED_TAG, Engine, Run, RunStatus
-from flowkit._gate import GATE_JITTER, GATE_RETRY
+from flowkit._worker.gate import GATE_JITTER, GATE_RETRY
 from flowkit.stores import MemoryStore
 from flowkit.stores.base import GateCheck, claims_gated
 from flowkit_testing import TestEnv

@@ -227,7 +227,7 @@ async def test_an_index_added_later_is_created_on_an_existing_database(
 def test_the_waiting_index_holds_exactly_the_waiters() -> None:
     """``ix_flowkit_runs_waiting``'s predicate is ``singleton.waiters``' rule: active, not
     cancelling (and not admitted)."""
-    from flowkit._run import ACTIVE_STATUSES
+    from flowkit._core.run import ACTIVE_STATUSES
     from flowkit.stores.sql._schema import WAITING_SQL
 
     waiting = sorted({s.value for s in ACTIVE_STATUSES} - {"cancelling"})

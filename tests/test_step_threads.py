@@ -20,8 +20,8 @@ import pytest
 
 import flowkit
 from flowkit import Engine, WorkflowCtx, workflow
-from flowkit._serde import is_async
-from flowkit._threads import DEFAULT_STEP_THREADS, StepThreads, steps_in_threads
+from flowkit._core.serde import is_async
+from flowkit._worker.step_threads import DEFAULT_STEP_THREADS, StepThreads, steps_in_threads
 from flowkit_testing import TestEnv
 
 try:

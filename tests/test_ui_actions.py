@@ -11,7 +11,7 @@ import httpx
 from ui_kit import TOKEN, WORKFLOWS, XSS, client, csrf_of, parse, seed, status_of, until
 
 from flowkit import Engine, WorkflowCtx, workflow
-from flowkit._ui._auth import Keys
+from flowkit.cli.ui._auth import Keys
 
 
 async def _post(c: httpx.AsyncClient, run_id: str, action: str, **fields: str) -> Any:

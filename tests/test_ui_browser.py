@@ -51,7 +51,7 @@ from browser_kit import (
 )
 
 from flowkit import Engine
-from flowkit._ui._views import EVENT_PAGE
+from flowkit.cli.ui._views import EVENT_PAGE
 
 pytestmark = pytest.mark.browser
 

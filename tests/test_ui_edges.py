@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from ui_kit import TOKEN, WORKFLOWS, client, csrf_of, parse, seed, until
 
 from flowkit import Engine, Singleton, WorkflowCtx, workflow
-from flowkit._cli_ui import _url
-from flowkit._ui._sse import Changes
+from flowkit.cli._ui_command import _url
+from flowkit.cli.ui._sse import Changes
 from flowkit.stores import MemoryStore
 
 

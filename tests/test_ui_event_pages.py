@@ -1,4 +1,4 @@
-"""A page of a run's history (``flowkit._browse.page_events``, the dashboard's run page,
+"""A page of a run's history (``flowkit._client.browse.page_events``, the dashboard's run page,
 docs/ui.md "Pages"): on every bundled store (memory, a SQLite file, PostgreSQL, a
 ``CodecStore``) the store's ``events_page`` answers what cutting the whole history answers,
 newest page, ``before`` and ``after`` pages and a type filter included; an unknown run is
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from flowkit import Engine, WorkflowCtx, _browse, workflow
+from flowkit import Engine, WorkflowCtx, workflow
+from flowkit._client import browse as _browse
 from flowkit.errors import RunNotFoundError
 from flowkit.stores._capabilities import pages_events
 from flowkit.stores.codec import AESGCMCodec, CodecStore

@@ -1,4 +1,4 @@
-"""The dashboard's live updates in process (``flowkit._ui._sse.Changes``, on each store): one
+"""The dashboard's live updates in process (``flowkit.cli.ui._sse.Changes``, on each store): one
 watcher fanned out to every listening browser, ``change`` after a write from another store
 object, keep-alive comments, streams that end when the browser leaves or the app closes; a
 run page's stream sends what changed (new timeline rows, its state, its actions)."""
@@ -17,9 +17,9 @@ from store_kit import Backend
 from ui_kit import TOKEN, WORKFLOWS, client, parse, until
 
 from flowkit import Engine, WorkflowCtx, workflow
-from flowkit._ui import _app, _views, create_app
-from flowkit._ui._app import _run_delta
-from flowkit._ui._sse import Changes
+from flowkit.cli.ui import _app, _views, create_app
+from flowkit.cli.ui._app import _run_delta
+from flowkit.cli.ui._sse import Changes
 
 
 async def _next(stream: AsyncIterator[str], timeout: float = 20.0) -> str:

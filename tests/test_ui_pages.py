@@ -1,4 +1,4 @@
-"""The dashboard's pages over HTTP (``flowkit._ui.create_app``, DOM of docs/ui.md) on each store:
+"""The dashboard's pages over HTTP (``flowkit.cli.ui.create_app``, DOM of docs/ui.md) on each store:
 runs newest first with counts and filters, keyset paging, a run with its payloads, timeline,
 lane, parent and children, the lanes, 404s, and markup from the store always escaped."""
 
@@ -327,7 +327,7 @@ async def test_markup_from_the_store_is_always_escaped(store: Any) -> None:
 async def test_the_counts_stop_at_the_count_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The runs page counts at most ``COUNT_LIMIT`` runs per status (the store's work is
     bounded by it): a status with more shows ``<limit>+``, and so does the total."""
-    from flowkit._ui import _views
+    from flowkit.cli.ui import _views
     from flowkit.stores import MemoryStore
 
     store = MemoryStore()

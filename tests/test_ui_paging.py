@@ -10,8 +10,8 @@ from typing import Any
 
 from ui_kit import client, parse
 
-from flowkit._run import Run, RunStatus
-from flowkit._ui._views import CHILDREN_PAGE, EVENT_PAGE
+from flowkit._core.run import Run, RunStatus
+from flowkit.cli.ui._views import CHILDREN_PAGE, EVENT_PAGE
 from flowkit.events import RunStarted, StepCompleted
 
 T0 = 1_767_225_600.0

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from ui_kit import BASE, TOKEN, XSS, client, csrf_of, parse, seed
 
-from flowkit._ui import create_app
-from flowkit._ui._auth import Keys
+from flowkit.cli.ui import create_app
+from flowkit.cli.ui._auth import Keys
 
 PAGES = ["/runs", "/runs/holder", "/lanes", f"/lanes/lane/{XSS}", "/events", "/"]
 
@@ -203,7 +203,7 @@ class _Clock:
 
 
 async def test_the_login_cookie_expires() -> None:
-    from flowkit._ui._auth import SESSION_SECONDS
+    from flowkit.cli.ui._auth import SESSION_SECONDS
     from flowkit.stores import MemoryStore
 
     clock = _Clock(1_000_000.0)

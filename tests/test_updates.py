@@ -204,7 +204,7 @@ async def test_a_waiting_reader_is_woken_when_the_value_is_set(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the fallback poll pushed out of reach, only the wake-up can answer the reader."""
-    monkeypatch.setattr("flowkit._history_wait.POLL_MIN", 3600.0)
+    monkeypatch.setattr("flowkit._client.history_wait.POLL_MIN", 3600.0)
     async with TestEnv([Publisher()], store=backend.store) as env:
         eng = env.engines[0]
         await env.start("publisher", None, "p1")
@@ -348,7 +348,7 @@ def test_the_calls_each_new_event_answers(event: Any, answered: set[str]) -> Non
 
 
 def test_flowkit_history_describes_the_new_events() -> None:
-    from flowkit._cli_out import EVENT_STYLE, _describe
+    from flowkit.cli._out import EVENT_STYLE, _describe
 
     assert _describe(EventSet(pos="1", key="total", value={"n": 1}), 0.0) == 'total = {"n":1}'
     got = _describe(UpdateReceived(pos="2", name="change", update_id="ab", arg=5), 0.0)

@@ -63,7 +63,7 @@ def stores(url: str) -> Iterator[Callable[..., SqlStore]]:
 async def test_readers_in_another_process_are_woken_by_the_store(
     stores: Callable[..., SqlStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("flowkit._history_wait.POLL_MIN", 3600.0)
+    monkeypatch.setattr("flowkit._client.history_wait.POLL_MIN", 3600.0)
     worker = Engine(stores(), [Progress()], poll_interval=60)
     client = Engine(stores(), [Progress()], worker=False)
     assert worker.bus is not client.bus

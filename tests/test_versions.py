@@ -18,9 +18,9 @@ from store_kit import T0, Backend, mk, put
 from version_kit import NAME, GreetV1, GreetV2, GreetV10, LaneV1, LaneV2, wait_for
 
 from flowkit import Engine, ResultTimeoutError, RunStatus, SystemClock, WorkflowNotFoundError
-from flowkit._definition import definition_of
-from flowkit._versions import Registry, natural_key
-from flowkit._worker import WORKER_REFRESH
+from flowkit._model.definition import definition_of
+from flowkit._model.registry import Registry, natural_key
+from flowkit._worker.worker import WORKER_REFRESH
 from flowkit.stores import AESGCMCodec, CodecStore, MemoryStore, SqlStore
 from flowkit.stores.base import claims_by_version
 from flowkit_testing import TestEnv
@@ -188,7 +188,7 @@ async def test_a_worker_that_stops_cleanly_serves_nothing_at_once(backend: Backe
     """A worker that stops cleanly (``engine.stop``, a drain) leaves an entry with no version:
     a run of a version no other live worker has is said to wait at once (not once the
     entry is 5 minutes old); one that crashes stays seen (it may be back)."""
-    from flowkit._worker import no_live_worker
+    from flowkit._worker.worker import no_live_worker
 
     store = backend.store
     client = Engine(store, [GreetV1, GreetV2], worker=False)
@@ -403,7 +403,7 @@ async def test_a_store_without_the_capabilities_still_runs_each_version_where_it
 async def test_a_run_is_served_by_the_workers_of_its_namespace(backend: Backend) -> None:
     """``flowkit runs`` reads every namespace through an unscoped store: a run counts as
     served by a worker of its own namespace (or an unscoped one), not by one of another."""
-    from flowkit._worker import no_live_worker
+    from flowkit._worker.worker import no_live_worker
 
     store = backend.store
     tenant_a, tenant_b = store.scoped("tenant-a"), store.scoped("tenant-b")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flowkit import _boot
+from flowkit._core import boot as _boot
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND = 60.0
@@ -96,7 +96,7 @@ def test_a_sigterm_while_the_app_is_imported_stops_the_worker_cleanly(tmp_path: 
 def test_a_sigterm_at_the_first_moment_it_is_caught_exits_0(tmp_path: Path) -> None:
     """The earliest a signal can be caught at all: as soon as the process has a SIGTERM
     handler (the kernel's ``SigCgt``), it stops cleanly. ``import flowkit`` installs it
-    first thing (``flowkit._boot``), so before that only the interpreter has started; and it
+    first thing (``flowkit._core.boot``), so before that only the interpreter has started; and it
     is still starting (it used to catch SIGTERM only once it served)."""
     proc = _spawn(tmp_path, gate=False)
     try:

@@ -1,7 +1,7 @@
 """The dashboard's tests' common parts: seeded runs covering every page (a singleton lane with
 a holder and two waiters, a failed run, a parent with a child, a run with tags and search
 attributes, a workflow and a signal name that are markup), and an HTTP client logged in to a
-``flowkit._ui.create_app`` in the test's own event loop (httpx's ASGI transport)."""
+``flowkit.cli.ui.create_app`` in the test's own event loop (httpx's ASGI transport)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from flowkit import Engine, Run, Singleton, WorkflowCtx, workflow
-from flowkit._ui import create_app
+from flowkit.cli.ui import create_app
 
 XSS = "<script>alert(1)</script>"
 TOKEN = "test-token"

@@ -21,15 +21,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .. import _serde
-from .._context import WorkflowCtx
-from .._definition import WorkflowDefinition
-from .._eager import start_next
+from .._core import serde as _serde
+from .._core.ready_queue import start_next
+from .._model.ctx import WorkflowCtx
+from .._model.definition import WorkflowDefinition
 from ..errors import InvalidInputError, NonDeterminismError, SerializationError
 from ..events import ErrorInfo, Event
 from . import compensation
 from .branch import CURRENT, Branch, seed
 from .calls import Calls, silence
+from .control_flow import _ContinueAsNew, _ControlFlow, _Diverged, _Evicted
 from .guard import Guard, branch_done
 from .matching import describe
 from .outcome import (
@@ -43,7 +44,6 @@ from .outcome import (
     Suspended,
     error_info,
 )
-from .signals import _ContinueAsNew, _ControlFlow, _Diverged, _Evicted
 from .state import ActivationState, Host, Park, with_note
 
 

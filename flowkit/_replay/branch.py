@@ -11,6 +11,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._core import serde as _serde
+
 if TYPE_CHECKING:
     from .state import ActivationState
 
@@ -75,6 +77,14 @@ CURRENT: contextvars.ContextVar[tuple[ActivationState, Branch] | None] = context
     "flowkit_branch", default=None
 )
 """The activation and branch the running task executes (set in each branch's own task)."""
+
+
+def _current_activation() -> ActivationState | None:
+    current = CURRENT.get()
+    return current[0] if current is not None else None
+
+
+_serde.current_activation = _current_activation
 
 
 def seed(run_id: str) -> int:

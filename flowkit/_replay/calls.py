@@ -13,17 +13,18 @@ from datetime import datetime, timedelta
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import _limits, _serde
-from .._context import ChildHandle
-from .._definition import RetryPolicy, definition_of
+from .._core import limits as _limits
+from .._core import serde as _serde
+from .._model.ctx import ChildHandle
+from .._model.definition import RetryPolicy, definition_of
 from ..events import ChildFailed, ChildStarted, PatchMarker
 from . import published, search, updates
 from .branch import CURRENT, Branch
 from .children import ChildCall, run_child, run_child_result
+from .control_flow import _ContinueAsNew
 from .guard import Guard, branch_done, cancel_left, made_in_foreign_task, made_on, unawaited
 from .matching import ReplayStub
 from .patches import PatchCall, check_patch_id, parse_pos
-from .signals import _ContinueAsNew
 from .state import ActivationState
 from .steps import run_step
 from .waits import run_sleep, run_wait_signal

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import _serde
-from .._run import Run, RunStatus
+from .._core import serde as _serde
+from .._core.run import Run, RunStatus
 from ..errors import (
     ChildWorkflowError,
     ConflictError,
@@ -29,9 +29,9 @@ from ..errors import (
 )
 from ..events import ChildCompleted, ChildFailed, ChildStarted, ErrorInfo, Event
 from .branch import Branch
+from .control_flow import _Evicted
 from .guard import cancel_left, enter
 from .outcome import error_info
-from .signals import _Evicted
 from .state import ActivationState
 
 if TYPE_CHECKING:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 
-from .. import _serde
+from .._core import serde as _serde
 from ..errors import SerializationError
 from ..events import CompensationCompleted, CompensationFailed, ErrorInfo, Event
+from .control_flow import _ContinueAsNew, _ControlFlow, _Evicted, _StepCancelled
 from .matching import ReplayStub, answers_undo, describe
 from .outcome import error_info
-from .signals import _ContinueAsNew, _ControlFlow, _Evicted, _StepCancelled
 from .state import ActivationState, Undo
 from .steps import _execute, _timed
 

@@ -17,7 +17,7 @@ from types import CoroutineType
 from typing import Any
 
 from .branch import CURRENT, Branch
-from .signals import _Diverged, _Evicted
+from .control_flow import _Diverged, _Evicted
 from .state import ActivationState
 
 # -- the rules, as the NonDeterminismErrors state them ----------------------------------------

@@ -1,4 +1,4 @@
-"""How an activation ends, as ``Activation.run`` reports it to its driver (``_drive.py``,
+"""How an activation ends, as ``Activation.run`` reports it to its driver (``_worker/runner.py``,
 ``replay``), and ``error_info``: an exception as the history stores it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _limits
+from .._core import limits as _limits
 from ..errors import NonDeterminismError, StepFailedError
 from ..events import ErrorInfo
 
@@ -72,7 +72,7 @@ def error_info(
     exc: BaseException, step: str | None = None, attempts: int | None = None
 ) -> ErrorInfo:
     """``exc`` as a history records it (a ``StepFailedError`` with its cause). Its texts are
-    made storable (``flowkit._limits.error_text``: NUL escaped, cut when very long), so that
+    made storable (``flowkit._core.limits.error_text``: NUL escaped, cut when very long), so that
     no exception message can make a run unrecordable."""
     text = _limits.error_text
     if isinstance(exc, StepFailedError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .. import _limits
+from .._core import limits as _limits
 from ..events import (
     Event,
     PatchMarker,

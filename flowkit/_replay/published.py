@@ -8,14 +8,15 @@ from collections.abc import Awaitable, Coroutine, Generator
 from datetime import timedelta
 from typing import Any
 
-from .. import _limits, _serde
-from .._event_keys import event_mark, match_keys
-from .._limits import MAX_EVENT_NAME_LENGTH, identifier_problem
+from .._core import limits as _limits
+from .._core import serde as _serde
+from .._core.event_keys import event_mark, match_keys
+from .._core.limits import MAX_EVENT_NAME_LENGTH, identifier_problem
 from ..errors import ConflictError, SerializationError, SignalTimeout
 from ..events import EventReceived, EventSet, TimerFired, TimerStarted
 from .branch import Branch
+from .control_flow import _Evicted
 from .guard import cancel_left, enter, made_on
-from .signals import _Evicted
 from .state import ActivationState
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._definition import definition_of
-from .._history import History
-from .._run import InboxSignal, Run
-from .._versions import natural_key
+from .._core.run import InboxSignal, Run
+from .._model.definition import definition_of
+from .._model.history import History
+from .._model.registry import natural_key
 from ..errors import (
     FlowkitError,
     HistoryError,
@@ -40,7 +40,7 @@ from .outcome import Completed, Continued, Diverged, Evicted, Failed, Suspended
 from .state import with_note
 
 if TYPE_CHECKING:
-    from .._event_keys import TakenEvent
+    from .._core.event_keys import TakenEvent
 
 
 class _ReplayHost:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Generator
 from typing import Any
 
-from .._search_terms import check_attrs
+from .._core.search_terms import check_attrs
 from ..events import SearchUpserted
 from .guard import made_on, unawaited
 from .matching import search_name

@@ -10,10 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import _limits, _serde
-from .._definition import RetryPolicy, WorkflowDefinition
-from .._run import InboxSignal, Run
-from .._telemetry import ActivationObserver
+from .._core import limits as _limits
+from .._core import serde as _serde
+from .._core.run import InboxSignal, Run
+from .._core.telemetry import ActivationObserver
+from .._model.definition import RetryPolicy, WorkflowDefinition
 from ..errors import ConflictError, LeaseLostError, NonDeterminismError
 from ..events import (
     CancelRequested,
@@ -25,12 +26,12 @@ from ..events import (
     StepFailed,
 )
 from .branch import CURRENT, Branch
+from .control_flow import _Diverged, _Evicted
 from .matching import Call, answers, describe
 from .patches import Patches
-from .signals import _Diverged, _Evicted
 
 if TYPE_CHECKING:
-    from .._event_keys import TakenEvent
+    from .._core.event_keys import TakenEvent
     from .children import ChildCall, ChildStart
 
 
@@ -170,7 +171,7 @@ class ActivationState:
             host, "max_payload_bytes", _limits.DEFAULT_MAX_PAYLOAD_BYTES
         )
         self.replay_only = replay_only
-        # who observes the step attempts that run (``_telemetry.py``; a worker's host's)
+        # who observes the step attempts that run (``_core/telemetry.py``; a worker's host's)
         self.telemetry: ActivationObserver | None = getattr(host, "telemetry", None)
         self.replay_stopped_at: str | None = None
         self.events = list(events)

@@ -16,15 +16,15 @@ from collections.abc import Awaitable, Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
-from .. import _serde
-from .._definition import RetryPolicy
-from .._history import step_completed
+from .._core import serde as _serde
+from .._model.definition import RetryPolicy
+from .._model.history import step_completed
 from ..errors import SerializationError, StepFailedError, StepTimeoutError
 from ..events import ErrorInfo, StepCompleted, StepFailed
 from .branch import Branch
+from .control_flow import _ControlFlow, _Evicted, _StepCancelled
 from .guard import cancel_left, running_branch, unawaited
 from .outcome import error_info
-from .signals import _ControlFlow, _Evicted, _StepCancelled
 from .state import ActivationState, Undo
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ async def run_step(
                 raise asyncio.CancelledError()
             st.check_lease()  # (after the flush: a write may take a while)
             try:
-                if st.telemetry is not None:  # (observed: ``_telemetry.py``)
+                if st.telemetry is not None:  # (observed: ``_core/telemetry.py``)
                     result = await _observed(st, fn, args, kwargs, is_async, name, timeout, attempt)
                 elif timeout is None:
                     result = await _execute(st, fn, args, kwargs, is_async)

@@ -14,10 +14,11 @@ from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
 
-from .. import _limits, _serde
-from .._context import UpdateRequest
-from .._payloads import inbox_name, received
-from .._run import InboxSignal
+from .._core import limits as _limits
+from .._core import serde as _serde
+from .._core.run import InboxSignal
+from .._model.ctx import UpdateRequest
+from .._model.payloads import inbox_name, received
 from ..events import UpdateReceived, UpdateReplied
 from .branch import Branch
 from .guard import cancel_left, enter, made_on

@@ -8,15 +8,15 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from .._limits import check_due
-from .._payloads import received
-from .._run import InboxSignal
+from .._core.limits import check_due
+from .._core.run import InboxSignal
+from .._model.payloads import received
 from ..errors import ConflictError, SignalTimeout
 from ..events import Event, SignalReceived, TimerFired, TimerStarted
 from .branch import Branch
+from .control_flow import _Evicted
 from .guard import cancel_left, enter
 from .matching import Call
-from .signals import _Evicted
 from .state import ActivationState
 
 

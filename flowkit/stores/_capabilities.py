@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._browse_types import EventPage, Lane, LaneSummary
-from .._event_keys import TakenEvent
-from .._run import Run, RunStatus
-from .._search_terms import Term
+from .._core.browse_types import EventPage, Lane, LaneSummary
+from .._core.event_keys import TakenEvent
+from .._core.run import Run, RunStatus
+from .._core.search_terms import Term
 from ..events import Event
 
 
@@ -101,7 +101,7 @@ class PublishesEvents(Protocol):
     lost in between.
 
     Matching: ``keys`` maps each top-level key of the payload to a digest of its value
-    (``flowkit._publish.digests``); a waiter's ``match`` maps keys to digests; a waiter
+    (``flowkit._client.publish.digests``); a waiter's ``match`` maps keys to digests; a waiter
     matches when every one of its ``match`` items is among ``keys``. Stores compare digests
     only, so a ``CodecStore`` payload stays opaque."""
 
@@ -157,7 +157,7 @@ def publishes_events(store: Any) -> bool:
 class BrowsesRuns(Protocol):
     """The optional methods ``browse_runs``, ``count_runs``, ``lanes`` and ``lane``
     (``MemoryStore``, ``SqlStore``; ``CodecStore`` when the store it wraps has them): what
-    the dashboard reads (``flowkit._browse``), each answered in one or two indexed queries
+    the dashboard reads (``flowkit._client.browse``), each answered in one or two indexed queries
     instead of ``list_runs`` reading every run. A store without them still works there, slowly.
     Every method sees only this store's namespace and returns runs without payloads
     (``input``, ``output`` and ``error`` are ``None``, as ``list_runs`` returns them)."""
@@ -210,7 +210,7 @@ def browses_runs(store: Any) -> bool:
 class PagesEvents(Protocol):
     """The optional method ``events_page`` (``MemoryStore``, ``SqlStore``; ``CodecStore`` when
     the store it wraps has it): a page of a run's history without loading all of it (the
-    dashboard's run page, ``flowkit._browse.page_events``; a store without it has the whole
+    dashboard's run page, ``flowkit._client.browse.page_events``; a store without it has the whole
     history loaded and cut)."""
 
     async def events_page(
@@ -238,7 +238,7 @@ def pages_events(store: Any) -> bool:
 class ChangeStamp(Protocol):
     """The optional method ``change_stamp`` (``MemoryStore``, ``SqlStore``; ``CodecStore``
     when the store it wraps has it): how the dashboard knows, about once a second, whether to
-    refresh (``flowkit._browse.watch_changes``)."""
+    refresh (``flowkit._client.browse.watch_changes``)."""
 
     async def change_stamp(self) -> object:
         """A value that differs from every earlier one after any committed write to the
@@ -414,7 +414,7 @@ class RecordsSchemas(Protocol):
     """The optional capability ``records_schemas`` (``MemoryStore``, ``SqlStore``;
     ``CodecStore`` when the store it wraps has it): each worker records, per ``(workflow,
     version)`` it runs, the JSON schemas of its input and declared messages
-    (``flowkit._schemas``), so a process without the workflow's code (``flowkit signal``,
+    (``flowkit._client.schemas``), so a process without the workflow's code (``flowkit signal``,
     ``flowkit retry --input``, the dashboard, ``Engine(store, [])``) validates against them
     before writing (docs/updates.md, "Callers without the code"). Without it such a caller
     validates nothing, as before."""

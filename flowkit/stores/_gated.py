@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import singleton as _sg
-from .._run import ADMITTED_TAG, Run, RunStatus
+from .._core.run import ADMITTED_TAG, Run, RunStatus
 from ..events import Event
 from ._capabilities import GateCheck
 from .rules import admitted_event, claimable

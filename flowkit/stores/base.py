@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .._event_keys import EVENT_MARK_PREFIX, TakenEvent, event_mark
-from .._run import InboxSignal, Run, RunStatus
-from .._search_terms import Term, parse_filter
+from .._core.event_keys import EVENT_MARK_PREFIX, TakenEvent, event_mark
+from .._core.run import InboxSignal, Run, RunStatus
+from .._core.search_terms import Term, parse_filter
 from ..errors import ConflictError
 from ..events import Event
 from ..singleton import check_limit
@@ -175,7 +175,7 @@ class Update:
     and the store's index of it in the same transaction. Left ``None``, a commit whose
     ``events`` hold ``search_upserted`` merges their attributes into the run's map, in order
     (``rules.apply_update``), under the same lock: what the engine's ``ctx.upsert_search``
-    relies on (``flowkit._search_terms.merged``)."""
+    relies on (``flowkit._core.search_terms.merged``)."""
 
     events: Sequence[Event] = ()
     status: RunStatus | None = None
@@ -247,7 +247,7 @@ class Store(Protocol):
     ) -> list[Run]:
         """Runs visible to this store, oldest ``(created_at, id)`` first; ``parent_id`` keeps
         the children of that run (``Run.parent_id``); ``search`` keeps the runs whose search
-        attributes pass every term (``flowkit._search_terms.matches``); ``after`` starts
+        attributes pass every term (``flowkit._core.search_terms.matches``); ``after`` starts
         past that ``(created_at, id)`` (keyset paging: ids compare by code point), and
         ``limit`` stops after that many. The runs listed carry no payloads: ``input``,
         ``output`` and ``error`` are ``None`` (``get_run`` has them). A store that cannot

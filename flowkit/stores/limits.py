@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._limits import (
+from .._core.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_ERROR_TEXT_LENGTH,
     MAX_EVENT_NAME_LENGTH,
@@ -32,7 +32,7 @@ from .._limits import (
     error_text,
     text_problem,
 )
-from .._run import SINGLETON_TAG_PREFIX, Run
+from .._core.run import SINGLETON_TAG_PREFIX, Run
 from ..errors import SerializationError
 from ..events import ErrorInfo, Event
 from .base import UNSET, Update

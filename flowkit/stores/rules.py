@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import singleton as _sg
-from .._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
-from .._search_terms import merged
+from .._core.run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from .._core.search_terms import merged
 from ..errors import ConflictError, LeaseLostError
 from ..events import Event, SingletonAdmitted
 from .base import UNSET, Admission, Notify, Update

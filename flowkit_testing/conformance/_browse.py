@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, cast
 
-from flowkit._search_terms import SearchValue
+from flowkit._core.search_terms import SearchValue
 from flowkit.errors import RunNotFoundError
 from flowkit.events import RunCompleted, StepCompleted
 from flowkit.stores._capabilities import takes
-from flowkit.stores._memory_browse import cut_page
 from flowkit.stores.base import Update, parse_filter
+from flowkit.stores.memory._browse import cut_page
 
 from ._registry import check
 from ._support import (

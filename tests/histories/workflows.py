@@ -667,7 +667,7 @@ async def shipment(env: TestEnv) -> list[str]:
 
 
 class _FixedTrace:
-    """A telemetry (``flowkit._telemetry.Telemetry``) that carries one fixed trace context
+    """A telemetry (``flowkit._core.telemetry.Telemetry``) that carries one fixed trace context
     and observes nothing: the stand-in of ``flowkit.otel`` for a recorded ``run_started``
     with its trace context in its tags (no OpenTelemetry needed to record or replay it)."""
 

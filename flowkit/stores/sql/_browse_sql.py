@@ -15,9 +15,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..._browse_types import EventPage, Lane, LaneSummary
-from ..._run import ACTIVE_STATUSES, Run, RunStatus
-from ..._search_terms import Term
+from ..._core.browse_types import EventPage, Lane, LaneSummary
+from ..._core.run import ACTIVE_STATUSES, Run, RunStatus
+from ..._core.search_terms import Term
 from ...errors import RunNotFoundError
 from .. import limits as _limits
 from ._database import Database

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ... import singleton as _sg
-from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
-from ..._search_terms import upserts
+from ..._core.run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ..._core.search_terms import upserts
 from ...errors import ConflictError, RunNotFoundError
 from ...events import Event, EventSet, UpdateReplied
 from ..base import STAYING_PREFIXES, CommitResult, HandOff, Notify, Update

@@ -1,6 +1,6 @@
 """``Database``: one SQLAlchemy engine (``_engine``: URL, pool, dialect), the schema
 bootstrap, the store's own connection with what its failures mean, and the wake-up watchers;
-shared by a ``SqlStore`` and its scoped views. Its I/O lanes are ``_lanes``."""
+shared by a ``SqlStore`` and its scoped views. Its I/O lanes are ``_io_lanes``."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from . import _errors, _wakeup
 from ._connection import Conn, log
 from ._dialect import DIALECTS, STALL_TIMEOUT, Dialect, check, create_engine, take_stall_timeout
 from ._errors import Attempt, attempts
+from ._io_lanes import Lanes
 from ._iothread import Stats
-from ._lanes import Lanes
 from ._schema import ensure_schema
 from ._sqlite import READ_ONLY
 from ._statements import Statements

@@ -10,15 +10,15 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from ..._run import Run, RunStatus
+from ..._core.run import Run, RunStatus
 from ...errors import RunNotFoundError
 from .. import limits as _limits
-from .._codec_mark import CodecMark
 from ..base import PublishedEvent, TakenEvent, event_mark
-from ._batch import Op
+from ..codec._mark import CodecMark
 from ._commit import wake_if_free
 from ._connection import Conn
 from ._group_commit import GroupCommit
+from ._ops import Op
 from ._rows import dumps, loads, to_run
 from ._statements import Statements
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ... import singleton as _sg
-from ..._run import Run
+from ..._core.run import Run
 from ...errors import RunNotFoundError
 from .._gated import decide, gated_limit, parked
 from ..base import GateCheck, WorkflowVersions

@@ -1,6 +1,6 @@
-"""Scheduling ``SqlStore``'s write calls (``Op``, ``_batch``) from the event loop: each runs at
+"""Scheduling ``SqlStore``'s write calls (``Op``, ``_ops``) from the event loop: each runs at
 once, or *group-committed*: the writes that coroutines of one event loop issue together share
-one transaction (run by ``_batch.Batches`` on a write lane), each keeping its own atomicity and
+one transaction (run by ``_ops.Batches`` on a write lane), each keeping its own atomicity and
 errors. How and why: docs/stores.md, "Transactions and group commit"."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from ..._eager import others_ready
-from ._batch import After, Batches, Deferred, Op, Outcome
+from ..._core.ready_queue import others_ready
 from ._connection import Conn
 from ._database import Database
+from ._ops import After, Batches, Deferred, Op, Outcome
 
 T = TypeVar("T")
 

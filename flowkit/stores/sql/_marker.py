@@ -1,4 +1,4 @@
-"""``SqlStore``'s side of the encryption marker (``flowkit.stores._codec_mark``): the marker
+"""``SqlStore``'s side of the encryption marker (``flowkit.stores.codec._mark``): the marker
 lives in ``flowkit_meta``; a bound store records it on its first guarded write, a plain one
 reads it once per store object."""
 
@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from .._codec_mark import CODEC_META_KEY, CodecMark, refuse
+from ..codec._mark import CODEC_META_KEY, CodecMark, refuse
 from ._connection import Conn
 from ._group_commit import GroupCommit, Op
 from ._statements import Statements

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
+from ..._core.run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
 from ...singleton import HEAD_RECHECK
 from ..base import Update
 from ._rows import JSON_COLS, RUN_COLS, admitted_body, dumps

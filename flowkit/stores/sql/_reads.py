@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..._run import Run
+from ..._core.run import Run
 from ...errors import RunNotFoundError
 from ...events import Event
 from .. import limits as _limits

@@ -13,7 +13,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
+from ..._core.run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run, RunStatus
 from ...events import Event, SingletonAdmitted, event_from_json, event_to_json
 from ._schema import runs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..._run import Run
+from ..._core.run import Run
 from ...events import Event
 from ._connection import Conn
 from ._rows import changed_values, column_params, event_params, to_event, to_run

@@ -10,8 +10,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..._run import TERMINAL_STATUSES, Run, RunStatus
-from ..._search_terms import SearchValue, Term, kind_of
+from ..._core.run import TERMINAL_STATUSES, Run, RunStatus
+from ..._core.search_terms import SearchValue, Term, kind_of
 from ._connection import Conn
 from ._database import Database
 from ._group_commit import GroupCommit

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
+from ..._core.run import ADMITTED_TAG, SINGLETON_TAG_PREFIX
 from ..base import Update
 from ._connection import Conn, log
 from ._iothread import retired_here

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..._run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, RunStatus
+from ..._core.run import ACTIVE_STATUSES, ADMITTED_TAG, SINGLETON_TAG_PREFIX, RunStatus
 from ..base import UNSET, Notify, Update
 from . import _due_sql as _due
 from ._rows import JSON_COLS, RUN_COLS, dumps, event_params
@@ -158,7 +158,7 @@ class Statements:
             f"SELECT id, name, payload{self.TEXT} FROM flowkit_signals"
             f" WHERE run_id = {p('id')} AND name = {p('name')} ORDER BY id LIMIT 1"
         )
-        # the encryption marker (``flowkit.stores._codec_mark``): read, and recorded once
+        # the encryption marker (``flowkit.stores.codec._mark``): read, and recorded once
         self.get_meta = f"SELECT value FROM flowkit_meta WHERE key = {p('key')}"
         self.put_meta = (
             f"INSERT INTO flowkit_meta (key, value) VALUES ({p('key')}, {p('value')})"

@@ -12,17 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import singleton as _sg
-from ..._run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run
-from ..._search_terms import upserts
+from ..._core.run import ADMITTED_TAG, SINGLETON_TAG_PREFIX, Run
+from ..._core.search_terms import upserts
 from ...errors import RunIdTakenError, RunNotFoundError, SingletonQueueFullError
 from ...events import Event
 from .. import limits as _limits
-from .._codec_mark import (
-    CodecMark,
-    events_carry_payload,
-    run_carries_payload,
-    update_carries_payload,
-)
 from ..base import (
     Admission,
     AdmittedAt,
@@ -33,6 +27,12 @@ from ..base import (
     WorkflowVersions,
     admission_time,
     moves_to_successor,
+)
+from ..codec._mark import (
+    CodecMark,
+    events_carry_payload,
+    run_carries_payload,
+    update_carries_payload,
 )
 from ..rules import admit_new, admitted_event
 from . import _runs as runs
