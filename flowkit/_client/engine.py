@@ -234,29 +234,29 @@ class Engine:
     def executing(self, run_id: str) -> bool:
         """Whether this engine's worker has ``run_id`` in hand right now: queued for its
         claim, claiming it, or executing it (and renewing its lease)."""
-        return self._core.worker is not None and self._core.worker.executing(run_id)
+        return (w := self._core.worker) is not None and w.executing(run_id)
 
     def retry_due(self) -> float | None:
         """The earliest instant at which this engine's worker tries a failed store call
         again (``None``: no activation waits to): a due time for ``TestEnv``'s clock."""
-        return None if self._core.worker is None else self._core.worker.retry_due()
+        return None if (w := self._core.worker) is None else w.retry_due()
 
     def poll_wake(self, run_id: str) -> tuple[float, float | None] | None:
         """With ``config.note_poll_wakes`` (``TestEnv``): the wake time ``run_id``'s last
         suspension by this engine's worker wrote when that is only a fallback look (a parent
         looking at an unsettled child again), with the earliest time something durable is
         due for the run (``None``: never); else ``None``."""
-        return None if self._core.worker is None else self._core.worker.poll_wake(run_id)
+        return None if (w := self._core.worker) is None else w.poll_wake(run_id)
 
     def steps_in_flight(self) -> frozenset[object]:
         """The step attempts this engine's worker runs right now, by an opaque token each
         (``TestEnv`` moves its virtual clock only once they have ended)."""
-        return frozenset() if self._core.worker is None else self._core.worker.steps_in_flight()
+        return frozenset() if (w := self._core.worker) is None else w.steps_in_flight()
 
     def step_ended(self) -> asyncio.Future[None] | None:
         """A future resolved when the next step attempt of this engine's worker ends
         (``None`` without a running worker)."""
-        return None if self._core.worker is None else self._core.worker.step_ended()
+        return None if (w := self._core.worker) is None else w.step_ended()
 
     def poke(self) -> None:
         """Have the worker poll the store now rather than at its next deadline (new work
@@ -310,7 +310,7 @@ class Engine:
         # A worker with free capacity creates the run already claimed by itself and runs it at
         # once: one transaction less per run, and no window in which another instance could
         # take it first. Otherwise the run waits `pending` for any worker's poll.
-        claim = self._core.worker is not None and self._core.worker.has_capacity()
+        claim = (w := self._core.worker) is not None and w.has_capacity()
         run = Run(
             id=run_id,
             workflow=defn.name,
@@ -415,9 +415,7 @@ class Engine:
             compensate=compensate,
             settled=self._settled,
             wake=self._core.wake,
-            deliver=lambda rid: (
-                self._core.worker is not None and self._core.worker.cancel_local(rid)
-            ),
+            deliver=lambda rid: (w := self._core.worker) is not None and w.cancel_local(rid),
             telemetry=self.config.telemetry,
         )
         if run is None:
@@ -452,9 +450,7 @@ class Engine:
             compensate=compensate,
             settled=self._settled,
             wake=self._core.wake,
-            deliver=lambda rid: (
-                self._core.worker is not None and self._core.worker.cancel_local(rid)
-            ),
+            deliver=lambda rid: (w := self._core.worker) is not None and w.cancel_local(rid),
             telemetry=self.config.telemetry,
         )
 
@@ -517,7 +513,7 @@ class Engine:
             try:
                 settled: Run | None = await self._core.get(run_id) if read else None
                 if settled is None or not settled.status.terminal:
-                    here = self._core.worker is not None and self._core.worker.holds(run_id)
+                    here = (w := self._core.worker) is not None and w.holds(run_id)
                     await asyncio.wait({fut}, timeout=RESULT_POLL_HERE if here else RESULT_POLL)
                     got = fut.result() if fut.done() else None
                     settled = got if isinstance(got, Run) else None
