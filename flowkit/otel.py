@@ -501,7 +501,8 @@ class _DepthGauge:
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         seen: dict[tuple[Any, ...], Observation] = {}
         for inst in list(self.members):
-            for obs in inst._queue_depths(options):
+            # (this module's own class: the shared gauge reads each instrumentation)
+            for obs in inst._queue_depths(options):  # noqa: SLF001
                 seen[tuple(sorted((obs.attributes or {}).items()))] = obs
         return list(seen.values())
 

@@ -102,7 +102,9 @@ async def test_a_settlement_here_wakes_result_without_reading_the_store_meanwhil
     async with Engine(store, [holding(release)]) as engine:
         await engine.start("hold", 0, "h")
         waiting = asyncio.ensure_future(engine.result("h", timeout=10))
-        await until(lambda: _true(engine._worker is not None and engine._worker.holds("h")))
+        await until(
+            lambda: _true(engine._core.worker is not None and engine._core.worker.holds("h"))
+        )
         await asyncio.sleep(0.1)  # ten fallback periods of a run elsewhere
         mark = store.reads
         await asyncio.sleep(0.1)

@@ -99,8 +99,8 @@ async def test_the_settings_are_the_worker_config() -> None:
     assert cfg.instance_id == engine.instance_id and engine.instance_id.startswith("engine-")
     async with engine:
         await engine.start("hold", 0, "h")
-        assert engine._worker is not None and engine._worker.has_capacity()
+        assert engine._core.worker is not None and engine._core.worker.has_capacity()
         engine.max_concurrency = 1  # reaches the running worker
-        assert cfg.max_concurrency == 1 and not engine._worker.has_capacity()
+        assert cfg.max_concurrency == 1 and not engine._core.worker.has_capacity()
         release.set()
         assert await engine.result("h", timeout=5) == "held"

@@ -194,7 +194,7 @@ async def test_the_worker_admits_as_before_without_capacity_or_capability(mode: 
         eng = env.engines[0]
         if mode == "no-capacity":
             eng.max_concurrency = 1  # filled by h's activation
-            assert not eng._worker.has_capacity()
+            assert not eng._core.worker.has_capacity()
         starter = Engine(store, [lane], clock=env.clock, worker=False) if mode == "client" else eng
         mark = len(store.calls)
         await starter.start("lane", inp("A"), "w")

@@ -34,7 +34,6 @@ FORBIDDEN = {"_replay": ("stores",)}
 # ``TYPE_CHECKING``) of the module that calls this one, with its reason. No import points to a
 # higher layer, and no circle exists among the imports that run.
 _ENGINE = "annotations only: an ``Engine`` method delegates here and passes the engine"
-_RUNNER = "annotations only: the runner (``ActivationRunner``) passes itself to the helper it calls"
 KNOWN: dict[tuple[str, str], str] = {
     ("flowkit._client.publish", "flowkit._client.engine"): _ENGINE,
     ("flowkit._client.retry", "flowkit._client.engine"): _ENGINE,
@@ -42,14 +41,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("flowkit._client.search", "flowkit._client.engine"): _ENGINE,
     ("flowkit._client.serve", "flowkit._client.engine"): _ENGINE,
     ("flowkit._client.updates", "flowkit._client.engine"): _ENGINE,
-    ("flowkit._worker.children", "flowkit._worker.runner"): _RUNNER,
-    ("flowkit._worker.claim", "flowkit._worker.runner"): _RUNNER,
-    ("flowkit._worker.continue_as_new", "flowkit._worker.runner"): _RUNNER,
-    ("flowkit._worker.deadlines", "flowkit._worker.runner"): _RUNNER,
-    ("flowkit._worker.store_window", "flowkit._worker.runner"): _RUNNER,
-    ("flowkit._worker.deadlines", "flowkit._worker.store_window"): (
-        "annotations only: the ``Try`` the runner hands to its deadlines"
-    ),
     ("flowkit._replay.branch", "flowkit._replay.state"): (
         "annotations only: ``CURRENT`` holds the ``ActivationState`` that creates branches"
     ),

@@ -42,7 +42,7 @@ async def _served(store: Store, grace: float) -> tuple[Any, str, asyncio.Event, 
     serving = asyncio.ensure_future(engine.serve(grace))
     run = await engine.start(wf, 10)
     await asyncio.wait_for(began.wait(), 30)
-    worker = engine._worker
+    worker = engine._core.worker
     assert worker is not None
     serving.cancel()
     while not worker.draining:  # noqa: ASYNC110 - (the gate opens during the drain)
@@ -126,7 +126,7 @@ async def test_a_drain_keeps_the_step_a_sibling_branch_finished(store: Store) ->
     serving = asyncio.ensure_future(engine.serve(1.0))
     run = await engine.start(Gathered, 1)
     await asyncio.wait_for(asyncio.gather(began_a.wait(), began_b.wait()), 30)
-    worker = engine._worker
+    worker = engine._core.worker
     assert worker is not None
     serving.cancel()
 

@@ -303,7 +303,7 @@ async def test_the_pool_ends_with_the_engine(backend: Backend) -> None:
     async with _engine(backend, [BusyFlow()], step_threads=2) as engine:
         await engine.start("busy", 3, "r1")
         assert await engine.result("r1", timeout=WAIT) == 3
-        pool = engine._worker._drive.steps.pool  # type: ignore[union-attr]
+        pool = engine._core.worker._drive.steps.pool  # type: ignore[union-attr]
         assert pool is not None and pool.size == 2
         threads = list(pool._threads)
     for t in threads:  # (idle threads end at once; joined to prove it)

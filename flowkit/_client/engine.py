@@ -10,10 +10,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
-from pydantic import ValidationError
-
 from .._core import limits as _limits
-from .._core import serde as _serde
 from .._core.clock import Clock, SystemClock
 from .._core.run import Run, RunStatus, run_tags
 from .._core.telemetry import carried
@@ -33,9 +30,7 @@ from ..errors import (
     ResultTimeoutError,
     RunNotFoundError,
     RunStateError,
-    SerializationError,
     UnsupportedStoreError,
-    WorkflowNotFoundError,
 )
 from ..events import RunStarted
 from ..stores import limits
@@ -46,6 +41,7 @@ from . import retry as _retry
 from . import search as _search
 from . import serve as _serve
 from . import updates as _updates
+from .core import ClientCore
 from .schedules import Schedule, Schedules
 from .schemas import record as record_schemas
 
@@ -135,21 +131,22 @@ class Engine:
             schedules=dict(schedules or {}),
             retention=None if retention is None else _retention.check_age("retention", retention),
         )
+        # the engine's internal plumbing its client modules use (``_client/core.py``)
+        self._core = ClientCore(self.config)
         self.namespace = namespace
         self.is_worker = worker
         self.bus = bus or Settlements()
         self.config.recorded = self.bus.recorded
         # durable schedules (docs/schedules.md): ``engine.schedules.create(...)`` and the rest
-        self.schedules = Schedules(self)
+        self.schedules = Schedules(self, self._core)
         self.config.fire_schedules = self.schedules.fire_due
         self._gate = gate.Gate(store, self.config.clock, rng, lambda: self.config.notify_on_release)
         # what a settlement means for its parent and children (``_children.Kin``)
         self._kin = Kin(
-            store, self.config.clock, self._wake, self._cancel_child, rng, self.executing
+            store, self.config.clock, self._core.wake, self._cancel_child, rng, self.executing
         )
         for wf in workflows:
             self.register(wf)
-        self._worker: Worker | None = None
 
     store = _Setting[Store]()
     clock = _Setting[Clock]()
@@ -183,25 +180,6 @@ class Engine:
         instance = wf() if isinstance(wf, type) else wf
         self.registry.add(defn, instance)
 
-    def _resolve(self, workflow: Any, version: str | None = None) -> WorkflowDefinition:
-        """The definition a start names: a name's newest version unless ``version`` pins one;
-        a class or instance means its own version (``version``, if given, must agree)."""
-        if version is not None and not isinstance(version, str):
-            raise TypeError(f"version must be a string, got {type(version).__name__}")
-        if isinstance(workflow, str):
-            entry = self.registry.get(workflow, version)
-            if entry is None:
-                raise WorkflowNotFoundError(workflow, version)
-            return entry[0]
-        defn = definition_of(workflow)
-        entry = self.registry.get(defn.name, defn.version) if defn is not None else None
-        if defn is None or entry is None or entry[0] is not defn:
-            name = defn.name if defn else getattr(workflow, "__name__", repr(workflow))
-            raise WorkflowNotFoundError(name, defn.version if defn else None)
-        if version is not None and version != defn.version:
-            raise WorkflowNotFoundError(defn.name, version)
-        return defn
-
     def _definition(self, run: Run) -> WorkflowDefinition | None:
         """The registered definition of the version ``run`` started on, or ``None``."""
         entry = self.registry.get(run.workflow, run.workflow_version)
@@ -222,19 +200,19 @@ class Engine:
 
     async def start_worker(self) -> None:
         """Start the dispatch/poll/lease loops (no-op for ``worker=False``)."""
-        if self.is_worker and self._worker is None:
+        if self.is_worker and self._core.worker is None:
             await self.schedules.declare()  # (``Engine(schedules=...)``)
             await record_schemas(self.store, self.registry)  # (for callers without the code)
             worker = Worker(self.config, self._settled)
             await worker.take_back_leases()  # (a restart under the same instance id)
-            if self._worker is None:
-                self._worker = worker
+            if self._core.worker is None:
+                self._core.worker = worker
                 worker.start()
 
     async def stop(self) -> None:
         """Stop the worker loops and release this instance's leases."""
-        if self._worker is not None:
-            w, self._worker = self._worker, None
+        if self._core.worker is not None:
+            w, self._core.worker = self._core.worker, None
             await w.stop(graceful=True)
 
     async def serve(self, grace: float | timedelta = _serve.DEFAULT_GRACE) -> None:
@@ -242,53 +220,49 @@ class Engine:
         activations reach a durable point within ``grace`` s, give the leases back
         (docs/deploying.md). A second signal exits the process at once
         (``flowkit._client.serve``)."""
-        await _serve.serve(self, grace)
+        await _serve.serve(self, self._core, grace)
 
     # -- what tools see of the worker (``flowkit_testing.TestEnv``) ---------------------
     async def crash(self) -> None:
         """Stop the worker as a dying process would: its activations are abandoned where
         they are and no lease is given back (they expire, and any instance recovers the
         runs). The engine can start a worker again with ``start_worker``."""
-        if self._worker is not None:
-            w, self._worker = self._worker, None
+        if self._core.worker is not None:
+            w, self._core.worker = self._core.worker, None
             await w.stop(graceful=False)
 
     def executing(self, run_id: str) -> bool:
         """Whether this engine's worker has ``run_id`` in hand right now: queued for its
         claim, claiming it, or executing it (and renewing its lease)."""
-        return self._worker is not None and self._worker.executing(run_id)
+        return (w := self._core.worker) is not None and w.executing(run_id)
 
     def retry_due(self) -> float | None:
         """The earliest instant at which this engine's worker tries a failed store call
         again (``None``: no activation waits to): a due time for ``TestEnv``'s clock."""
-        return None if self._worker is None else self._worker.retry_due()
+        return None if (w := self._core.worker) is None else w.retry_due()
 
     def poll_wake(self, run_id: str) -> tuple[float, float | None] | None:
         """With ``config.note_poll_wakes`` (``TestEnv``): the wake time ``run_id``'s last
         suspension by this engine's worker wrote when that is only a fallback look (a parent
         looking at an unsettled child again), with the earliest time something durable is
         due for the run (``None``: never); else ``None``."""
-        return None if self._worker is None else self._worker.poll_wake(run_id)
+        return None if (w := self._core.worker) is None else w.poll_wake(run_id)
 
     def steps_in_flight(self) -> frozenset[object]:
         """The step attempts this engine's worker runs right now, by an opaque token each
         (``TestEnv`` moves its virtual clock only once they have ended)."""
-        return frozenset() if self._worker is None else self._worker.steps_in_flight()
+        return frozenset() if (w := self._core.worker) is None else w.steps_in_flight()
 
     def step_ended(self) -> asyncio.Future[None] | None:
         """A future resolved when the next step attempt of this engine's worker ends
         (``None`` without a running worker)."""
-        return None if self._worker is None else self._worker.step_ended()
+        return None if (w := self._core.worker) is None else w.step_ended()
 
     def poke(self) -> None:
         """Have the worker poll the store now rather than at its next deadline (new work
         may be due); a no-op without a running worker."""
-        if self._worker is not None:
-            self._worker.poke()
-
-    def _wake(self, run_id: str) -> None:
-        if self._worker is not None:
-            self._worker.dispatch(run_id)
+        if self._core.worker is not None:
+            self._core.worker.poke()
 
     # -- starting ----------------------------------------------------------------------
     async def start(
@@ -310,7 +284,7 @@ class Engine:
         as it is, even where a new start would be refused (input the current code rejects, a
         store without singleton admission). ``search`` sets its first search attributes
         (docs/updates.md; a bad one raises ``InvalidInputError``, nothing written)."""
-        defn = self._resolve(workflow, version)
+        defn = self._core.resolve(workflow, version)
         if run_id is not None:
             limits.check_identifier("run_id", run_id, limits.MAX_RUN_ID_LENGTH, defn.name)
         if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
@@ -336,7 +310,7 @@ class Engine:
         # A worker with free capacity creates the run already claimed by itself and runs it at
         # once: one transaction less per run, and no window in which another instance could
         # take it first. Otherwise the run waits `pending` for any worker's poll.
-        claim = self._worker is not None and self._worker.has_capacity()
+        claim = (w := self._core.worker) is not None and w.has_capacity()
         run = Run(
             id=run_id,
             workflow=defn.name,
@@ -374,14 +348,14 @@ class Engine:
                 tel.run_started(defn.name, run_id, created)
         if not created:
             return stored
-        worker = self._worker
+        worker = self._core.worker
         if claim and worker is not None:
             if not self._gate.parked(admission, stored):
                 worker.run_claimed(stored, self._gate.claimed_events(first, admission))
             elif stored.wake_at is not None:  # its gate re-check: the poller must not sleep past
                 worker.wake_by(stored.wake_at)
         else:
-            self._wake(run_id)
+            self._core.wake(run_id)
         return stored
 
     def _admissible(
@@ -389,28 +363,9 @@ class Engine:
     ) -> tuple[Any, list[str], str | None]:
         """Validate a new run's input and singleton key: its stored input, its tags (the
         singleton tag first) and its key. Raises before anything is written."""
-        value, input_json = self._validated(defn, input)
+        value, input_json = self._core.validated(defn, input)
         key = gate.singleton_key(defn, value, self.store)
         return input_json, run_tags(tags, key), key
-
-    def _validated(self, defn: WorkflowDefinition, input: Any) -> tuple[Any, Any]:
-        """A run's input, validated as ``start`` validates it: the value and its stored JSON;
-        ``InvalidInputError`` when it does not fit."""
-        try:
-            value = defn.input_adapter.validate_python(input)
-        except ValidationError as exc:
-            raise InvalidInputError(defn.name, str(exc)) from None
-        try:
-            input_json = _serde.to_json(
-                value, defn.input_adapter, "workflow input", self.config.max_payload_bytes
-            )
-        except SerializationError as exc:
-            raise InvalidInputError(defn.name, str(exc)) from None
-        return value, input_json
-
-    def _validated_input(self, defn: WorkflowDefinition, input: Any) -> Any:
-        """``_validated``'s stored JSON only (``retry``'s new input)."""
-        return self._validated(defn, input)[1]
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a signal; it is buffered until a ``wait_for_signal(name)`` consumes it. A
@@ -422,7 +377,7 @@ class Engine:
         limits.check_identifier("signal name", name, limits.MAX_SIGNAL_NAME_LENGTH)
         # a run that continued as new passes it on to the last run of its chain (the store
         # follows the chain too, should it continue meanwhile)
-        run = await chain_end(self.store, await self._get(run_id))
+        run = await chain_end(self.store, await self._core.get(run_id))
         # (name and payload checked: the code's declarations, else the recorded schemas)
         data = await _updates.signal_payload(self, run, name, payload)
         if run.status.terminal:
@@ -430,7 +385,7 @@ class Engine:
         now = self.clock.now()
         run = await self.store.deliver_signal(run.id, name, data, now)
         if run.wake_at is not None and run.wake_at <= now:
-            self._wake(run.id)
+            self._core.wake(run.id)
 
     async def signal_with_start(
         self, workflow: Any, input: Any, run_id: str, signal: str, payload: Any = None
@@ -459,8 +414,8 @@ class Engine:
             reason=None,
             compensate=compensate,
             settled=self._settled,
-            wake=self._wake,
-            deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),
+            wake=self._core.wake,
+            deliver=lambda rid: (w := self._core.worker) is not None and w.cancel_local(rid),
             telemetry=self.config.telemetry,
         )
         if run is None:
@@ -494,8 +449,8 @@ class Engine:
             reason=None,
             compensate=compensate,
             settled=self._settled,
-            wake=self._wake,
-            deliver=lambda rid: self._worker is not None and self._worker.cancel_local(rid),
+            wake=self._core.wake,
+            deliver=lambda rid: (w := self._core.worker) is not None and w.cancel_local(rid),
             telemetry=self.config.telemetry,
         )
 
@@ -508,7 +463,7 @@ class Engine:
         recorded, ``WorkflowNotFoundError`` when none did), recorded in ``run_retried``, and
         what the body gets from now on. A singleton run keeps its key (the one its original
         input gave) and must claim a slot again."""
-        return await _retry.retry(self, run_id, input)
+        return await _retry.retry(self, self._core, run_id, input)
 
     # -- results and queries -----------------------------------------------------------
     async def result(self, run_id: str, timeout: float | timedelta | None = None) -> Any:
@@ -536,7 +491,7 @@ class Engine:
             if run.status.terminal:  # settled as the timeout struck
                 return self._outcome(run)
             hint = _results.stall_hint(
-                run, self.clock.now(), self.is_worker, self._worker is not None
+                run, self.clock.now(), self.is_worker, self._core.worker is not None
             )
             missing = await _results.version_missing(self.store, run, self.clock.now())
             if missing is not None:
@@ -556,9 +511,9 @@ class Engine:
         while True:
             fut = self.bus.waiter(run_id)  # first, so a settlement cannot slip between
             try:
-                settled: Run | None = await self._get(run_id) if read else None
+                settled: Run | None = await self._core.get(run_id) if read else None
                 if settled is None or not settled.status.terminal:
-                    here = self._worker is not None and self._worker.holds(run_id)
+                    here = (w := self._core.worker) is not None and w.holds(run_id)
                     await asyncio.wait({fut}, timeout=RESULT_POLL_HERE if here else RESULT_POLL)
                     got = fut.result() if fut.done() else None
                     settled = got if isinstance(got, Run) else None
@@ -576,17 +531,9 @@ class Engine:
         """The output of a settled run, or the error it raises (``_results.outcome``)."""
         return _results.outcome(self._definition(run), run)
 
-    async def _get(self, run_id: str) -> Run:
-        if not limits.storable(run_id):  # (no store holds such an id)
-            raise RunNotFoundError(run_id)
-        run = await self.store.get_run(run_id)
-        if run is None:
-            raise RunNotFoundError(run_id)
-        return run
-
     async def get_run(self, run_id: str) -> Run:
         """The run's current snapshot; ``RunNotFoundError`` for an unknown id."""
-        return await self._get(run_id)
+        return await self._core.get(run_id)
 
     async def list_runs(
         self,
@@ -612,19 +559,19 @@ class Engine:
     ) -> Any:
         """The latest value run ``run_id`` published under ``key`` (``ctx.set_event``),
         waiting up to ``timeout`` real seconds for the first one; ``None`` if none came."""
-        return await _publish.get_event(self, run_id, key, timeout)
+        return await _publish.get_event(self, self._core, run_id, key, timeout)
 
     async def publish_event(self, name: str, payload: Any, *, event_id: str | None = None) -> Any:
         """Deliver an event to every run waiting for ``name`` whose ``match`` it satisfies, or
         buffer it for the first later one; start the runs of ``@workflow(on_event=name)``.
         An ``event_id`` already published is delivered once only."""
-        return await _publish.publish_event(self, name, payload, event_id)
+        return await _publish.publish_event(self, self._core, name, payload, event_id)
 
     async def update(
         self, run_id: str, name: str, arg: Any = None, *, timeout: float | timedelta | None = None
     ) -> Any:
         """Send update ``name`` to a running run and return its ``upd.reply(value)``."""
-        return await _updates.update(self, run_id, name, arg, timeout)
+        return await _updates.update(self, self._core, run_id, name, arg, timeout)
 
     async def prune(
         self,
@@ -642,5 +589,5 @@ class Engine:
 
     async def history(self, run_id: str) -> History:
         """The run's ``History``."""
-        await self._get(run_id)
+        await self._core.get(run_id)
         return History(run_id, await self.store.load_events(run_id))

@@ -21,13 +21,14 @@ from ..stores.base import PublishedEvent, publishes_events
 from .history_wait import latest_event, wait_for_history
 
 if TYPE_CHECKING:
+    from .core import ClientCore
     from .engine import Engine
 
 log = logging.getLogger("flowkit")
 
 
 async def get_event(
-    engine: Engine, run_id: str, key: str, timeout: float | timedelta | None
+    engine: Engine, core: ClientCore, run_id: str, key: str, timeout: float | timedelta | None
 ) -> Any:
     """``Engine.get_event``: the value of the run's newest ``event_set`` of ``key`` (as
     stored: JSON). None set yet: wait up to ``timeout`` real seconds (``None``: until one is
@@ -36,7 +37,7 @@ async def get_event(
     newest value any run of the chain set). ``RunNotFoundError`` for an unknown run."""
     limits.check_identifier("event key", key, limits.MAX_EVENT_NAME_LENGTH)
     secs = _limits.timeout("get_event timeout=", timeout)
-    await engine._get(run_id)  # (RunNotFoundError before any wait)
+    await core.get(run_id)  # (RunNotFoundError before any wait)
     # A run that continued as new (``Run.continued_as``) is followed along its chain, as
     # ``result`` follows it: the newest value set by any run of the chain wins.
     chain = [run_id]
@@ -73,7 +74,7 @@ _FOLLOW = object()
 
 
 async def publish_event(
-    engine: Engine, name: str, payload: Any, event_id: str | None
+    engine: Engine, core: ClientCore, name: str, payload: Any, event_id: str | None
 ) -> PublishedEvent:
     """``Engine.publish_event``: checked first (name, id, payload: ``InvalidInputError``,
     nothing written); then the store delivers or buffers it in one atomic call
@@ -98,7 +99,7 @@ async def publish_event(
     now = engine.clock.now()
     done: PublishedEvent = await store.publish_event(name, data, event_id, payload_keys(data), now)
     for rid in done.delivered:
-        engine._wake(rid)
+        core.wake(rid)
     started = await _start_on_event(engine, name, event_id, data)
     if started:
         done = PublishedEvent(

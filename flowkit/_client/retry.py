@@ -17,6 +17,7 @@ from ..stores.base import UNSET, ConflictError, Update
 from . import schemas as _schemas
 
 if TYPE_CHECKING:
+    from .core import ClientCore
     from .engine import Engine
 
 RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD})
@@ -49,9 +50,9 @@ def retry_refusal(run: Run, events: Sequence[Event]) -> str | None:
     return None
 
 
-async def retry(engine: Engine, run_id: str, input: Any) -> Run:
+async def retry(engine: Engine, core: ClientCore, run_id: str, input: Any) -> Run:
     """``Engine.retry`` (its docstring says what it does)."""
-    run = await engine._get(run_id)
+    run = await core.get(run_id)
     retryable = RETRYABLE
     why = _NOT_RETRYABLE
     if run.status not in retryable:
@@ -70,7 +71,7 @@ async def retry(engine: Engine, run_id: str, input: Any) -> Run:
             cap = engine.max_payload_bytes
             new_input = _schemas.input_json(run.workflow, rec, run.workflow_version, input, cap)
         else:
-            new_input = engine._validated_input(entry[0], input)
+            new_input = core.validated_input(entry[0], input)
     timeout = entry[0].execution_timeout if entry is not None else None
     # (registered here: its timeout now, none included; else the one it had)
     deadline: Any = None
@@ -105,9 +106,9 @@ async def retry(engine: Engine, run_id: str, input: Any) -> Run:
             ),
         )
     except ConflictError:
-        fresh = await engine._get(run_id)
+        fresh = await core.get(run_id)
         raise RunStateError(run_id, fresh.status, why) from None
-    engine._wake(run_id)
+    core.wake(run_id)
     return res.run
 
 

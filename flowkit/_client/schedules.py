@@ -28,6 +28,7 @@ from ..stores.schedules import KeepsSchedules, ScheduleRecord, keeps_schedules
 from .timetable import Timetable, tick_time
 
 if TYPE_CHECKING:
+    from .core import ClientCore
     from .engine import Engine
 
 log = logging.getLogger("flowkit")
@@ -91,8 +92,9 @@ class Schedules:
     """``engine.schedules``: the durable schedules of the engine's store (its namespace).
     Every call raises ``UnsupportedStoreError`` on a store without ``keeps_schedules``."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, core: ClientCore) -> None:
         self._engine = engine
+        self._core = core
         # the worker's view (``fire_due``): the earliest next tick it read, when it read it,
         # and whether a change made here since makes it stale
         self._next_at: float | None = None
@@ -127,8 +129,8 @@ class Schedules:
             raise TypeError(f"create() takes a Schedule, got {schedule!r}")
         check_identifier("schedule id", schedule_id, MAX_SCHEDULE_ID_LENGTH)
         eng = self._engine
-        defn = eng._resolve(schedule.workflow)
-        _, input_json = eng._validated(defn, schedule.input)
+        defn = self._core.resolve(schedule.workflow)
+        _, input_json = self._core.validated(defn, schedule.input)
         store = self._store()
         now = eng.clock.now()
         rec = ScheduleRecord(

@@ -22,6 +22,7 @@ from .._core import boot as _boot
 from .._core.limits import duration
 
 if TYPE_CHECKING:
+    from .core import ClientCore
     from .engine import Engine
 
 log = logging.getLogger("flowkit.worker")
@@ -83,7 +84,7 @@ def _exit_now(signum: int) -> None:
     os._exit(128 + signum)
 
 
-async def serve(engine: Engine, grace: float | timedelta = DEFAULT_GRACE) -> None:
+async def serve(engine: Engine, core: ClientCore, grace: float | timedelta = DEFAULT_GRACE) -> None:
     """``Engine.serve`` (its docstring says what it does)."""
     if not engine.is_worker:
         raise RuntimeError("engine.serve() needs an engine with a worker (worker=True)")
@@ -127,7 +128,7 @@ async def serve(engine: Engine, grace: float | timedelta = DEFAULT_GRACE) -> Non
         try:
             await stop.wait()
         finally:  # (a signal, or the caller cancelled serve: drain either way)
-            worker, engine._worker = engine._worker, None
+            worker, core.worker = core.worker, None
             if worker is not None:
                 await worker.drain(secs)
             log.info("worker %s drained: its leases are given back", engine.instance_id)

@@ -40,6 +40,7 @@ from .schemas import VALIDATOR_ATTR
 
 if TYPE_CHECKING:
     from .._model.definition import WorkflowDefinition
+    from .core import ClientCore
     from .engine import Engine
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -148,7 +149,12 @@ async def _recorded_arg(engine: Engine, run: Run, name: str, arg: Any) -> Any:
 
 
 async def update(
-    engine: Engine, run_id: str, name: str, arg: Any, timeout: float | timedelta | None
+    engine: Engine,
+    core: ClientCore,
+    run_id: str,
+    name: str,
+    arg: Any,
+    timeout: float | timedelta | None,
 ) -> Any:
     """``Engine.update``: check, validate and deliver the update, then wait for its reply.
 
@@ -168,7 +174,7 @@ async def update(
     _schemas.check_reserved("update", name)
     secs = _limits.timeout("update timeout=", timeout)
     # a run that continued as new passes it on to the last run of its chain
-    run = await _continue_as_new.chain_end(engine.store, await engine._get(run_id))
+    run = await _continue_as_new.chain_end(engine.store, await core.get(run_id))
     if run.status.terminal:
         raise RunStateError(run.id, run.status, f"update {name!r} cannot be delivered")
     entry = engine.registry.get(run.workflow, run.workflow_version)
@@ -195,7 +201,7 @@ async def update(
         run.id, inbox_name(name), {"update_id": update_id, "arg": data}, now
     )
     if delivered.wake_at is not None and delivered.wake_at <= now:
-        engine._wake(delivered.id)
+        core.wake(delivered.id)
     store = engine.store
 
     async def pick(run: Run) -> tuple[bool, Any] | None:

@@ -322,10 +322,14 @@ def workflow(
     limits = (execution_timeout, max_recovery_attempts, on_event, signals, updates)
 
     def wrap(klass: T) -> T:
-        return typing.cast(T, _declare(klass, name, version, singleton, sys._getframe(1), *limits))
+        # (sys._getframe is documented CPython API: the caller's frame, cheaper than inspect)
+        frame = sys._getframe(1)  # noqa: SLF001
+        return typing.cast(T, _declare(klass, name, version, singleton, frame, *limits))
 
     if cls is not None:
-        return _declare(cls, name, version, singleton, sys._getframe(1), *limits)
+        # (sys._getframe is documented CPython API: the caller's frame, cheaper than inspect)
+        frame = sys._getframe(1)  # noqa: SLF001
+        return _declare(cls, name, version, singleton, frame, *limits)
     return wrap
 
 

@@ -34,7 +34,7 @@ from .chain_ids import predecessor_id
 from .recovery import Backoff, is_transient
 
 if TYPE_CHECKING:
-    from .runner import ActivationRunner
+    from .port import RunnerPort
 
 log = logging.getLogger("flowkit")
 
@@ -72,7 +72,7 @@ def _mine(run: Run, parent_id: str) -> ChildStart:
 
 
 async def start_child(
-    d: ActivationRunner, parent: Run, call: ChildCall, trace: Sequence[str] = ()
+    d: RunnerPort, parent: Run, call: ChildCall, trace: Sequence[str] = ()
 ) -> ChildStart:
     """Start the child ``call`` of ``parent`` (``StoreWindow.start_child``): idempotent by the
     child's id; raises a ``FlowkitError`` (nothing written) when it cannot start. ``trace``:
@@ -104,7 +104,7 @@ async def start_child(
     now = d.clock.now()
     timeout = defn.execution_timeout
     # a non-singleton child is created leased here and runs at once (no claim, no poll)
-    seat = d._seat
+    seat = d.hooks
     claim = key is None and seat.running and seat.room() > 0
     run = Run(
         id=call.run_id,

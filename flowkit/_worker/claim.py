@@ -15,10 +15,10 @@ from ..stores.base import ClaimsGated, GateCheck, claims_gated
 from . import gate as gate
 
 if TYPE_CHECKING:
-    from .runner import ActivationRunner
+    from .port import RunnerPort
 
 
-def gate_check(drive: ActivationRunner, now: float) -> GateCheck:
+def gate_check(drive: RunnerPort, now: float) -> GateCheck:
     """What the store needs to decide a re-check for this worker: the ``limit`` of each
     ``(workflow, version)`` registered (1 where the version declares no singleton, as the
     worker-side gate takes it), the jittered retry from ``now`` (the injected RNG, one draw
@@ -41,10 +41,10 @@ def gate_check(drive: ActivationRunner, now: float) -> GateCheck:
     )
 
 
-async def claim(drive: ActivationRunner, run_id: str, now: float) -> Run | None:
+async def claim(drive: RunnerPort, run_id: str, now: float) -> Run | None:
     """Claim ``run_id`` for ``drive``'s worker: the run leased here, or ``None``. A gated
     waiter the store denied comes back parked (not leased): the worker's poller is told of
-    its next re-check (``ActivationRunner._follow``) and ``None`` returned."""
+    its next re-check (``ActivationRunner.follow``) and ``None`` returned."""
     cfg = drive.config
     store = drive.store
     until = now + cfg.lease_ttl
@@ -56,7 +56,7 @@ async def claim(drive: ActivationRunner, run_id: str, now: float) -> Run | None:
         return await store.claim(run_id, drive.owner, now, until)
     got = await cast(ClaimsGated, store).claim(run_id, drive.owner, now, until, **kw)
     if got is not None and got.lease_owner != drive.owner:
-        drive._follow(got)  # a denied re-check: parked until its next one
+        drive.follow(got)  # a denied re-check: parked until its next one
         return None
     return got
 

@@ -24,10 +24,10 @@ from ..stores import limits
 from ..stores.base import Notify, Store, Successor, Update, continues_as_new
 from . import gate as gate
 from .chain_ids import base_id, predecessor_id, successor_id
-from .store_window import Try
+from .port import Try
 
 if TYPE_CHECKING:
-    from .runner import ActivationRunner
+    from .port import RunnerPort
 
 
 async def chain_end(store: Store, run: Run) -> Run:
@@ -42,7 +42,7 @@ async def chain_end(store: Store, run: Run) -> Run:
 
 
 async def settle(
-    drive: ActivationRunner,
+    drive: RunnerPort,
     run: Run,
     input_json: object,
     defn: WorkflowDefinition,
@@ -63,7 +63,7 @@ async def settle(
     drive's retry rules)."""
 
     async def finish(outcome: Failed | Cancelled, base: Run = run) -> Failed | Cancelled:
-        await drive._settle(base, outcome, admitted, notify, pending, t)
+        await drive.settle(base, outcome, admitted, notify, pending, t)
         return outcome
 
     def failed(exc: Exception) -> Failed:
@@ -86,7 +86,7 @@ async def settle(
     now = drive.clock.now()
     # the key's slot goes to the successor directly when it keeps the key
     passing = admitted and key is not None and key == run.singleton_key
-    leased = drive._seat.running
+    leased = drive.hooks.running
     clean = run_tags(run.tags, key)
     timeout = defn.execution_timeout
     nxt = Run(
@@ -136,7 +136,7 @@ async def settle(
     t.op = "commit of the continued outcome"
     t.pending = list(pending)
     try:
-        await drive._commit(run, update, t)
+        await drive.commit(run, update, t)
     except ConflictError:
         # a cancel landed meanwhile (it wins), or the successor's id is another run's
         fresh = await store.get_run(run.id)
@@ -146,7 +146,7 @@ async def settle(
             # the cancel wins: keep what this activation recorded and give the run back, so
             # that the next activation replays it as a cancellation (its compensations run
             # first when the cancel asked for them) and settles it cancelled
-            await drive._commit(fresh, Update(events=list(pending), release_lease=True), t)
+            await drive.commit(fresh, Update(events=list(pending), release_lease=True), t)
             return Suspended(None, ())
         taken = await store.get_run(sid)
         if taken is None:
@@ -157,11 +157,11 @@ async def settle(
         )
         return await finish(Failed(info), fresh)
     if not leased:
-        drive._seat.dispatch(sid)
+        drive.hooks.dispatch(sid)
     return Continued(input_json)
 
 
-async def adopt(drive: ActivationRunner, run: Run) -> None:
+async def adopt(drive: RunnerPort, run: Run) -> None:
     """A continuation whose commit failed in flight had landed (a fresh read finds ``run``
     settled with ``continued_as``): its successor is leased here but nobody executes it.
     Resume it at once rather than leave it until its lease expires. Best effort."""
@@ -172,7 +172,7 @@ async def adopt(drive: ActivationRunner, run: Run) -> None:
         nxt = await drive.store.get_run(sid)
     except Exception:
         return  # (its lease expires; any worker recovers it then)
-    seat = drive._seat
+    seat = drive.hooks
     if (
         nxt is not None
         and nxt.status.active

@@ -25,14 +25,13 @@ from . import gate as gate
 from .recovery import Backoff, LeaseProof
 
 if TYPE_CHECKING:
-    from .runner import ActivationRunner
-    from .store_window import Try
+    from .port import RunnerPort, Try
 
 log = logging.getLogger("flowkit")
 
 
 async def settle_dead(
-    drive: ActivationRunner, run: Run, defn: WorkflowDefinition, bound: int, t: Try
+    drive: RunnerPort, run: Run, defn: WorkflowDefinition, bound: int, t: Try
 ) -> None:
     """Settle a run ``dead`` whose activation was lost more than ``bound`` times (it is leased
     by ``drive``, its body has not run again): ``singleton_released`` (a slot it held) and
@@ -53,7 +52,7 @@ async def settle_dead(
     if run.singleton_key is not None and (drive.config.notify_on_release or not run.admitted):
         notify = gate.release_notify(run, defn)
     t.op = "commit of the dead outcome"
-    await drive._commit(
+    await drive.commit(
         run,
         Update(
             events=[
@@ -71,7 +70,7 @@ async def settle_dead(
 
 
 async def deadline_passed(
-    drive: ActivationRunner, run: Run, events: Sequence[Event], t: Try
+    drive: RunnerPort, run: Run, events: Sequence[Event], t: Try
 ) -> Run | None:
     """The run's deadline passed before this activation (it was parked, or its worker died):
     cancel it. A run no body can receive it in (``_cancellation.receives``) settles ``cancelled``
@@ -82,13 +81,13 @@ async def deadline_passed(
     if fresh is not None and fresh.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
         # its unfinished children are cancelled with it (docs/deadlines-and-dead-letters.md,
         # docs/composing-workflows.md)
-        seat = drive._seat
+        seat = drive.hooks
         await _cancellation.children(
             drive.store,
             drive.clock,
             drive.config.registry,
             run.id,
-            settled=drive._settled,
+            settled=drive.settled,
             wake=seat.dispatch,
             deliver=seat.cancel_local,
             telemetry=drive.config.telemetry,
@@ -97,7 +96,7 @@ async def deadline_passed(
 
 
 async def _deadline_passed(
-    drive: ActivationRunner, run: Run, events: Sequence[Event], t: Try
+    drive: RunnerPort, run: Run, events: Sequence[Event], t: Try
 ) -> Run | None:
     """``deadline_passed`` for the run itself."""
     now = drive.clock.now()
@@ -111,11 +110,11 @@ async def _deadline_passed(
             update = gate.cancel_at_once(run, limit, now, reason)
             if not drive.config.notify_on_release and run.admitted:  # (a waiter notifies)
                 update = dataclasses.replace(update, notify=None)
-            await drive._commit(run, update, t)
+            await drive.commit(run, update, t)
             if (tel := drive.config.telemetry) is not None:  # (settled with no activation)
                 tel.settled(run.workflow, RunStatus.CANCELLED.value)
             return None
-        return await drive._commit(
+        return await drive.commit(
             run,
             Update(
                 events=[CancelRequested(at=now, reason=reason)],
@@ -132,14 +131,12 @@ async def _deadline_passed(
             and fresh.lease_owner == drive.owner
         ):
             return fresh  # cancelled by a user meanwhile: the body receives that one
-        drive._follow(fresh)
+        drive.follow(fresh)
         return None
 
 
 @contextlib.asynccontextmanager
-async def deadline_watch(
-    drive: ActivationRunner, run: Run, proof: LeaseProof
-) -> AsyncIterator[None]:
+async def deadline_watch(drive: RunnerPort, run: Run, proof: LeaseProof) -> AsyncIterator[None]:
     """While the activation of ``run`` lasts: cancel it when its deadline passes (an
     in-process timer, registered in ``drive.timers`` so that ``TestEnv``'s virtual clock
     jumps to it). Nothing to watch without a deadline or once cancellation is requested."""
@@ -158,7 +155,7 @@ async def deadline_watch(
 
 
 async def _deadline_timer(
-    drive: ActivationRunner, run_id: str, at: float, token: object, proof: LeaseProof
+    drive: RunnerPort, run_id: str, at: float, token: object, proof: LeaseProof
 ) -> None:
     """Cancel ``run_id`` (an activation of ``drive``) once its deadline ``at`` passes, as
     ``Engine.cancel`` does; a failed request is tried again while the activation lasts (else
@@ -171,7 +168,7 @@ async def _deadline_timer(
     backoff = Backoff(drive.clock, drive.config.rng)
     await drive.clock.sleep_until(at)
     drive.timers.pop(token, None)
-    seat = drive._seat
+    seat = drive.hooks
     while True:
         try:
             sent = drive.clock.now()
@@ -185,7 +182,7 @@ async def _deadline_timer(
                 drive.config.registry,
                 run_id,
                 reason=_cancellation.EXECUTION_TIMEOUT,
-                settled=drive._settled,
+                settled=drive.settled,
                 wake=seat.dispatch,
                 deliver=seat.cancel_local,
                 telemetry=drive.config.telemetry,

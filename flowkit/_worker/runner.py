@@ -43,8 +43,9 @@ from . import continue_as_new as _continue_as_new
 from . import deadlines as _deadlines
 from . import gate as gate
 from .config import Settled, WorkerConfig, WorkerHooks
+from .port import Try
 from .recovery import Backoff, LeaseProof, bounded, is_transient
-from .store_window import StepRunner, StoreWindow, Try, clean
+from .store_window import StepRunner, StoreWindow, clean
 
 log = logging.getLogger("flowkit")
 
@@ -70,8 +71,8 @@ class ActivationRunner:
         )
         # the store claims by (workflow, version) (base.ClaimsByVersion)
         self.by_version = claims_by_version(self.store)
-        self._seat = seat
-        self._settled = settled
+        self.hooks = seat
+        self.settled = settled
         # run id → when its activation tries a failed store call again (``Worker.retry_due``)
         self.retry_at: dict[str, float] = {}
         # in-process deadlines of the activations here (a step's timeout, a run's
@@ -106,7 +107,7 @@ class ActivationRunner:
         drops the run here, writing nothing more: recovery (any instance) claims it."""
         cfg = self.config
         proof = LeaseProof(self.clock, cfg.lease_ttl)
-        self._seat.track(run_id, proof)
+        self.hooks.track(run_id, proof)
         backoff = Backoff(self.clock, cfg.rng)
         failures = 0
         last: tuple[str, str] | None = None
@@ -126,7 +127,7 @@ class ActivationRunner:
                             await self._adopt(handing)
                         if run is not None and run.continued_as is not None:
                             await _continue_as_new.adopt(self, run)  # (so did a continuation)
-                        self._follow(run)
+                        self.follow(run)
                         return
                     proof.stored(run.lease_expires, cfg.lease_ttl)
                     if not proof.live():
@@ -154,7 +155,7 @@ class ActivationRunner:
             if unsettled is not None and not await self._settles(unsettled, proof):
                 # an abandoned write of it may still commit: a read now could miss it and run
                 # a recorded step again; the run waits here until it has (its lease expires)
-                self._seat.hold(run_id, unsettled)
+                self.hooks.hold(run_id, unsettled)
                 log.warning("run %s: an abandoned write may still land; left until it has", run_id)
                 return
             now = self.clock.now()
@@ -194,7 +195,7 @@ class ActivationRunner:
                 await self.clock.sleep_until(at)
             finally:
                 self.retry_at.pop(run_id, None)
-            if not self._seat.running:
+            if not self.hooks.running:
                 return
             fresh, claimed = True, None
 
@@ -348,7 +349,7 @@ class ActivationRunner:
             value = defn.input_adapter.validate_python(run.input)
         except ValidationError as exc:  # the stored input no longer fits the current code
             failed = Failed(error_info(exc))
-            await self._settle(run, failed, admitted, notify, unwritten, t)
+            await self.settle(run, failed, admitted, notify, unwritten, t)
             return failed, failed.error
         act = Activation(
             defn,
@@ -362,7 +363,7 @@ class ActivationRunner:
             unwritten=unwritten,
             resumed=bool(run.waiting_signals),
         )
-        self._seat.attach(run.id, act)
+        self.hooks.attach(run.id, act)
         t.op = "recording the run's events"
         outcome = await act.run()
         if isinstance(outcome, Continued):  # (a pending cancel wins over the continuation)
@@ -379,9 +380,9 @@ class ActivationRunner:
         if isinstance(outcome, Evicted):
             if act.store_error is not None:
                 raise act.store_error
-            if not proof.live() and self._seat.running:
+            if not proof.live() and self.hooks.running:
                 log.warning("run %s: its lease can no longer be proven; dropped here", run.id)
-        await self._settle(run, outcome, admitted, notify, act.pending, t)
+        await self.settle(run, outcome, admitted, notify, act.pending, t)
         return outcome, outcome.error if isinstance(outcome, Failed) else None
 
     async def _give_up(self, run_id: str, t: Try, err: Exception, tries: int) -> None:
@@ -404,7 +405,7 @@ class ActivationRunner:
             # what the store refuses)
             for pending in dict.fromkeys((tuple(t.pending), ())):
                 try:
-                    await self._settle(run, Failed(info), t.admitted, t.notify, pending, t)
+                    await self.settle(run, Failed(info), t.admitted, t.notify, pending, t)
                     if (tel := self.config.telemetry) is not None:  # (its activation ended lost)
                         tel.settled(run.workflow, RunStatus.FAILED.value)
                     return
@@ -436,7 +437,7 @@ class ActivationRunner:
     async def _commit_checked(self, run_id: str, update: Update) -> None:
         """A commit for a run this drive may not have read (``_give_up``)."""
         res = await self.store.commit(run_id, self.owner, self.clock.now(), update)
-        self._follow(res.run)
+        self.follow(res.run)
 
     async def _adopt(self, notify: Notify) -> None:
         """A release whose commit failed in flight had landed: the runs it handed to this
@@ -449,17 +450,17 @@ class ActivationRunner:
             log.warning("could not look for runs handed over on %s", notify.tag, exc_info=True)
             return
         for r in runs:
-            if r.status.active and r.lease_owner == self.owner and not self._seat.executing(r.id):
-                self._seat.resume(r.id)
+            if r.status.active and r.lease_owner == self.owner and not self.hooks.executing(r.id):
+                self.hooks.resume(r.id)
 
-    def _follow(self, new: Run | None) -> None:
+    def follow(self, new: Run | None) -> None:
         """Act on what a fresh read or a commit says of a run this drive holds no more:
         tell ``Engine.result`` of a settlement, and come back for a run that is due again."""
         if new is None:
             return
-        seat = self._seat
+        seat = self.hooks
         if new.status.terminal:
-            self._settled(new.id, new)
+            self.settled(new.id, new)
         elif new.lease_owner is None and (
             new.status in (RunStatus.PENDING, RunStatus.RUNNING)
             or (new.status is RunStatus.CANCELLING and new.wake_at is None)
@@ -472,7 +473,7 @@ class ActivationRunner:
             elif seat.running:
                 seat.wake_by(new.wake_at)
 
-    async def _settle(
+    async def settle(
         self,
         run: Run,
         outcome: Outcome,
@@ -566,10 +567,10 @@ class ActivationRunner:
                 pass  # (a continuation settles by ``_continue_as_new.settle``)
 
     def _committer(self, t: Try) -> gate.Commit:
-        """``_commit`` for the try ``t`` (the gate writes through it too)."""
+        """``commit`` for the try ``t`` (the gate writes through it too)."""
 
         async def commit(run: Run, update: Update) -> Run:
-            return await self._commit(run, update, t)
+            return await self.commit(run, update, t)
 
         return commit
 
@@ -578,21 +579,21 @@ class ActivationRunner:
         landed before its admission) had no activation, so it is counted here."""
 
         async def commit(run: Run, update: Update) -> Run:
-            res = await self._commit(run, update, t)
+            res = await self.commit(run, update, t)
             if res.status.terminal and (tel := self.config.telemetry) is not None:
                 tel.settled(res.workflow, res.status.value)
             return res
 
         return commit
 
-    async def _commit(self, run: Run, update: Update, t: Try) -> Run:
+    async def commit(self, run: Run, update: Update, t: Try) -> Run:
         """Commit under this worker's lease, then act on what the commit says: start the runs
         it handed over, dispatch the runs it woke, tell ``Engine.result`` of a settlement, and
         come back for a run that is due again. Nothing is written once the lease cannot be
         proven live (``LeaseLostError``)."""
         if not t.proof.live():
             raise LeaseLostError(run.id)
-        seat = self._seat
+        seat = self.hooks
         now = self.clock.now()
         t.releasing = update.notify
         if update.notify is not None and seat.running and (room := seat.room()) >= 0:
@@ -622,5 +623,5 @@ class ActivationRunner:
             _telemetry.handed(self.config.telemetry, [h.run for h in res.handed], now)
         for wid in res.woken:
             seat.dispatch(wid)
-        self._follow(res.run)
+        self.follow(res.run)
         return res.run

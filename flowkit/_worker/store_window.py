@@ -1,16 +1,13 @@
-"""What a ``ActivationRunner`` hands its activations and keeps per try: the activation's window on
-the
-store (``StoreWindow``: appends fenced by the worker's lease, timers, step threads), the threads
-sync
-steps run in (``StepRunner``), and the record of one try of an activation (``Try``). Kept apart
-from ``_worker/runner.py`` so that the drive stays one story: claim → gate → replay → settle."""
+"""What an activation runner hands its activations: the activation's window on the store
+(``StoreWindow``: appends fenced by the worker's lease, timers, step threads) and the threads sync
+steps run in (``StepRunner``). Kept apart from ``_worker/runner.py`` so that the drive stays one
+story: claim → gate → replay → settle; the record of one try is ``_worker/port.py``'s ``Try``."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._core.run import Run, RunStatus
@@ -18,7 +15,7 @@ from .._core.telemetry import ActivationObserver, onward_tags
 from .._replay.children import ChildCall, ChildStart
 from ..errors import LeaseLostError, UnsupportedStoreError
 from ..events import CancelRequested, Event, EventSet, UpdateReplied
-from ..stores.base import InboxSignal, Notify, TakenEvent, Update, publishes_events
+from ..stores.base import InboxSignal, TakenEvent, Update, publishes_events
 from . import children as _children
 from .config import WorkerConfig
 from .recovery import LeaseProof
@@ -27,7 +24,7 @@ from .step_threads import StepThreads, waited_for
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
 
-    from .runner import ActivationRunner
+    from .port import RunnerPort
 
 
 _AWAITED = (EventSet, UpdateReplied)
@@ -41,7 +38,7 @@ class StoreWindow:
 
     def __init__(
         self,
-        drive: ActivationRunner,
+        drive: RunnerPort,
         run: Run,
         proof: LeaseProof,
         telemetry: ActivationObserver | None,
@@ -150,7 +147,7 @@ class StoreWindow:
             raise UnsupportedStoreError(f"{store!r} has no published events (publishes_events)")
         again = await store.drop_event_wait(self._run_id, pos, name, self._d.clock.now())
         for rid in again:  # (an event given back reached other waiters: they run now)
-            self._d._seat.dispatch(rid)
+            self._d.hooks.dispatch(rid)
 
     async def compensating(self, events: Sequence[Event]) -> None:
         d = self._d
@@ -220,20 +217,6 @@ class StepRunner:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-
-
-@dataclass(eq=False)
-class Try:
-    """What one try of an activation got to: where it failed (``op``, named in a give-up's
-    error) and what a final commit needs (the run, its admission, its release)."""
-
-    proof: LeaseProof
-    op: str = "claim"
-    run: Run | None = None
-    admitted: bool = False
-    notify: Notify | None = None
-    releasing: Notify | None = None  # a commit releasing a slot is in flight
-    pending: list[Event] = field(default_factory=list)  # the outcome commit's step records
 
 
 def clean(text: str, limit: int = 2000) -> str:

@@ -82,7 +82,8 @@ def forward_browse(outer: Any, inner: Any) -> None:
             got: EventPage = await inner.events_page(
                 run_id, after=after, before=before, limit=limit, types=types
             )
-            decoded = [outer._event_out(e, run_id) for e in got.events]
+            # (a part of ``CodecStore``, in its package: the store's own decoding)
+            decoded = [outer._event_out(e, run_id) for e in got.events]  # noqa: SLF001
             return dataclasses.replace(got, events=decoded)
 
         outer.events_page = events_page

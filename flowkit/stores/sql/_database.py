@@ -321,7 +321,9 @@ class Database(Lanes):
                 if self.pg and c.broken():  # known before anything was sent
                     self.drop(c)
                     c = self.connection()
-                if c._later or c.committed:  # pragma: no cover - a bug: outside a transaction
+                if (
+                    c.flushes_later() or c.committed
+                ):  # pragma: no cover - a bug: outside a transaction
                     raise AssertionError("returning_now inside a call's transaction")
                 c.statements = 0
                 c.sql = sql

@@ -210,7 +210,7 @@ def run_values(run: Run) -> dict[str, Any]:
 def run_from_mapping(row: sa.Row[Any]) -> Run:
     """A run from a SQLAlchemy row of ``runs`` (JSON decoded); a row without the payload
     columns (``list_runs``) gives ``None`` for them."""
-    m = row._mapping
+    m = row._mapping  # noqa: SLF001  (Row._mapping is SQLAlchemy's documented public API)
     return Run(
         id=m["id"],
         workflow=m["workflow"],

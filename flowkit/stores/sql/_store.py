@@ -116,7 +116,8 @@ class SqlStore(CodecMarked, Reads, Pruning, Browsing, Workers, Schedules, Events
             self._db = Database(url, wakeups=wakeups, stall_timeout=stall_timeout)
             self._gc = GroupCommit(self._db, enabled=group_commit)
         else:
-            self._db, self._gc = _view_of._db, _view_of._gc
+            # (another ``SqlStore``, of which this one is a namespace view: it shares them)
+            self._db, self._gc = _view_of._db, _view_of._gc  # noqa: SLF001
         self.url = url
         self.namespace = namespace
         self._sql = self._db.statements(namespace)
