@@ -53,10 +53,8 @@ def retry_refusal(run: Run, events: Sequence[Event]) -> str | None:
 async def retry(engine: Engine, core: ClientCore, run_id: str, input: Any) -> Run:
     """``Engine.retry`` (its docstring says what it does)."""
     run = await core.get(run_id)
-    retryable = RETRYABLE
-    why = _NOT_RETRYABLE
-    if run.status not in retryable:
-        raise RunStateError(run_id, run.status, why)
+    if run.status not in RETRYABLE:
+        raise RunStateError(run_id, run.status, _NOT_RETRYABLE)
     # (a failed or dead run takes no event: the history read here is the one it keeps
     # until the commit below, whose ``expect_status`` refuses any change in between)
     history = await engine.store.load_events(run_id)
@@ -99,7 +97,7 @@ async def retry(engine: Engine, core: ClientCore, run_id: str, input: Any) -> Ru
                 error=None,
                 wake_at=None,
                 attempt=attempt,
-                expect_status=retryable,
+                expect_status=RETRYABLE,
                 input=new_input,
                 recoveries=0,
                 deadline_at=deadline,
@@ -107,7 +105,7 @@ async def retry(engine: Engine, core: ClientCore, run_id: str, input: Any) -> Ru
         )
     except ConflictError:
         fresh = await core.get(run_id)
-        raise RunStateError(run_id, fresh.status, why) from None
+        raise RunStateError(run_id, fresh.status, _NOT_RETRYABLE) from None
     core.wake(run_id)
     return res.run
 

@@ -30,7 +30,7 @@ __all__ = [
     "LaneLimits",
     "RunQuery",
     "allowed_actions",
-    "compensated",
+    "compensation_events",
     "lane_context",
     "lane_limits",
     "lanes_context",
@@ -259,12 +259,6 @@ async def compensation_events(store: Any, run_id: str) -> list[Event]:
     so a retry would undo their effects twice (``engine.retry`` refuses it)."""
     page = await _browse.page_events(store, run_id, limit=100, types=COMPENSATION_TYPES)
     return list(page.events)
-
-
-async def compensated(store: Any, run_id: str) -> bool:
-    """Whether the run's compensations ran (a retry would run its steps again)."""
-    page = await _browse.page_events(store, run_id, limit=0, types=COMPENSATION_TYPES)
-    return page.count > 0
 
 
 def timeline_items(events: Sequence[Event], since: float) -> list[dict[str, Any]]:
